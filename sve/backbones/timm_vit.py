@@ -1,0 +1,63 @@
+"""Vision transformers from timm, by model name (online) or with a local weights file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import timm
+from torch import Tensor
+
+from sve.backbones.base import Backbone
+
+
+class TimmBackbone(Backbone):
+    """A timm model created with ``num_classes=0`` so that it returns pooled features (the CLS token).
+
+    Args:
+        model_name: timm name with pretrained tag, e.g. ``vit_small_patch16_224.dino``.
+        pretrained: load pretrained weights (downloaded by timm, or read from ``checkpoint_path``).
+        target_modules: name patterns of the layers to adapt.
+        checkpoint_path: local ``.safetensors``/``.bin``/``.pth`` weights used instead of a download.
+        image_size: input resolution; position embeddings are resampled by timm when it differs.
+        model_kwargs: extra keyword arguments for ``timm.create_model`` (used by the tiny test model).
+    """
+
+    modality = "image"
+
+    def __init__(
+        self,
+        model_name: str,
+        target_modules: list[str],
+        pretrained: bool = True,
+        checkpoint_path: str | None = None,
+        image_size: int = 224,
+        model_kwargs: dict | None = None,
+    ):
+        kwargs = dict(model_kwargs or {})
+        kwargs.setdefault("img_size", image_size)
+        if pretrained and checkpoint_path:
+            path = Path(checkpoint_path).expanduser()
+            if not path.exists():
+                raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
+            kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
+        try:
+            model = timm.create_model(model_name, pretrained=pretrained, num_classes=0, **kwargs)
+        except Exception as err:  # network errors come from several libraries; re-raise with the fix
+            if not pretrained:
+                raise
+            raise RuntimeError(
+                f"could not load pretrained timm model '{model_name}' ({type(err).__name__}: {err}). "
+                "Without network access, download the weights elsewhere and set "
+                "backbone.checkpoint_path=/path/to/model.safetensors, or use backbone.pretrained=false."
+            ) from err
+        super().__init__(model, target_modules)
+        self.feature_dim = model.num_features
+        self.image_size = image_size
+        data_cfg = model.pretrained_cfg or {}
+        self.mean = tuple(data_cfg.get("mean", (0.485, 0.456, 0.406)))
+        self.std = tuple(data_cfg.get("std", (0.229, 0.224, 0.225)))
+
+    def forward(self, batch: dict) -> Tensor:
+        return self.model(batch["pixel_values"])  # (N, D) pooled features
+
+

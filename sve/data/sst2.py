@@ -1,0 +1,66 @@
+"""GLUE SST-2 (binary sentiment). The paper reports on the dev set (872 sentences) as its test set.
+
+Local layout (``dataset.root``): ``train.tsv`` and ``dev.tsv``, tab separated with header
+``sentence<TAB>label``, read without quote handling (sentences contain literal quote characters).
+Without ``root`` the data comes from the Hugging Face hub (``glue``/``sst2``).
+Validation is a seeded hold-out of ``val_holdout`` training sentences, so the test set is never used for
+model selection.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+
+from sve.data.base import TextClassificationData
+
+LAYOUT = "a directory with train.tsv and dev.tsv (columns: sentence<TAB>label, with a header row)"
+
+
+def read_tsv(path: Path) -> list[tuple[str, int]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        if rows.fieldnames is None or not {"sentence", "label"} <= set(rows.fieldnames):
+            raise ValueError(f"{path}: expected a header with 'sentence' and 'label', got {rows.fieldnames}")
+        return [(r["sentence"], int(r["label"])) for r in rows]
+
+
+class SST2Data(TextClassificationData):
+    """Args:
+    root: local directory (see module docstring); None loads ``glue/sst2`` with ``datasets``.
+    val_holdout: training sentences held out (seeded by ``subset_seed``) for validation.
+    """
+
+    num_classes = 2
+
+    def __init__(self, root: str | None = None, val_holdout: int = 872, **kwargs):
+        super().__init__(**kwargs)
+        self.root = root
+        self.val_holdout = val_holdout
+
+    def _read(self) -> tuple[list, list]:
+        if self.root is not None:
+            root = Path(self.root).expanduser()
+            missing = [f for f in ("train.tsv", "dev.tsv") if not (root / f).exists()]
+            if missing:
+                raise FileNotFoundError(f"dataset.root={self.root} lacks {missing}; expected {LAYOUT}")
+            return read_tsv(root / "train.tsv"), read_tsv(root / "dev.tsv")
+        try:
+            import datasets
+
+            ds = datasets.load_dataset("glue", "sst2")
+        except Exception as err:
+            raise RuntimeError(
+                f"could not download SST-2 from the Hugging Face hub ({type(err).__name__}: {err}); "
+                f"set dataset.root to {LAYOUT}"
+            ) from err
+        as_pairs = lambda split: list(zip(ds[split]["sentence"], ds[split]["label"]))  # noqa: E731
+        return as_pairs("train"), as_pairs("validation")
+
+    def load_splits(self):
+        train, dev = self._read()
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
+        val_idx, train_idx = order[: self.val_holdout], order[self.val_holdout :]
+        return {"train": [train[i] for i in train_idx], "val": [train[i] for i in val_idx], "test": dev}

@@ -1,0 +1,72 @@
+"""The one member layout used everywhere in this code base.
+
+Every method returns **member logits of shape (M, B, C)**: ensemble member first, then the batch, then the
+classes. Whenever the M members run through a shared backbone in one forward pass, their inputs are stacked
+**member-major** along the batch dimension: row ``m * B + b`` of a ``(M*B, ...)`` tensor belongs to member
+``m`` and example ``b``. ``repeat_members`` builds that layout from a plain batch and ``split_members`` undoes
+it; layers that hold per-member parameters (the singular-value layer, BatchEnsemble, LoRA-Ensemble) reshape
+their input with the same rule, so the three always agree.
+
+Methods whose members are stochastic passes (MC dropout, BLoB, Laplace samples) use the same (M, B, C)
+layout with M = number of samples at evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+
+def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
+    """(B, ...) -> (M*B, ...), member-major."""
+    if ensemble_size == 1:
+        return x
+    return x.repeat(ensemble_size, *([1] * (x.dim() - 1)))
+
+
+def split_members(x: Tensor, ensemble_size: int) -> Tensor:
+    """(M*B, ...) -> (M, B, ...)."""
+    if x.shape[0] % ensemble_size:
+        raise ValueError(
+            f"leading dimension {x.shape[0]} is not a multiple of ensemble_size={ensemble_size}; "
+            "inputs must be stacked member-major with sve.members.repeat_members"
+        )
+    return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])
+
+
+def repeat_batch(batch: Mapping[str, Tensor], ensemble_size: int, skip: tuple[str, ...] = ("labels",)) -> dict:
+    """Applies ``repeat_members`` to every tensor of a batch dict except the targets."""
+    return {
+        k: repeat_members(v, ensemble_size) if isinstance(v, Tensor) and k not in skip else v
+        for k, v in batch.items()
+    }
+
+
+def check_member_logits(logits: Tensor, ensemble_size: int | None = None, batch_size: int | None = None) -> Tensor:
+    """Asserts the (M, B, C) layout; returns the tensor so it can wrap a return statement."""
+    if logits.dim() != 3:
+        raise ValueError(f"member logits must have shape (M, B, C), got {tuple(logits.shape)}")
+    if ensemble_size is not None and logits.shape[0] != ensemble_size:
+        raise ValueError(f"expected {ensemble_size} members, got {logits.shape[0]}")
+    if batch_size is not None and logits.shape[1] != batch_size:
+        raise ValueError(f"expected batch size {batch_size}, got {logits.shape[1]}")
+    return logits
+
+
+def predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
+    """Ensemble predictive distribution (B, C) from member logits (M, B, C).
+
+    ``probs`` averages member softmax probabilities (Eq. 2 of the paper); ``logits`` averages the logits
+    first and then applies the softmax (what the authors' public code does). Computed in float64.
+    """
+    logits = logits.double()
+    if aggregate == "probs":
+        return logits.softmax(dim=-1).mean(dim=0)
+    if aggregate == "logits":
+        return logits.mean(dim=0).softmax(dim=-1)
+    raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
+
+
+__all__ = ["repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive"]
