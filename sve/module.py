@@ -55,6 +55,9 @@ class EnsembleModule(pl.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.method.constrain_()
 
+    def on_train_epoch_end(self) -> None:
+        self.method.on_train_epoch_end(self)
+
     def _evaluate(self, batch: dict, metrics) -> Tensor:
         logits = check_member_logits(self.method(batch))
         probs = predictive(logits, self.aggregate)

@@ -57,6 +57,7 @@ def run(cfg: DictConfig) -> dict:
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    method.after_fit(datamodule)
     trainer.test(module, datamodule=datamodule, verbose=False)
 
     results = {

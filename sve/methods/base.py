@@ -62,11 +62,25 @@ class EnsembleMethod(nn.Module):
         self.num_classes = num_classes
         self.lr = lr  # method-specific learning rate (Appendix C.3); None uses the recipe's optimizer.lr
         self.heads = MemberHeads(ensemble_size, backbone.feature_dim, num_classes)
+        # A backbone may supply the initial head (e.g. a causal LM's lm_head rows of the answer letters).
+        initial = getattr(backbone, "initial_head", None)
+        if initial is not None and (init := initial(num_classes)) is not None:
+            with torch.no_grad():
+                self.heads.weight.copy_(init[0].expand_as(self.heads.weight))
+                self.heads.bias.copy_(init[1].expand_as(self.heads.bias))
 
     def forward(self, batch: dict) -> Tensor:
         M = self.ensemble_size
         features = self.backbone(repeat_batch(batch, M))  # (M*B, D)
-        return check_member_logits(self.heads(split_members(features, M)), M)  # (M, B, C)
+        logits = self.heads(split_members(features, M))  # (M, B, C)
+        return check_member_logits(mask_choices(logits, batch), M)
+
+    # Hooks for methods that do more than train jointly (all optional).
+    def on_train_epoch_end(self, module) -> None:
+        """Called by the LightningModule after every training epoch (e.g. to snapshot a checkpoint)."""
+
+    def after_fit(self, datamodule) -> None:
+        """Called by ``run`` after training, before testing (e.g. to fit a Laplace approximation)."""
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         """Eq. 6: the mean over members of each member's cross-entropy."""
@@ -98,6 +112,15 @@ class EnsembleMethod(nn.Module):
         if wrapped is not None:
             log.info("%s wrapped %d modules: %s", type(self).__name__, len(wrapped), ", ".join(wrapped))
         log.info("%s: %s trainable parameters%s", type(self).__name__, f"{counts['trainable']:,}", share)
+
+
+def mask_choices(logits: Tensor, batch: dict) -> Tensor:
+    """Sets the logits of absent answer options to -inf when a batch has ``choice_mask`` (B, C) (multiple
+    choice with a varying number of options, e.g. ARC's 3 to 5)."""
+    mask = batch.get("choice_mask")
+    if mask is None:
+        return logits
+    return logits.masked_fill(~mask.bool().unsqueeze(0), float("-inf"))
 
 
 def count_parameters(module: nn.Module) -> int:
