@@ -25,8 +25,9 @@ if not OmegaConf.has_resolver("package"):
 
 def instantiate(node: DictConfig, **kwargs):
     """``hydra.utils.instantiate`` without the ``name`` key that every group option carries."""
-    node = OmegaConf.masked_copy(node, [k for k in node if k != "name"])
-    return hydra.utils.instantiate(node, **kwargs)
+    resolved = OmegaConf.to_container(node, resolve=True)  # interpolations need the root config
+    resolved.pop("name", None)
+    return hydra.utils.instantiate(resolved, **kwargs)
 
 
 def build(cfg: DictConfig):

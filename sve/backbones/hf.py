@@ -83,6 +83,7 @@ class _HFBackbone(Backbone):
                 AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
             )
             model = self.auto_class.from_config(hf_config, dtype=_dtype(torch_dtype))
+        model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         super().__init__(model, target_modules)

@@ -1,0 +1,43 @@
+"""Shared test helpers: compose the real configs, shrunk to CPU and a temporary output directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+SHARED = Path(os.environ.get("SVE_SHARED", ROOT.parent / "shared"))
+
+
+def compose_cfg(overrides: list[str], tmp_path: Path | None = None):
+    """The composed training config with test-friendly defaults (debug trainer, no checkpoints)."""
+    base = ["trainer=debug", "callbacks=none", "logger=csv"]
+    if tmp_path is not None:
+        base.append(f"paths.output_dir={tmp_path}")
+    else:
+        base.append("paths.output_dir=/tmp/sve-test")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=base + list(overrides))
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or a skip naming what is missing."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs {path} (the project's shared data, absent here)")
+    return path
+
+
+def config_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

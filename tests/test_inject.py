@@ -1,0 +1,121 @@
+"""Injection selects exactly the target layers and nothing else (Sec. 4, "Implementation")."""
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from sve.inject import find_targets, inject
+from sve.layers import SVLinear
+from tests.conftest import compose_cfg
+from sve.run import instantiate
+
+
+def to_sv(layer):
+    return SVLinear.from_linear(layer, ensemble_size=2)
+
+
+class Flat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(4, 4)
+        self.query_proj = nn.Linear(4, 4)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4, 2)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.ModuleDict({"qkv": nn.Linear(8, 24), "proj": nn.Linear(8, 8)})
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch_embed = nn.ModuleDict({"proj": nn.Conv2d(3, 8, 4)})
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 5)
+
+
+def test_flat_suffix_is_whole_component():
+    model = Flat()
+    names = inject(model, ["query"], to_sv)
+    assert names == ["query"]
+    assert isinstance(model.query, SVLinear) and isinstance(model.query_proj, nn.Linear)
+
+
+def test_nested_regex_and_type_filter():
+    model = Nested()
+    names = inject(model, [r"attn\.(qkv|proj)", r"mlp\.(0|2)", "proj"], to_sv)
+    assert names == [f"blocks.{i}.{s}" for i in (0, 1) for s in ("attn.qkv", "attn.proj", "mlp.0", "mlp.2")]
+    assert isinstance(model.patch_embed["proj"], nn.Conv2d)  # 'proj' matched it by name, but it is a Conv2d
+    assert type(model.head) is nn.Linear
+
+
+def test_head_is_never_wrapped_even_if_pattern_matches():
+    model = Nested()
+    assert "head" not in find_targets(model, [".*"])
+
+
+def test_no_match_raises_naming_patterns():
+    with pytest.raises(ValueError, match=re.escape("['nonexistent']")):
+        inject(Nested(), ["nonexistent"], to_sv)
+
+
+def _backbone(name):
+    return instantiate(compose_cfg([f"backbone={name}"]).backbone)
+
+
+def test_tiny_vit_targets():
+    backbone = _backbone("tiny_vit")
+    names = find_targets(backbone.model, backbone.target_modules)
+    expected = [f"blocks.{i}.{s}" for i in range(2) for s in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]
+    assert names == expected
+    assert isinstance(backbone.model.patch_embed.proj, nn.Conv2d)
+
+
+def test_tiny_bert_targets():
+    backbone = _backbone("tiny_bert")
+    names = find_targets(backbone.model, backbone.target_modules)
+    per_layer = [
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "intermediate.dense", "output.dense",
+    ]  # fmt: skip
+    assert names == [f"encoder.layer.{i}.{s}" for i in range(2) for s in per_layer]
+    assert all("pooler" not in n for n in names)
+
+
+def test_tiny_llama_targets_leave_lm_head():
+    backbone = _backbone("tiny_llama")
+    names = find_targets(backbone.model, backbone.target_modules)
+    per_layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]  # fmt: skip
+    assert names == [f"model.layers.{i}.{s}" for i in range(2) for s in per_layer]
+    assert "lm_head" not in find_targets(backbone.model, [".*"])
+
+
+@pytest.mark.parametrize("name", ["tiny_vit", "tiny_bert", "tiny_llama"])
+def test_sve_at_init_without_noise_equals_base_backbone(name):
+    """With sigma_init=0 every member of the wrapped backbone computes the pretrained function."""
+    from sve.members import repeat_batch, split_members
+    from sve.methods import SVE
+
+    backbone = _backbone(name)
+    backbone.eval()
+    batch = _batch(backbone)
+    with torch.no_grad():
+        base = backbone(batch)
+        method = SVE(backbone, ensemble_size=3, num_classes=2, sigma_init=0.0).eval()
+        wrapped = split_members(method.backbone(repeat_batch(batch, 3)), 3)
+    for m in range(3):
+        torch.testing.assert_close(wrapped[m], base, atol=1e-4, rtol=1e-4)
+
+
+def _batch(backbone):
+    if backbone.modality == "image":
+        return {"pixel_values": torch.randn(2, 3, backbone.image_size, backbone.image_size)}
+    enc = backbone.tokenizer(["a good movie", "bad"], padding=True, return_tensors="pt")
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}

@@ -1,0 +1,135 @@
+"""Exact algebra of the singular-value layer (Eq. 3-5)."""
+
+import pytest
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from sve.layers import SVLinear
+from sve.members import repeat_members
+
+
+def _linear(in_f=12, out_f=7, bias=True):
+    torch.manual_seed(1)
+    return nn.Linear(in_f, out_f, bias=bias)
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)])
+def test_equals_original_at_init_without_noise(shape):
+    layer = _linear(*shape)
+    sv = SVLinear.from_linear(layer, ensemble_size=3, sigma_init=0.0)
+    x = torch.randn(5, 4, shape[0])
+    expected = layer(x)
+    out = sv(repeat_members(x, 3)).reshape(3, 5, 4, shape[1])
+    for m in range(3):
+        torch.testing.assert_close(out[m], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_svd_precision_float64_then_float32():
+    """The stated precision: SVD in float64, factors cast to float32, relative error < 1e-6."""
+    layer = nn.Linear(256, 384)
+    sv = SVLinear.from_linear(layer, ensemble_size=1)
+    assert sv.U.dtype == torch.float32 and sv.Vh.dtype == torch.float32
+    err = (sv.member_weight(0) - layer.weight).norm() / layer.weight.norm()
+    assert err < 1e-6, err
+
+
+def test_bfloat16_factors_cost_about_1e_2():
+    layer = nn.Linear(256, 384)
+    sv = SVLinear.from_linear(layer, ensemble_size=1, factor_dtype=torch.bfloat16)
+    assert sv.singular_values.dtype == torch.float32  # trainable values stay float32
+    err = (sv.member_weight(0) - layer.weight).norm() / layer.weight.norm()
+    assert 1e-4 < err < 3e-2, err
+
+
+def test_member_forward_is_u_diag_s_vt_plus_bias():
+    layer = _linear()
+    sv = SVLinear.from_linear(layer, ensemble_size=4, sigma_init=0.0)
+    with torch.no_grad():
+        sv.singular_values.copy_(torch.rand(4, sv.rank) * 3)
+        sv.bias.copy_(torch.randn(4, 7))
+    x = torch.randn(6, 12)
+    out = sv(repeat_members(x, 4)).reshape(4, 6, 7)
+    U, Vh = sv.U.double(), sv.Vh.double()
+    for m in range(4):
+        W = U @ torch.diag(sv.singular_values[m].double()) @ Vh
+        ref = x.double() @ W.T + sv.bias[m].double()
+        torch.testing.assert_close(out[m].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_init_noise_is_multiplicative_with_given_std():
+    layer = nn.Linear(512, 512)
+    torch.manual_seed(0)
+    sv = SVLinear.from_linear(layer, ensemble_size=8, sigma_init=0.01)
+    ratio = sv.singular_values / sv.pretrained_singular_values - 1  # = eps
+    assert abs(ratio.std().item() - 0.01) < 0.001
+    assert abs(ratio.mean().item()) < 0.001
+    assert not torch.allclose(sv.singular_values[0], sv.singular_values[1])
+
+
+def test_merge_equals_member_forward():
+    layer = _linear()
+    sv = SVLinear.from_linear(layer, ensemble_size=3, sigma_init=0.1)
+    x = torch.randn(5, 12)
+    out = sv(repeat_members(x, 3)).reshape(3, 5, 7)
+    for m in range(3):
+        merged = sv.merge(m)
+        assert type(merged) is nn.Linear
+        torch.testing.assert_close(merged(x), out[m], atol=1e-5, rtol=1e-5)
+    with pytest.raises(IndexError):
+        sv.merge(3)
+
+
+def test_shared_frozen_bias_switch():
+    layer = _linear()
+    sv = SVLinear.from_linear(layer, ensemble_size=2, member_bias=False)
+    assert sv.bias.shape == (7,) and not sv.bias.requires_grad
+    trainable = {n for n, p in sv.named_parameters() if p.requires_grad}
+    assert trainable == {"singular_values"}
+
+
+def test_no_bias_layer():
+    sv = SVLinear.from_linear(_linear(bias=False), ensemble_size=2, sigma_init=0.0)
+    assert sv.bias is None
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(sv(repeat_members(x, 2))[:3], _linear(bias=False)(x), atol=1e-5, rtol=1e-5)
+
+
+def test_hf_conv1d_weight_is_transposed():
+    conv = Conv1D(7, 12)  # (nf=out, nx=in); weight (in, out)
+    nn.init.normal_(conv.weight)
+    sv = SVLinear.from_linear(conv, ensemble_size=2, sigma_init=0.0)
+    x = torch.randn(4, 12)
+    torch.testing.assert_close(sv(repeat_members(x, 2))[:4], conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_frozen_factors_are_parameters_without_grad():
+    sv = SVLinear.from_linear(_linear(), ensemble_size=2)
+    params = dict(sv.named_parameters())
+    assert not params["U"].requires_grad and not params["Vh"].requires_grad
+    assert params["singular_values"].requires_grad and params["bias"].requires_grad
+    assert "U" in sv.state_dict() and "Vh" in sv.state_dict()
+    assert not any(name in {"U", "Vh"} for name, _ in sv.named_buffers())  # never re-broadcast by DDP
+
+
+def test_constrain_clamps_negative_values():
+    sv = SVLinear.from_linear(_linear(), ensemble_size=2)
+    with torch.no_grad():
+        sv.singular_values[0, 0] = -3.0
+    sv.constrain_()
+    assert sv.singular_values.min() >= 0
+
+
+def test_rejects_batch_not_multiple_of_ensemble_size():
+    sv = SVLinear.from_linear(_linear(), ensemble_size=3)
+    with pytest.raises(ValueError, match="member-major"):
+        sv(torch.randn(4, 12))
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="ensemble_size"):
+        SVLinear.from_linear(_linear(), ensemble_size=0)
+    with pytest.raises(ValueError, match="sigma_init"):
+        SVLinear.from_linear(_linear(), ensemble_size=2, sigma_init=-1)
+    with pytest.raises(TypeError, match="nn.Linear"):
+        SVLinear.from_linear(nn.Conv1d(3, 4, 3), ensemble_size=2)

@@ -1,0 +1,129 @@
+"""Training facts for the foundation methods (single, svf, sve) and the end-to-end run."""
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sve.methods import SVE, SVF, Single
+from sve.module import EnsembleModule
+from sve.run import build, instantiate, run
+from tests.conftest import ROOT, compose_cfg
+
+
+def _tiny_text_batch(backbone, n=6):
+    enc = backbone.tokenizer(["a good movie"] * (n // 2) + ["bad plot"] * (n - n // 2), padding=True,
+                             return_tensors="pt")  # fmt: skip
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+            "labels": torch.tensor([1] * (n // 2) + [0] * (n - n // 2))}  # fmt: skip
+
+
+def test_loss_is_mean_of_member_cross_entropies():
+    backbone = instantiate(compose_cfg(["backbone=tiny_bert"]).backbone)
+    method = SVE(backbone, ensemble_size=3, num_classes=2, sigma_init=0.05)
+    batch = _tiny_text_batch(backbone)
+    logits = method(batch)
+    assert logits.shape == (3, 6, 2)
+    expected = sum(F.cross_entropy(logits[m], batch["labels"]) for m in range(3)) / 3
+    torch.testing.assert_close(method.loss(logits, batch["labels"]), expected)
+
+
+def test_only_singular_values_member_biases_and_heads_change_and_stay_non_negative():
+    cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "ensemble_size=3"])
+    backbone, datamodule, method, module = build(cfg)
+    before = {n: p.detach().clone() for n, p in method.named_parameters()}
+    opt = torch.optim.SGD(method.trainable_parameters(), lr=1e3)  # huge steps drive some values below 0
+    datamodule.setup()
+    batch = next(iter(datamodule.train_dataloader()))
+    for _ in range(3):
+        opt.zero_grad()
+        method.loss(method(batch), batch["labels"]).backward()
+        opt.step()
+        method.constrain_()
+    changed = {n for n, p in method.named_parameters() if not torch.equal(p, before[n])}
+    allowed = lambda n: n.endswith("singular_values") or n.startswith("heads.") or (  # noqa: E731
+        n.endswith(".bias") and before[n].dim() == 2  # member biases are (M, out)
+    )
+    assert changed and all(allowed(n) for n in changed), sorted(n for n in changed if not allowed(n))
+    assert any(n.endswith("singular_values") for n in changed)
+    assert any(n.endswith(".bias") and not n.startswith("heads.") for n in changed)
+    values = torch.cat([layer.singular_values.flatten() for layer in method.sv_layers()])
+    assert values.min() >= 0 and (values == 0).any()  # the constraint was active
+
+
+def test_trainable_parameter_count_closed_form():
+    backbone = instantiate(compose_cfg(["backbone=tiny_bert"]).backbone)
+    M, C, D = 4, 3, 32
+    method = SVE(backbone, ensemble_size=M, num_classes=C)
+    # Per layer (2 layers): q, k, v, attn-out are 32x32 (r=32, bias 32); intermediate 64x32 (r=32, bias 64);
+    # output 32x64 (r=32, bias 32).  Per member: singular values + biases; plus M heads of D*C + C.
+    per_layer = 4 * (32 + 32) + (32 + 64) + (32 + 32)
+    assert method.parameter_counts()["trainable"] == M * 2 * per_layer + M * (D * C + C)
+
+
+def test_fixed_member_methods_warn_and_record_one_member():
+    backbone = instantiate(compose_cfg(["backbone=tiny_bert"]).backbone)
+    with pytest.warns(UserWarning, match="ensemble_size=4"):
+        method = SVF(backbone, ensemble_size=4, num_classes=2)
+    assert method.ensemble_size == 1 and all(layer.ensemble_size == 1 for layer in method.sv_layers())
+    backbone = instantiate(compose_cfg(["backbone=tiny_bert"]).backbone)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Single(backbone, ensemble_size=1, num_classes=2).ensemble_size == 1
+
+
+def test_single_trains_every_backbone_weight():
+    backbone = instantiate(compose_cfg(["backbone=tiny_vit"]).backbone)
+    method = Single(backbone, ensemble_size=1, num_classes=2)
+    assert all(p.requires_grad for p in method.parameters())
+
+
+def test_method_lr_overrides_recipe_lr():
+    cfg = compose_cfg(["backbone=tiny_bert", "dataset=synthetic_text", "method=single", "optimizer.lr=0.5"])
+    _, _, method, module = build(cfg)
+    module.scheduler_factory = None
+    assert module.configure_optimizers().param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("method", ["single", "svf", "sve"])
+def test_fast_dev_run_writes_results(method, tmp_path):
+    cfg = compose_cfg([f"method={method}", "backbone=tiny_bert", "dataset=synthetic_text", "ensemble_size=2"],
+                      tmp_path)  # fmt: skip
+    results = run(cfg)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["method"] == method and saved["backbone"] == "tiny_bert"
+    assert saved["ensemble_size"] == (2 if method == "sve" else 1)
+    for key in ("test/acc", "test/ece", "test/nll", "test/brier"):
+        assert 0 <= saved["metrics"][key] < 10
+    assert len(saved["metrics"]["test/member_acc"]) == saved["ensemble_size"]
+    assert saved["config"]["method"]["name"] == method
+    assert saved["parameters"]["trainable"] == results["parameters"]["trainable"] > 0
+    assert saved["versions"]["torch"].startswith("2.")
+
+
+def test_checkpoint_written_and_resumable(tmp_path):
+    cfg = compose_cfg(["backbone=tiny_vit", "callbacks=default"], tmp_path)
+    run(cfg)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert last.exists()
+    cfg = compose_cfg(["backbone=tiny_vit", f"ckpt_path={last}", "trainer.max_epochs=2"], tmp_path / "resumed")
+    assert run(cfg)["metrics"]["test/acc"] >= 0
+
+
+def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", "seed=0,1", "ensemble_size=1,2", "trainer=debug", "callbacks=none",
+           "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    found = sorted((p.parent.name, json.loads(p.read_text())["seed"]) for p in tmp_path.glob("*/results.json"))
+    assert len(found) == 4
+    assert {json.loads(p.read_text())["ensemble_size"] for p in tmp_path.glob("*/results.json")} == {1, 2}
+
+
+def test_module_rejects_unknown_aggregate():
+    backbone = instantiate(compose_cfg(["backbone=tiny_vit"]).backbone)
+    with pytest.raises(ValueError, match="aggregate"):
+        EnsembleModule(SVE(backbone, 2, 2), optimizer=torch.optim.AdamW, aggregate="vote")
