@@ -1,0 +1,75 @@
+"""MC dropout (Gal and Ghahramani, 2016): one fully fine-tuned model whose dropout stays on at test time;
+the members are ``num_samples`` stochastic passes (C.3: dropout 0.05, 10 passes, lr 1e-4).
+
+Dropout sites are the backbone's own: every ``nn.Dropout`` (timm, BERT) and every module with an
+``attention_dropout`` rate (LLaMA, which has no dropout module). All get rate ``dropout``. At evaluation the
+backbone is kept in training mode except for layers with running statistics (BatchNorm), because HF and
+timm attention read the *attention module's* ``training`` flag to decide whether to drop attention
+probabilities; switching on only the ``nn.Dropout`` modules would leave that site off.
+
+The passes run as one forward: the batch is stacked ``num_samples`` times member-major, so each row gets its
+own dropout masks and the output is (num_samples, B, C) in the usual layout.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from sve.members import check_member_logits, repeat_batch, split_members
+from sve.methods.base import EnsembleMethod, count_parameters, mask_choices
+
+
+def set_dropout(model: nn.Module, rate: float) -> int:
+    """Sets every dropout site of ``model`` to ``rate``; returns the number of sites."""
+    sites = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = rate
+            sites += 1
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = rate
+            sites += 1
+    return sites
+
+
+class MCDropout(EnsembleMethod):
+    """Args:
+    dropout: rate at every dropout site (C.3: 0.05).
+    num_samples: stochastic passes at evaluation (C.3: 10).
+    """
+
+    fixed_ensemble_size = 1
+
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, dropout: float = 0.05,
+                 num_samples: int = 10, lr: float | None = None):
+        super().__init__(backbone, ensemble_size, num_classes, lr)
+        if not 0 <= dropout < 1 or num_samples < 1:
+            raise ValueError(f"need 0 <= dropout < 1 and num_samples >= 1, got {dropout} and {num_samples}")
+        self.base_parameter_count = count_parameters(backbone)
+        backbone.requires_grad_(True)
+        self.dropout = dropout
+        self.num_samples = num_samples
+        self.sites = set_dropout(backbone, dropout)
+        if self.sites == 0:
+            raise ValueError(f"{type(backbone.model).__name__} has no dropout site (nn.Dropout or attention_dropout)")
+        self.log_summary()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if not mode:  # keep dropout sampling at test time, but not batch statistics
+            self.backbone.train()
+            for module in self.backbone.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self
+
+    def forward(self, batch: dict) -> Tensor:
+        S = 1 if self.training else self.num_samples
+        features = split_members(self.backbone(repeat_batch(batch, S)), S)  # (S, B, D)
+        W, b = self.heads.weight[0], self.heads.bias[0]  # the one head, shared by all passes
+        logits = features.to(W.dtype) @ W.t() + b  # (S, B, C)
+        return check_member_logits(mask_choices(logits, batch), S)
+
+    def report(self) -> dict:
+        return {"num_samples": self.num_samples, "dropout": self.dropout, "dropout_sites": self.sites}
