@@ -58,6 +58,9 @@ def run(cfg: DictConfig) -> dict:
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    while method.next_round():  # e.g. a sequential deep ensemble: one fresh fit per round of members
+        trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks)
+        trainer.fit(module, datamodule=datamodule)
     method.after_fit(datamodule)
     trainer.test(module, datamodule=datamodule, verbose=False)
 
@@ -74,6 +77,7 @@ def run(cfg: DictConfig) -> dict:
             **method.parameter_counts(),
             "backbone": getattr(method, "base_parameter_count", None),
         },
+        "method_report": method.report(),
         "wall_time_s": time.perf_counter() - start,
         "command": command_line(),
         "git_commit": git_commit(),

@@ -82,6 +82,15 @@ class EnsembleMethod(nn.Module):
     def after_fit(self, datamodule) -> None:
         """Called by ``run`` after training, before testing (e.g. to fit a Laplace approximation)."""
 
+    def next_round(self) -> bool:
+        """Called by ``run`` after each fit; True asks for one more fit with a fresh trainer (a sequential
+        deep ensemble trains its members round by round)."""
+        return False
+
+    def report(self) -> dict:
+        """Method-specific facts for results.json (e.g. the deep-ensemble mode that ran, sample counts)."""
+        return {}
+
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         """Eq. 6: the mean over members of each member's cross-entropy."""
         M, B, C = member_logits.shape
