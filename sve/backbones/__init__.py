@@ -1,7 +1,17 @@
-"""Backbone wrappers: timm vision transformers and Hugging Face encoders / causal LMs."""
+"""Backbone wrappers: timm vision transformers, Hugging Face encoders / causal LMs, CIFAR ResNets."""
 
 from sve.backbones.base import Backbone
+from sve.backbones.choice_lm import ChoiceCausalLMBackbone
 from sve.backbones.hf import HFCausalLMBackbone, HFEncoderBackbone, package_path
+from sve.backbones.resnet_cifar import ResNetCIFARBackbone
 from sve.backbones.timm_vit import TimmBackbone
 
-__all__ = ["Backbone", "TimmBackbone", "HFEncoderBackbone", "HFCausalLMBackbone", "package_path"]
+__all__ = [
+    "Backbone",
+    "TimmBackbone",
+    "HFEncoderBackbone",
+    "HFCausalLMBackbone",
+    "ChoiceCausalLMBackbone",
+    "ResNetCIFARBackbone",
+    "package_path",
+]

@@ -3,13 +3,18 @@
 Every target linear of the backbone becomes an ``SVLinear``: frozen U and V, M trainable copies of the
 singular values initialised s * (1 + eps), eps ~ N(0, sigma_init^2) (Eq. 5). All other backbone weights are
 frozen; each member has its own head. The loss is the mean member cross-entropy (Eq. 6).
+
+Beyond the paper, a target ``nn.Conv2d`` becomes an ``SVConv2d`` (the kernel as an (out, in*kh*kw) matrix;
+see ``sve.layers.sv_conv``), so SVE and SVF also apply to CNNs such as the CIFAR ResNets.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from sve.inject import inject
+from sve.inject import LINEAR_TYPES, inject
+from sve.layers.sv_conv import SVConv2d
 from sve.layers.sv_linear import SVLinear
 from sve.methods.base import EnsembleMethod, count_parameters
 
@@ -42,7 +47,8 @@ class SVE(EnsembleMethod):
         M = self.ensemble_size
 
         def to_sv(layer):
-            return SVLinear.from_linear(
+            convert = SVConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLinear.from_linear
+            return convert(
                 layer,
                 ensemble_size=M,
                 sigma_init=sigma_init,
@@ -51,7 +57,9 @@ class SVE(EnsembleMethod):
                 factor_dtype=getattr(torch, factor_dtype) if factor_dtype else None,
             )
 
-        self.wrapped = inject(backbone.model, target_modules or backbone.target_modules, to_sv)
+        # Conv2d targets too (beyond the paper); the backbones' patterns name only the layers to adapt.
+        types = LINEAR_TYPES + (nn.Conv2d,)
+        self.wrapped = inject(backbone.model, target_modules or backbone.target_modules, to_sv, types=types)
         self.log_summary(self.wrapped)
 
     def sv_layers(self) -> list[SVLinear]:

@@ -1,0 +1,119 @@
+"""ARC-Easy (Clark et al., 2018) as multiple choice for a causal LM.
+
+Each question becomes a prompt with lettered options, ending where the model would write the answer letter::
+
+    Question: Which gas do plants absorb?
+    A. oxygen
+    B. carbon dioxide
+    C. nitrogen
+    Answer:
+
+The prediction is the softmax over the logits of the option-letter tokens at that last position. In this
+framework that is a member head whose rows are the LM's output embeddings of the letters (the backbone's
+``initial_head``, see ``sve.backbones.choice_lm``) applied to the last token's hidden state; the head has
+five rows (A-E) and ``choice_mask`` (B, 5) masks the options a question lacks (ARC has 3 to 5), so the
+member logits keep the (M, B, C) layout with C = 5.
+
+Options are always shown as A, B, C, ... in their stored order, whatever the dataset's labels (ARC uses
+``A-E`` for most questions and ``1-5`` for some); the target is the position of ``answerKey`` among them.
+
+Local layout (``dataset.root``): ``ARC-Easy-{train,validation,test}.jsonl``, one JSON object per line with
+``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``. Without ``root`` the splits come
+from the Hugging Face hub (``allenai/ai2_arc``, config ``ARC-Easy``). Sizes: 2,251 / 570 / 2,376.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from sve.data.base import TextClassificationData
+
+LETTERS = ("A", "B", "C", "D", "E")
+SPLITS = {"train": "train", "val": "validation", "test": "test"}
+LAYOUT = (
+    "ARC-Easy-{train,validation,test}.jsonl (JSON lines with question, choices{text,label}, answerKey; "
+    "e.g. ../shared/data/arc_easy)"
+)
+
+
+def to_example(row: dict) -> tuple[str, int, int]:
+    """(prompt, index of the answer, number of options) from one ARC record."""
+    texts, labels = row["choices"]["text"], [str(label) for label in row["choices"]["label"]]
+    if not 2 <= len(texts) <= len(LETTERS):
+        raise ValueError(f"question {row.get('id')} has {len(texts)} options; at most {len(LETTERS)} are supported")
+    answer = str(row["answerKey"]).strip()
+    if answer not in labels:
+        raise ValueError(f"question {row.get('id')}: answerKey {answer!r} is not among the labels {labels}")
+    options = "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, texts))
+    return f"Question: {row['question']}\n{options}\nAnswer:", labels.index(answer), len(texts)
+
+
+def read_jsonl(path: Path) -> list[tuple[str, int, int]]:
+    with open(path, encoding="utf-8") as f:
+        return [to_example(json.loads(line)) for line in f if line.strip()]
+
+
+class ARCEasyData(TextClassificationData):
+    """Args:
+    root: local directory (see module docstring); None loads ``allenai/ai2_arc`` with ``datasets``.
+    hub_name, hub_config: the hub dataset (``ARC-Challenge`` works the same way).
+    max_length: truncation length in tokens (Table 7: 512); ARC prompts are far shorter.
+    """
+
+    num_classes = len(LETTERS)
+    name = "arc_easy"
+
+    def __init__(
+        self,
+        root: str | None = None,
+        hub_name: str = "allenai/ai2_arc",
+        hub_config: str = "ARC-Easy",
+        max_length: int = 512,
+        **kwargs,
+    ):
+        super().__init__(max_length=max_length, **kwargs)
+        self.root = root
+        self.hub_name, self.hub_config = hub_name, hub_config
+
+    def attach(self, backbone) -> None:
+        super().attach(backbone)
+        # The causal-LM backbone turns these into its initial head (lm_head rows of the letter tokens).
+        if hasattr(backbone, "answer_tokens"):
+            backbone.answer_tokens = list(LETTERS)
+
+    def load_splits(self):
+        if self.root is not None:
+            root = Path(self.root).expanduser()
+            paths = {s: root / f"ARC-Easy-{name}.jsonl" for s, name in SPLITS.items()}
+            missing = [p.name for p in paths.values() if not p.exists()]
+            if missing:
+                raise FileNotFoundError(f"dataset arc_easy: dataset.root={self.root} lacks {missing}; expected {LAYOUT}")
+            return {s: read_jsonl(p) for s, p in paths.items()}
+        try:
+            import datasets
+
+            ds = datasets.load_dataset(self.hub_name, self.hub_config)
+        except Exception as err:
+            raise RuntimeError(
+                f"dataset arc_easy: could not download {self.hub_name}/{self.hub_config} from the Hugging Face "
+                f"hub ({type(err).__name__}: {err}); set dataset.root to a directory holding {LAYOUT}"
+            ) from err
+        return {s: [to_example(row) for row in ds[name]] for s, name in SPLITS.items()}
+
+    def collate(self, examples: list[tuple[str, int, int]]) -> dict:
+        prompts, labels, counts = zip(*examples)
+        tokenizer = self.backbone.tokenizer
+        side, tokenizer.truncation_side = tokenizer.truncation_side, "left"  # never cut off "Answer:"
+        try:
+            batch = super().collate(list(zip(prompts, labels)))
+        finally:
+            tokenizer.truncation_side = side
+        # (B, 5): True for the options a question has.
+        batch["choice_mask"] = torch.arange(self.num_classes)[None] < torch.tensor(counts)[:, None]
+        return batch
+
+
+__all__ = ["ARCEasyData", "to_example", "LETTERS"]

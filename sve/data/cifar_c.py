@@ -1,0 +1,102 @@
+"""CIFAR-100-C (Hendrycks and Dietterich, 2019): the CIFAR-100 test set under 19 corruptions x 5 severities.
+
+Official release layout (``dataset.corrupted_root``, e.g. the unpacked ``CIFAR-100-C.tar`` from
+https://zenodo.org/record/3555552): one ``<corruption>.npy`` per corruption, uint8 of shape (50000, 32, 32, 3)
+holding the 10,000 test images at severity 1, then severity 2, ... 5; and ``labels.npy`` (50000,) in the same
+order. Training and validation are CIFAR-100's (``dataset.root``); the test split is the chosen
+corruptions x severities, concatenated. Without ``corrupted_root`` the test split is generated from the
+CIFAR-100 test set with ``sve.data.corruptions`` (same types, not bit-identical to the release).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import ConcatDataset, Dataset
+
+from sve.data.corruptions import CORRUPTIONS, SEVERITIES, Corrupter
+from sve.data.image_sets import ArrayImages, CIFAR100Data
+from sve.data.vision import Transformed
+
+PER_SEVERITY = 10_000
+RELEASE_LAYOUT = (
+    "<corruption>.npy files (uint8, (5*10000, 32, 32, 3), severities 1..5 in order) and labels.npy, as in "
+    "the official CIFAR-100-C release"
+)
+
+
+def _as_list(value, allowed: tuple, key: str) -> list:
+    values = list(allowed) if value in (None, "all") else [value] if isinstance(value, (str, int)) else list(value)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"dataset.{key} has unknown entries {bad}; choose from {list(allowed)}")
+    return values
+
+
+def read_release(root: Path, corruption: str, severity: int, per_severity: int | None = None) -> ArrayImages:
+    """One (corruption, severity) slice of the release, memory-mapped (the files are 150 MB each)."""
+    images_path, labels_path = root / f"{corruption}.npy", root / "labels.npy"
+    for path in (images_path, labels_path):
+        if not path.exists():
+            raise FileNotFoundError(
+                f"dataset cifar100_c: {path} not found; set dataset.corrupted_root to a directory with {RELEASE_LAYOUT}"
+            )
+    images = np.load(images_path, mmap_mode="r")
+    labels = np.load(labels_path)
+    n = per_severity or len(labels) // len(SEVERITIES)  # 10,000 in the release; fewer in test fixtures
+    if images.shape[0] != len(labels) or len(labels) != n * len(SEVERITIES):
+        raise ValueError(
+            f"{images_path}: {images.shape[0]} images and {len(labels)} labels; expected 5 severities x {n} each"
+        )
+    part = slice((severity - 1) * n, severity * n)
+    return ArrayImages(images[part], labels[part])
+
+
+class CIFAR100CData(CIFAR100Data):
+    """Train on CIFAR-100, test on CIFAR-100-C.
+
+    Args:
+        corrupted_root: directory of the official release (see module docstring); None generates the
+            corruptions from the CIFAR-100 test set.
+        corruptions: a name, a list of names, or ``all`` (the 19 of ``sve.data.corruptions.CORRUPTIONS``).
+        severities: an int, a list, or ``all`` (1 to 5).
+    """
+
+    name = "cifar100_c"
+
+    def __init__(
+        self,
+        corrupted_root: str | None = None,
+        corruptions: str | list[str] | None = "all",
+        severities: int | list[int] | None = "all",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.corrupted_root = corrupted_root
+        self.corruptions = _as_list(corruptions, CORRUPTIONS, "corruptions")
+        self.severities = _as_list(severities, SEVERITIES, "severities")
+
+    def corrupted_test(self, clean_test: Dataset) -> Dataset:
+        parts = []
+        for corruption in self.corruptions:
+            for severity in self.severities:
+                if self.corrupted_root is not None:
+                    raw = read_release(Path(self.corrupted_root).expanduser(), corruption, severity)
+                    parts.append(Transformed(raw, self.test_transform))
+                else:
+                    corrupt = Corrupter(corruption, severity, self.corruption_seed)
+                    parts.append(Transformed(clean_test, self.test_transform, corrupt))
+        return ConcatDataset(parts)
+
+    def load_splits(self):
+        if self.corrupted_root is None:
+            splits = super().load_splits()
+            clean_test = splits["test"].dataset
+        else:  # only train/val come from CIFAR-100; the test images come from the release
+            splits, clean_test = super().load_splits(), None
+        splits["test"] = self.corrupted_test(clean_test)
+        return splits
+
+
+__all__ = ["CIFAR100CData", "read_release", "PER_SEVERITY"]
