@@ -8,9 +8,7 @@ so any English sentence tokenizes character by character with the standard BERT 
 from __future__ import annotations
 
 import string
-import tempfile
 from functools import lru_cache
-from pathlib import Path
 
 from transformers import BertTokenizerFast
 
@@ -24,10 +22,8 @@ def char_vocab() -> list[str]:
 
 @lru_cache(maxsize=1)
 def char_tokenizer() -> BertTokenizerFast:
-    """A BertTokenizerFast over ``char_vocab()`` (vocab size 193, pad id 0)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = Path(tmp) / "vocab.txt"
-        vocab.write_text("\n".join(char_vocab()) + "\n")
-        tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    """A BertTokenizerFast over ``char_vocab()`` (vocab size 141, pad id 0)."""
+    vocab = {token: i for i, token in enumerate(char_vocab())}
+    tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
     tok.padding_side = "right"
     return tok
