@@ -7,7 +7,8 @@ import pytest
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
-from sve.run import build, instantiate
+from sve.run import build, instantiate, run
+from tests.conftest import ROOT as ROOT_DIR
 from tests.conftest import compose_cfg, config_options
 
 # Options that build offline on a tiny backbone here; the others (pretrained weights, hub or local data)
@@ -88,3 +89,27 @@ def test_minilm_resolves_to_packaged_weights():
     cfg = compose_cfg(["backbone=minilm_l6"])
     backbone = instantiate(cfg.backbone)
     assert backbone.feature_dim == 384 and backbone.pooling == "mean"
+
+
+TINY_BY_MODALITY = {"TimmBackbone": "tiny_vit", "HFEncoderBackbone": "tiny_bert", "HFCausalLMBackbone": "tiny_llama"}
+
+
+@pytest.mark.parametrize("experiment", config_options("experiment"))
+def test_every_experiment_runs_in_fast_dev_mode(experiment, tmp_path):
+    """Each recipe runs end to end with its backbone swapped for a tiny one of the same family."""
+    from tests.conftest import SHARED
+
+    cfg = compose_cfg([f"experiment={experiment}"])
+    tiny = TINY_BY_MODALITY.get(cfg.backbone._target_.rsplit(".", 1)[-1])
+    if tiny is None:
+        pytest.skip(f"no tiny stand-in for backbone {cfg.backbone._target_}")
+    overrides = [f"experiment={experiment}", f"backbone={tiny}", "dataset.train_size=8", "dataset.val_size=4",
+                 "dataset.test_size=4"]  # fmt: skip
+    if "root" in cfg.dataset:
+        local = SHARED / "data" / cfg.dataset.name
+        root = cfg.dataset.root or str(local)
+        if not (ROOT_DIR / root).exists() and not local.exists():
+            pytest.skip(f"needs the {cfg.dataset.name} data at {local} (absent here)")
+        overrides.append(f"dataset.root={root if (ROOT_DIR / root).exists() else local}")
+    results = run(compose_cfg(overrides, tmp_path))
+    assert 0 <= results["metrics"]["test/acc"] <= 1
