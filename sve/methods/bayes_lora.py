@@ -23,7 +23,7 @@ import logging
 from contextlib import ExitStack
 
 import torch
-from laplace import Laplace
+from laplace import KronLaplace
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -107,8 +107,7 @@ class BayesLoRALLLA(BayesLoRA):
             head.weight.copy_(self.heads.weight[0])
             head.bias.copy_(self.heads.bias[0])
         data = TensorDataset(torch.cat(feats).to(head.weight.dtype), torch.cat(labels).to(head.weight.device))
-        la = Laplace(nn.Sequential(head), "classification", subset_of_weights="all", hessian_structure="kron",
-                     prior_precision=self.init_prior_precision)
+        la = KronLaplace(nn.Sequential(head), "classification", prior_precision=self.init_prior_precision)
         la.fit(DataLoader(data, batch_size=loader.batch_size or 32))
         la.optimize_prior_precision(method="marglik", n_steps=self.marglik_steps)
         return la

@@ -84,6 +84,8 @@ class LoRAKronLaplace(KronLaplace):
     """KronLaplace whose factors follow the LoRA factors' (M=1, rows, cols) shapes instead of laplace-torch's
     guess from a parameter's number of dimensions (it would read a 3-d tensor as a convolution kernel)."""
 
+    _key = ("all", "kron_lora")  # laplace.Laplace() picks classes by _key; keep ("all", "kron") for KronLaplace
+
     def _init_H(self) -> None:
         self.H = Kron(
             [

@@ -1,0 +1,203 @@
+"""Facts about the baselines: equivalence at init, exact layer algebra, stochastic passes, deep-ensemble modes,
+Laplace and BLoB posteriors, checkpoint members."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from sve.layers import BatchEnsembleLayer, BLoBLayer, LoRALayer
+from sve.members import predictive, repeat_batch, split_members
+from sve.run import build, instantiate
+from tests.conftest import compose_cfg
+
+TEXT = ["backbone=tiny_bert", "dataset=synthetic_text", "dataset.batch_size=4"]
+
+
+def make(method: str, *overrides: str, reference: bool = False):
+    """(method, a batch, a frozen copy of the unwrapped backbone if asked)."""
+    cfg = compose_cfg([f"method={method}", "ensemble_size=3", *TEXT, *overrides])
+    backbone = instantiate(cfg.backbone)
+    ref = copy.deepcopy(backbone).eval() if reference else None
+    datamodule = instantiate(cfg.dataset)
+    datamodule.attach(backbone)
+    datamodule.setup()
+    m = instantiate(cfg.method, backbone=backbone, ensemble_size=3, num_classes=datamodule.num_classes)
+    return m, next(iter(datamodule.train_dataloader())), ref, datamodule
+
+
+@pytest.mark.parametrize("method", ["batch_ensemble", "lora_ensemble", "single_lora"])
+def test_every_member_equals_the_base_model_at_init(method):
+    m, batch, ref, _ = make(method, reference=True)
+    m.eval()
+    M = m.ensemble_size
+    with torch.no_grad():
+        members = split_members(m.backbone(repeat_batch(batch, M)), M)  # (M, B, D)
+        base = ref(batch)
+    for features in members:
+        torch.testing.assert_close(features, base, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_merge_equals_unmerged_and_update_is_scaled_BA():
+    torch.manual_seed(1)
+    base = nn.Linear(6, 5)
+    layer = LoRALayer(base, ensemble_size=2, rank=3, alpha=6.0)
+    nn.init.normal_(layer.lora_B)
+    x = torch.randn(2 * 4, 6)
+    y = split_members(layer(x), 2)
+    for m in range(2):
+        torch.testing.assert_close(y[m], layer.merge(m)(x[4 * m : 4 * m + 4]))
+        W = base.weight + 2.0 * layer.lora_B[m] @ layer.lora_A[m]  # alpha / r = 2
+        torch.testing.assert_close(layer.member_weight(m), W)
+
+
+def test_lora_and_batch_ensemble_on_conv2d_read_the_kernel_as_a_matrix():
+    torch.manual_seed(2)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    x = torch.randn(2 * 2, 3, 9, 9)
+    lora = LoRALayer(conv, ensemble_size=2, rank=2)
+    torch.testing.assert_close(lora(x), conv(x))  # B = 0: the base layer at init
+    nn.init.normal_(lora.lora_B)
+    y = split_members(lora(x), 2)
+    for m in range(2):
+        torch.testing.assert_close(y[m], lora.merge(m)(x[2 * m : 2 * m + 2]), atol=1e-5, rtol=1e-5)
+    be = BatchEnsembleLayer(copy.deepcopy(conv), ensemble_size=2)
+    torch.testing.assert_close(be(x), conv(x))  # r = s = 1, member bias = pretrained bias
+    nn.init.normal_(be.r), nn.init.normal_(be.s)
+    y = split_members(be(x), 2)
+    for m in range(2):
+        kernel = be.member_weight(m).reshape_as(conv.weight)
+        expected = nn.functional.conv2d(x[2 * m : 2 * m + 2], kernel, be.bias[m], stride=2, padding=1)
+        torch.testing.assert_close(y[m], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_ensemble_linear_is_rank_one_modulation():
+    torch.manual_seed(3)
+    base = nn.Linear(5, 4)
+    layer = BatchEnsembleLayer(copy.deepcopy(base), ensemble_size=3)
+    nn.init.normal_(layer.r), nn.init.normal_(layer.s)
+    x = torch.randn(3 * 2, 5)
+    y = split_members(layer(x), 3)
+    for m in range(3):
+        W = base.weight * torch.outer(layer.s[m], layer.r[m])
+        torch.testing.assert_close(y[m], x[2 * m : 2 * m + 2] @ W.T + layer.bias[m])
+
+
+def test_mc_dropout_passes_differ_in_eval_and_agree_without_dropout():
+    m, batch, _, _ = make("mc_dropout")
+    m.eval()
+    with torch.no_grad():
+        out = m(batch)
+    assert out.shape[0] == 10
+    assert not torch.allclose(out[0], out[1])
+    off, batch, _, _ = make("mc_dropout", "method.dropout=0.0")
+    off.eval()
+    with torch.no_grad():
+        out = off(batch)
+    torch.testing.assert_close(out, out[:1].expand_as(out))
+
+
+def _train(m, batches, steps_per_round: int = 2):
+    """Each round: a fresh AdamW over the trainable parameters, the same batches (what run() does per fit)."""
+    while True:
+        m.train()
+        opt = torch.optim.AdamW(m.trainable_parameters(), lr=1e-3, eps=1e-12)
+        for batch in batches[:steps_per_round]:
+            opt.zero_grad()
+            m.loss(m(batch), batch["labels"]).backward()
+            opt.step()
+        if not m.next_round():
+            return m.eval()
+
+
+def test_deep_ensemble_members_share_no_tensor_and_differ_after_training():
+    m, batch, _, dm = make("deep_ensemble", "method.mode=in_memory")
+    ptrs = [{p.data_ptr() for p in member.parameters()} for member in m.members]
+    assert len(m.members) == 3
+    assert all(not (ptrs[i] & ptrs[j]) for i in range(3) for j in range(i + 1, 3))
+    _train(m, list(dm.train_dataloader()))
+    a, b = (dict(member.named_parameters()) for member in m.members[:2])
+    assert any(not torch.allclose(a[n], b[n]) for n in a)
+    with torch.no_grad():
+        out = m(batch)
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_sequential_and_in_memory_deep_ensembles_give_the_same_predictive():
+    outs = {}
+    for mode in ("in_memory", "sequential"):
+        torch.manual_seed(0)
+        m, batch, _, dm = make("deep_ensemble", f"method.mode={mode}", "method.chunk_size=2")
+        for module in m.modules():  # dropout draws follow a different RNG order in the two modes
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+        assert m.mode == mode and m.report()["mode"] == mode
+        _train(m, list(dm.train_dataloader()))
+        with torch.no_grad():
+            outs[mode] = predictive(m(batch))
+    assert m.rounds == 2 and len(m.members) == 2  # 3 members in chunks of 2
+    torch.testing.assert_close(outs["in_memory"], outs["sequential"], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la"])
+def test_laplace_predictive_approaches_map_as_prior_precision_grows(method):
+    m, batch, _, dm = make(method, "method.marglik_steps=5")
+    _train(m, list(dm.train_dataloader()))
+    m.after_fit(dm)
+    assert float(m.laplace.prior_precision) > 0
+    m.eval()
+    with torch.no_grad():
+        map_probs = predictive(m.map_logits(batch))
+        gaps = []
+        for precision in (1e-2, 1e2, 1e6):
+            m.laplace.prior_precision = precision
+            out = m(batch)
+            assert out.shape[0] == m.num_samples
+            gaps.append(float((predictive(out) - map_probs).abs().max()))
+    assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3, gaps
+
+
+def test_blob_samples_vary_and_kl_is_finite_and_non_negative():
+    m, batch, _, _ = make("blob")
+    kl = m.kl()
+    assert torch.isfinite(kl) and kl >= 0
+    nn.init.normal_(m.layers[0].lora_B)  # B = 0 at init hides the noise in A
+    m.eval()
+    with torch.no_grad():
+        out = m(batch)
+    assert out.shape[0] == 10 and not torch.allclose(out[0], out[1])
+    layer = BLoBLayer(nn.Linear(4, 4), rank=2, prior_std=0.5)
+    with torch.no_grad():  # at the prior the KL is zero
+        layer.lora_A.zero_()
+        layer.lora_G.fill_(0.5**0.5)
+    torch.testing.assert_close(layer.kl(), torch.tensor(0.0), atol=1e-6, rtol=0)
+
+
+def test_checkpoint_ensemble_members_are_the_snapshots():
+    m, batch, _, dm = make("checkpoint_ensemble")
+    batches = list(dm.train_dataloader())
+    live = []
+    for epoch in range(4):  # 4 epochs, ensemble_size 3: the last 3 snapshots are kept
+        _train(m, batches[epoch:], steps_per_round=1)
+        m.on_train_epoch_end(None)
+        with torch.no_grad():
+            live.append(m(batch)[0])
+    m.after_fit(dm)
+    with torch.no_grad():
+        out = m(batch)
+    assert out.shape[0] == 3 and m.report() == {"checkpoints": 3}
+    torch.testing.assert_close(out, torch.stack(live[1:]), atol=1e-5, rtol=1e-5)
+
+
+def test_last_layer_ensemble_members_differ_only_in_their_heads():
+    m, batch, _, _ = make("last_layer_ensemble")
+    m.eval()
+    with torch.no_grad():
+        out = m(batch)
+        features = m.backbone(batch)
+    expected = torch.einsum("bd,mcd->mbc", features, m.heads.weight) + m.heads.bias[:, None]
+    torch.testing.assert_close(out, expected)
+    assert not torch.allclose(out[0], out[1])
