@@ -8,6 +8,8 @@ the last token's final hidden state (after the final norm). So a member head ini
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -37,8 +39,17 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
     config; while it is None (or its length differs from the number of classes) the heads start random.
     """
 
-    def __init__(self, *args, answer_tokens: list[str] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, answer_tokens: list[str] | None = None, name_or_path: str | None = None, **kwargs):
+        if name_or_path and name_or_path.startswith(("~", "/", ".")):  # a local directory, not a hub id
+            path = Path(name_or_path).expanduser()
+            if kwargs.get("pretrained", True) and not (path / "config.json").exists():
+                raise FileNotFoundError(
+                    f"backbone: no model at {path} (backbone.name_or_path); expected a save_pretrained directory "
+                    "(config.json, *.safetensors, tokenizer files). For smollm2_135m create it once with "
+                    "`python scripts/convert_smollm2.py`"
+                )
+            name_or_path = str(path)
+        super().__init__(*args, name_or_path=name_or_path, **kwargs)
         self.answer_tokens = list(answer_tokens) if answer_tokens else None
 
     @torch.no_grad()

@@ -163,8 +163,11 @@ class FashionMNISTData(VisionData):
         "installs them in /usr/share/datasets/fashion-mnist)"
     )
 
-    def __init__(self, root: str | None = "/usr/share/datasets/fashion-mnist", val_holdout: int = 5000, **kwargs):
-        super().__init__(root=root, download=False, val_holdout=val_holdout, **kwargs)
+    def __init__(
+        self, root: str | None = "/usr/share/datasets/fashion-mnist", download: bool = False, val_holdout: int = 5000,
+        **kwargs,
+    ):  # fmt: skip
+        super().__init__(root=root, download=download, val_holdout=val_holdout, **kwargs)  # nothing to download
 
     def raw_splits(self, root, download):
         def find(stem: str) -> Path:

@@ -1,0 +1,105 @@
+"""ARC-Easy as multiple choice for a causal LM: prompts, 3-5 options, digit labels, letter-logit heads."""
+
+import json
+
+import pytest
+import torch
+
+from sve.backbones.choice_lm import letter_token_ids
+from sve.data import ARCEasyData
+from sve.data.arc import to_example
+from sve.methods.sve import SVE
+from sve.run import instantiate, run
+from tests.conftest import compose_cfg, shared_path
+
+QUESTIONS = [  # 3, 4 and 5 options; letter and digit labels
+    {"id": "q3", "question": "Which is a liquid?", "choices": {"text": ["ice", "water", "steam"],
+     "label": ["1", "2", "3"]}, "answerKey": "2"},
+    {"id": "q4", "question": "Which is a planet?", "choices": {"text": ["sun", "moon", "mars", "comet"],
+     "label": ["A", "B", "C", "D"]}, "answerKey": "C"},
+    {"id": "q5", "question": "Which is a mammal?", "choices": {"text": ["cod", "bee", "ant", "owl", "bat"],
+     "label": ["1", "2", "3", "4", "5"]}, "answerKey": "5"},
+]  # fmt: skip
+TINY_CHOICE_LLM = ["backbone=tiny_llama", "+backbone.answer_tokens=null",
+                   "backbone._target_=sve.backbones.ChoiceCausalLMBackbone"]  # fmt: skip
+
+
+def _write_arc(root, copies=4):
+    root.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "validation", "test"):
+        rows = [dict(q, id=f"{q['id']}_{i}") for i in range(copies) for q in QUESTIONS]
+        (root / f"ARC-Easy-{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_prompt_letters_and_digit_labels():
+    prompt, label, count = to_example(QUESTIONS[0])
+    assert prompt == "Question: Which is a liquid?\nA. ice\nB. water\nC. steam\nAnswer:"
+    assert (label, count) == (1, 3)
+    assert to_example(QUESTIONS[1])[1:] == (2, 4) and to_example(QUESTIONS[2])[1:] == (4, 5)
+    with pytest.raises(ValueError, match="answerKey"):
+        to_example(dict(QUESTIONS[1], answerKey="E"))
+
+
+def test_local_jsonl_and_choice_mask(tmp_path):
+    _write_arc(tmp_path)
+    backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
+    data = ARCEasyData(root=str(tmp_path), batch_size=3)
+    data.attach(backbone)
+    assert backbone.answer_tokens == ["A", "B", "C", "D", "E"]  # the dataset declares its answer letters
+    splits = data.load_splits()
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [12, 12, 12]
+    batch = data.collate(splits["test"][:3])
+    assert batch["choice_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert batch["labels"].tolist() == [1, 2, 4]
+
+
+def test_missing_files_error_names_key_and_layout(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"arc_easy.*dataset.root.*ARC-Easy-\{train,validation,test\}.jsonl"):
+        ARCEasyData(root=str(tmp_path)).load_splits()
+
+
+def test_member_logits_are_the_lm_letter_logits_at_init(tmp_path):
+    """Prediction = softmax over the option-letter logits at the answer position; absent options get -inf."""
+    _write_arc(tmp_path, copies=1)
+    backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
+    data = ARCEasyData(root=str(tmp_path), batch_size=3)
+    data.attach(backbone)
+    batch = data.collate(data.load_splits()["test"])
+    lm = backbone.model
+    with torch.no_grad():
+        lm_logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        last = batch["attention_mask"].sum(1) - 1
+        ids = letter_token_ids(backbone.tokenizer, list("ABCDE"))
+        expected = lm_logits[torch.arange(3), last][:, ids]  # (B, 5)
+        method = SVE(backbone, ensemble_size=2, num_classes=5, sigma_init=0.0).eval()
+        member_logits = method(batch)  # (M, B, C)
+    assert member_logits.shape == (2, 3, 5)
+    mask = batch["choice_mask"]
+    for m in range(2):
+        torch.testing.assert_close(member_logits[m][mask], expected[mask], atol=1e-4, rtol=1e-4)
+    assert torch.isinf(member_logits[:, ~mask]).all()
+    assert torch.allclose(member_logits.softmax(-1)[:, ~mask], torch.zeros(1))
+
+
+def test_initial_head_only_when_letters_match_classes():
+    backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
+    assert backbone.initial_head(5) is None  # no dataset has declared answer letters
+    backbone.answer_tokens = list("ABCDE")
+    assert backbone.initial_head(2) is None and backbone.initial_head(5)[0].shape == (5, 32)
+
+
+def test_training_run_on_fake_arc(tmp_path):
+    _write_arc(tmp_path / "arc")
+    cfg = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'arc'}", "method=sve",
+                                         "ensemble_size=2", "dataset.batch_size=4"], tmp_path / "out")  # fmt: skip
+    results = run(cfg)
+    assert 0 <= results["metrics"]["test/acc"] <= 1 and results["dataset"] == "arc_easy"
+
+
+def test_real_arc_easy_splits_parse():
+    root = shared_path("data", "arc_easy")
+    splits = ARCEasyData(root=str(root)).load_splits()
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [2251, 570, 2376]  # Table 8
+    for split in splits.values():
+        assert all(2 < count <= 5 and 0 <= label < count for _, label, count in split)
+        assert {count for _, _, count in split} >= {4, 5}

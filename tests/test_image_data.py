@@ -1,0 +1,203 @@
+"""Image loaders on tiny fabricated data in each dataset's real on-disk layout (no network, no real data)."""
+
+import gzip
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.io import savemat
+
+from sve.data import (
+    CIFAR10Data,
+    CIFAR100CData,
+    CIFAR100Data,
+    DTDData,
+    FashionMNISTData,
+    Flowers102Data,
+    OxfordPetsData,
+)
+from sve.data.corruptions import CORRUPTIONS
+
+# What attach() reads from an image backbone: resolution and normalisation (ImageNet statistics).
+BACKBONE = SimpleNamespace(modality="image", image_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def _jpg(path, seed=0, size=(20, 24)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(path)
+
+
+def _loaded(data):
+    data.attach(BACKBONE)
+    data.setup()
+    return data
+
+
+def _check_batch(data, num_classes):
+    batch = next(iter(data.train_dataloader()))
+    assert batch["pixel_values"].shape[1:] == (3, 16, 16) and batch["pixel_values"].dtype == torch.float32
+    assert batch["labels"].dtype == torch.long and int(batch["labels"].max()) < num_classes
+    test = next(iter(data.test_dataloader()))
+    assert test["pixel_values"].shape[1:] == (3, 16, 16)
+
+
+def test_flowers102_official_files(tmp_path):
+    base = tmp_path / "flowers-102"
+    for i in range(1, 13):
+        _jpg(base / "jpg" / f"image_{i:05d}.jpg", i)
+    savemat(base / "imagelabels.mat", {"labels": np.array([[1, 2, 3, 102] * 3])})  # 1-based, as released
+    savemat(base / "setid.mat", {"trnid": np.array([[1, 2, 3, 4]]), "valid": np.array([[5, 6]]),
+                                 "tstid": np.array([[7, 8, 9, 10, 11, 12]])})  # fmt: skip
+    data = _loaded(Flowers102Data(root=str(tmp_path), download=False, batch_size=2))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [4, 2, 6]
+    assert sorted(lbl for _, lbl in data.splits["train"]) == [0, 1, 2, 101]
+    _check_batch(data, 102)
+
+
+def test_dtd_partition_files(tmp_path):
+    base = tmp_path / "dtd" / "dtd"
+    for split, names in {"train": ["banded/a.jpg", "dotted/b.jpg"], "val": ["banded/c.jpg"],
+                         "test": ["dotted/d.jpg", "woven/e.jpg"]}.items():  # fmt: skip
+        for n in names:
+            _jpg(base / "images" / n)
+        (base / "labels").mkdir(parents=True, exist_ok=True)
+        (base / "labels" / f"{split}1.txt").write_text("\n".join(names) + "\n")
+    data = _loaded(DTDData(root=str(tmp_path), download=False, batch_size=2))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [2, 1, 2]
+    _check_batch(data, 47)
+
+
+def test_oxford_pets_trainval_with_seeded_holdout(tmp_path):
+    base = tmp_path / "oxford-iiit-pet"
+    rows = {"trainval": [f"Abyssinian_{i} 1 1 1" for i in range(6)] + [f"beagle_{i} 2 2 1" for i in range(4)],
+            "test": ["Abyssinian_100 1 1 1", "beagle_100 2 2 1"]}  # fmt: skip
+    (base / "annotations").mkdir(parents=True)
+    for split, lines in rows.items():
+        (base / "annotations" / f"{split}.txt").write_text("\n".join(lines) + "\n")
+        for line in lines:
+            _jpg(base / "images" / f"{line.split()[0]}.jpg")
+    data = _loaded(OxfordPetsData(root=str(tmp_path), download=False, val_holdout=3, batch_size=2))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [7, 3, 2]
+    again = _loaded(OxfordPetsData(root=str(tmp_path), download=False, val_holdout=3))
+    assert data.splits["val"].dataset.indices == again.splits["val"].dataset.indices  # seeded
+    _check_batch(data, 37)
+
+
+def _cifar_pickles(root, folder, files, key, n, num_classes, meta):
+    (root / folder).mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in files:
+        entry = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), key: list(range(n))}
+        entry[key] = [i % num_classes for i in range(n)]
+        with open(root / folder / name, "wb") as f:
+            pickle.dump(entry, f)
+    with open(root / folder / meta[0], "wb") as f:
+        pickle.dump({meta[1]: [f"class{i}" for i in range(num_classes)]}, f)
+
+
+def _fake_cifar100(root, n=10):
+    _cifar_pickles(root, "cifar-100-python", ["train", "test"], "fine_labels", n, 100, ("meta", "fine_label_names"))
+
+
+def test_cifar100_pickle_release(tmp_path):
+    _fake_cifar100(tmp_path)
+    data = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2, batch_size=4))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [8, 2, 10]
+    _check_batch(data, 100)
+
+
+def test_cifar10_from_imagefolder_and_from_pickles(tmp_path):
+    tree = tmp_path / "jpg"
+    for split in ("train", "test"):
+        for c, name in enumerate(["airplane", "automobile", "bird"]):
+            for i in range(3):
+                _jpg(tree / split / name / f"{i:04d}.jpg", size=(32, 32))
+    data = _loaded(CIFAR10Data(root=str(tree), val_holdout=2, batch_size=3))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [7, 2, 9]
+    assert sorted({lbl for _, lbl in data.splits["test"]}) == [0, 1, 2]  # alphabetical = official order
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    _cifar_pickles(tmp_path / "pkl", "cifar-10-batches-py", files, "labels", 4, 10, ("batches.meta", "label_names"))
+    data = _loaded(CIFAR10Data(root=str(tmp_path / "pkl"), download=False, val_holdout=4))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [16, 4, 4]
+
+
+def _idx(path, array):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 12), ("t10k", 5)):
+        _idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28)))
+        _idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    data = _loaded(FashionMNISTData(root=str(tmp_path), val_holdout=2, batch_size=4))
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [10, 2, 5]
+    _check_batch(data, 10)  # grayscale made 3-channel
+
+
+@pytest.mark.parametrize(
+    "cls, layout",
+    [(Flowers102Data, "setid.mat"), (DTDData, "labels"), (OxfordPetsData, "annotations"),
+     (CIFAR100Data, "cifar-100-python"), (CIFAR10Data, "train/<class>"), (FashionMNISTData, "idx3")],
+)  # fmt: skip
+def test_missing_data_error_names_dataset_key_and_layout(cls, layout, tmp_path):
+    data = cls(root=str(tmp_path), download=False)
+    data.attach(BACKBONE)
+    with pytest.raises(RuntimeError, match=rf"dataset {cls.name}.*dataset\.root.*{layout}"):
+        data.setup()
+
+
+def test_test_corruption_applies_only_to_the_test_split(tmp_path):
+    _fake_cifar100(tmp_path)
+    clean = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2))
+    noisy = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2,
+                                 test_corruption="impulse_noise", test_severity=5))  # fmt: skip
+    assert not torch.equal(clean.splits["test"][0][0], noisy.splits["test"][0][0])
+    torch.testing.assert_close(clean.splits["val"][0][0], noisy.splits["val"][0][0])
+
+
+def _fake_cifar100_c(root, n=3):
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name in CORRUPTIONS:
+        np.save(root / f"{name}.npy", rng.integers(0, 255, (5 * n, 32, 32, 3), dtype=np.uint8))
+    np.save(root / "labels.npy", np.tile(np.arange(n) * 7, 5).astype(np.int64))
+
+
+def test_cifar100_c_release_layout_selects_corruptions_and_severities(tmp_path):
+    _fake_cifar100(tmp_path / "c100")
+    _fake_cifar100_c(tmp_path / "c100c")
+    kw = dict(root=str(tmp_path / "c100"), download=False, val_holdout=2, corrupted_root=str(tmp_path / "c100c"))
+    data = _loaded(CIFAR100CData(corruptions=["fog", "snow"], severities=[2, 5], **kw))
+    assert len(data.splits["test"]) == 2 * 2 * 3
+    assert [lbl for _, lbl in data.splits["test"]][:3] == [0, 7, 14]
+    every = _loaded(CIFAR100CData(corruptions="all", severities="all", **kw))
+    assert len(every.splits["test"]) == 19 * 5 * 3
+    # Severity s is rows (s-1)*n .. s*n of the file.
+    one = _loaded(CIFAR100CData(corruptions="fog", severities=2, **kw))
+    raw = np.load(tmp_path / "c100c" / "fog.npy")[3]
+    expected = one.test_transform(Image.fromarray(raw))
+    torch.testing.assert_close(one.splits["test"][0][0], expected)
+
+
+def test_cifar100_c_generated_when_no_release(tmp_path):
+    _fake_cifar100(tmp_path)
+    data = _loaded(CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2,
+                                 corruptions=["contrast"], severities=[1, 5]))  # fmt: skip
+    assert len(data.splits["test"]) == 2 * 10
+
+
+def test_cifar100_c_errors_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="dataset.corruptions.*frosty"):
+        CIFAR100CData(corruptions=["frosty"])
+    _fake_cifar100(tmp_path)
+    data = CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2, corrupted_root=str(tmp_path / "none"))
+    data.attach(BACKBONE)
+    with pytest.raises(FileNotFoundError, match="dataset.corrupted_root.*labels.npy"):
+        data.setup()

@@ -1,0 +1,94 @@
+"""SVConv2d: exact algebra of the kernel-as-matrix decomposition, and SVE on a CNN (beyond the paper)."""
+
+import pytest
+import torch
+from torch import nn
+
+from sve.backbones.resnet_cifar import ResNetCIFARBackbone
+from sve.layers import SVConv2d, SVLinear
+from sve.members import repeat_members
+from sve.methods.sve import SVE, SVF
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(in_channels=3, out_channels=8, kernel_size=3, padding=1),
+        dict(in_channels=8, out_channels=4, kernel_size=3, stride=2, padding=1, bias=False),  # rank 4 < 72
+        dict(in_channels=2, out_channels=6, kernel_size=(1, 3), dilation=2),
+    ],
+)
+def test_equals_original_conv_at_init(conv):
+    torch.manual_seed(0)
+    layer = nn.Conv2d(**conv)
+    sv = SVConv2d.from_conv(layer, ensemble_size=3, sigma_init=0.0)
+    x = torch.randn(2, conv["in_channels"], 9, 9)
+    expected = layer(x)
+    out = sv(repeat_members(x, 3)).reshape(3, *expected.shape)
+    for m in range(3):
+        torch.testing.assert_close(out[m], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_members_differ_and_merge_reproduces_each_member():
+    torch.manual_seed(0)
+    layer = nn.Conv2d(4, 6, 3, padding=1)
+    sv = SVConv2d.from_conv(layer, ensemble_size=2, sigma_init=0.1)
+    with torch.no_grad():
+        sv.bias[1] += 0.5  # member biases differ too
+    x = torch.randn(3, 4, 5, 5)
+    out = sv(repeat_members(x, 2)).reshape(2, 3, 6, 5, 5)
+    assert not torch.allclose(out[0], out[1])
+    for m in range(2):
+        torch.testing.assert_close(sv.merge(m)(x), out[m], atol=1e-5, rtol=1e-5)
+
+
+def test_matrix_is_the_unfolded_kernel():
+    """W = U diag(s) V^T with W the (out, in*kh*kw) reshaped kernel; rank = min(out, in*kh*kw)."""
+    layer = nn.Conv2d(5, 7, 3)
+    sv = SVConv2d.from_conv(layer, ensemble_size=1)
+    assert sv.rank == 7 and sv.Vh.shape == (7, 45)
+    torch.testing.assert_close(sv.member_weight(0).reshape_as(layer.weight), layer.weight.detach(), atol=1e-6, rtol=0)
+
+
+def test_rejects_grouped_convolutions():
+    with pytest.raises(ValueError, match="groups=1"):
+        SVConv2d.from_conv(nn.Conv2d(4, 4, 3, groups=2), ensemble_size=2)
+
+
+def _resnet():
+    return ResNetCIFARBackbone(depth=8, target_modules=["conv1", "conv2"], pretrained=False)
+
+
+def test_sve_wraps_every_conv_and_keeps_the_output_at_init():
+    torch.manual_seed(0)
+    backbone = _resnet().eval()
+    x = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    with torch.no_grad():
+        expected = backbone(x)
+    method = SVE(backbone, ensemble_size=3, num_classes=10, sigma_init=0.0).eval()
+    convs = [m for m in backbone.model.modules() if isinstance(m, SVConv2d)]
+    assert len(convs) == 1 + 2 * 3  # stem + two per block, depth 8 = 3 blocks
+    assert not any(isinstance(m, nn.Conv2d) for m in backbone.model.modules())
+    with torch.no_grad():
+        feats = method.backbone({"pixel_values": repeat_members(x["pixel_values"], 3)})
+    torch.testing.assert_close(feats.reshape(3, 2, -1)[1], expected, atol=1e-4, rtol=1e-4)
+    assert all(isinstance(m, SVLinear) for m in method.sv_layers())  # constrain_ reaches the conv layers too
+
+
+def test_sve_on_a_cnn_trains_only_singular_values_biases_and_heads():
+    torch.manual_seed(0)
+    method = SVE(_resnet(), ensemble_size=2, num_classes=10).train()
+    before = {k: v.clone() for k, v in method.state_dict().items()}
+    opt = torch.optim.SGD(method.trainable_parameters(), lr=0.1)
+    batch = {"pixel_values": torch.randn(4, 3, 32, 32), "labels": torch.tensor([0, 1, 2, 3])}
+    method.loss(method(batch), batch["labels"]).backward()
+    opt.step()
+    changed = {k for k, v in method.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.endswith(("singular_values", "heads.weight", "heads.bias")) for k in changed), changed
+    # BatchNorm stays in eval mode: the running statistics of the frozen backbone never move.
+    assert not any("running" in k for k in changed)
+
+
+def test_svf_applies_to_convs():
+    method = SVF(_resnet(), ensemble_size=1, num_classes=10)
+    assert all(layer.ensemble_size == 1 for layer in method.sv_layers())
