@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
+from torchmetrics.utilities import dim_zero_cat
 
 NLL_EPS = 1e-12  # probabilities are clamped here before the log, so one zero-probability label is finite
 
@@ -103,4 +104,41 @@ UNITS = {
     "ece": "fraction in [0, 1], 15 equal-width bins",
     "nll": "nats per example",
     "brier": "sum over classes of squared error, per example, in [0, 2]",
+    "ood_auroc": "fraction in [0, 1]; in-distribution = positive, score = max probability",
+    "ood_auprc": "fraction in [0, 1]; in-distribution = positive",
+    "ood_fpr95": "fraction of OOD inputs accepted at 95% in-distribution recall",
 }
+
+
+class OODDetection(Metric):
+    """AUROC, AUPRC and FPR at 95% TPR for separating in-distribution (positive) from OOD inputs (E.5-E.7).
+
+    The score is the maximum predictive probability (Hendrycks and Gimpel, 2016). Scores are gathered with
+    ``cat`` states, so uneven per-rank counts under DDP are fine. All three are fractions in [0, 1].
+    """
+
+    full_state_update = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("in_distribution", default=[], dist_reduce_fx="cat")
+
+    def update(self, probs: Tensor, in_distribution: bool) -> None:
+        score = probs.double().max(-1).values
+        self.scores.append(score)
+        self.in_distribution.append(torch.full_like(score, float(in_distribution)))
+
+    def compute(self) -> dict[str, Tensor]:
+        from torchmetrics.functional.classification import binary_auroc, binary_average_precision, binary_roc
+
+        scores = dim_zero_cat(self.scores)
+        target = dim_zero_cat(self.in_distribution).long()
+        if target.min() == target.max():
+            raise ValueError("OOD detection needs both in-distribution and OOD scores")
+        fpr, tpr, _ = binary_roc(scores, target)  # thresholds in decreasing order, tpr non-decreasing
+        return {
+            "auroc": binary_auroc(scores, target),
+            "auprc": binary_average_precision(scores, target),
+            "fpr95": fpr[torch.nonzero(tpr >= 0.95)[0, 0]],
+        }

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
-from sve.metrics import Accuracy, classification_metrics
+from sve.metrics import Accuracy, OODDetection, classification_metrics
 
 
 class EnsembleModule(pl.LightningModule):
@@ -41,6 +41,8 @@ class EnsembleModule(pl.LightningModule):
         self.val_metrics = classification_metrics().clone(prefix="val/")
         self.test_metrics = classification_metrics().clone(prefix="test/")
         self.member_accuracy = torch.nn.ModuleList(Accuracy() for _ in range(method.ensemble_size))
+        self.ood_detection = OODDetection()
+        self._saw_ood = False
         self.test_results: dict[str, float] = {}
 
     def forward(self, batch: dict) -> Tensor:
@@ -74,8 +76,13 @@ class EnsembleModule(pl.LightningModule):
     def on_test_epoch_start(self) -> None:
         self._test_start = time.perf_counter()
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if dataloader_idx == 1:  # the OOD set: only the confidence score matters
+            self._saw_ood = True
+            self.ood_detection.update(predictive(self.method(batch), self.aggregate), in_distribution=False)
+            return
         logits = self._evaluate(batch, self.test_metrics)
+        self.ood_detection.update(predictive(logits, self.aggregate), in_distribution=True)
         for member, metric in zip(logits, self.member_accuracy):  # only members the method produced
             metric.update(member.double().softmax(-1), batch["labels"])
 
@@ -84,6 +91,9 @@ class EnsembleModule(pl.LightningModule):
         members = [float(m.compute()) for m in self.member_accuracy if m.update_called]
         if members:
             results["test/member_acc"] = members
+        if self._saw_ood:
+            results.update({f"test/ood_{k}": float(v) for k, v in self.ood_detection.compute().items()})
+        self.ood_detection.reset()
         results["test/seconds"] = time.perf_counter() - self._test_start
         self.log_dict({k: v for k, v in results.items() if isinstance(v, float)})
         self.test_results = results

@@ -34,6 +34,8 @@ class ClassificationData(pl.LightningDataModule):
         eval_batch_size: batch size for validation and test (default: ``batch_size``).
         train_size, val_size, test_size: optional subset sizes (seeded by ``subset_seed``).
         num_workers: DataLoader workers.
+        ood: another data module whose test split is the out-of-distribution set (e.g. CIFAR-10 for
+            CIFAR-100, Table 4); the test loop then also reports OOD AUROC, AUPRC and FPR@95%TPR.
     """
 
     modality: str  # "image" or "text"; must match the backbone's
@@ -48,8 +50,10 @@ class ClassificationData(pl.LightningDataModule):
         test_size: int | None = None,
         subset_seed: int = 0,
         num_workers: int = 0,
+        ood: "ClassificationData | None" = None,
     ):
         super().__init__()
+        self.ood = ood
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
@@ -65,6 +69,8 @@ class ClassificationData(pl.LightningDataModule):
                 f"{type(backbone).__name__} takes {backbone.modality} inputs; pick a matching pair"
             )
         self.backbone = backbone
+        if self.ood is not None:
+            self.ood.attach(backbone)
 
     def load_splits(self) -> dict[str, Dataset]:  # pragma: no cover - abstract
         """Returns the full ``train``, ``val`` and ``test`` datasets."""
@@ -97,8 +103,11 @@ class ClassificationData(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader("val", shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """The test split, followed by the OOD set's test split when ``ood`` is given."""
+        if self.ood is None:
+            return self._loader("test", shuffle=False)
+        return [self._loader("test", shuffle=False), self.ood.test_dataloader()]
 
 
 class TextClassificationData(ClassificationData):

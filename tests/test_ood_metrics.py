@@ -1,0 +1,69 @@
+"""OOD detection metrics against a pairwise/threshold-sweep numpy reference (Appendix E.5-E.7)."""
+
+import numpy as np
+import pytest
+import torch
+
+from sve.metrics import OODDetection
+
+
+def reference(id_scores, ood_scores):
+    s = np.concatenate([id_scores, ood_scores])
+    y = np.concatenate([np.ones(len(id_scores)), np.zeros(len(ood_scores))])
+    diff = id_scores[:, None] - ood_scores[None, :]
+    auroc = ((diff > 0) + 0.5 * (diff == 0)).mean()  # Mann-Whitney: P(id > ood) + P(tie) / 2
+    ap, prev_recall, fpr95 = 0.0, 0.0, None
+    for t in np.unique(s)[::-1]:  # thresholds high to low; "positive" means score >= t
+        pred = s >= t
+        tp, fp = (pred & (y == 1)).sum(), (pred & (y == 0)).sum()
+        recall, precision = tp / (y == 1).sum(), tp / (tp + fp)
+        ap += (recall - prev_recall) * precision
+        prev_recall = recall
+        if fpr95 is None and recall >= 0.95:
+            fpr95 = fp / (y == 0).sum()
+    return {"auroc": auroc, "auprc": ap, "fpr95": fpr95}
+
+
+def compute(id_scores, ood_scores):
+    metric = OODDetection()
+    # Two-class probabilities whose maximum is the score (scores are in [0.5, 1]).
+    as_probs = lambda s: torch.from_numpy(np.stack([s, 1 - s], 1))  # noqa: E731
+    metric.update(as_probs(id_scores), True)
+    metric.update(as_probs(ood_scores), False)
+    return {k: float(v) for k, v in metric.compute().items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_reference_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    id_scores = np.round(rng.uniform(0.6, 1.0, 300), 2)  # rounding creates many ties
+    ood_scores = np.round(rng.uniform(0.5, 0.9, 200), 2)
+    got, ref = compute(id_scores, ood_scores), reference(id_scores, ood_scores)
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=1e-6), key  # torchmetrics returns float32
+
+
+def test_perfect_and_inverted_separation():
+    perfect = compute(np.array([0.9, 0.95, 0.99]), np.array([0.5, 0.6]))
+    assert perfect == {"auroc": 1.0, "auprc": 1.0, "fpr95": 0.0}
+    inverted = compute(np.array([0.5, 0.6]), np.array([0.9, 0.95, 0.99]))
+    assert inverted["auroc"] == 0.0 and inverted["fpr95"] == 1.0
+
+
+def test_needs_both_kinds():
+    metric = OODDetection()
+    metric.update(torch.tensor([[0.9, 0.1]]), True)
+    with pytest.raises(ValueError, match="both"):
+        metric.compute()
+
+
+def test_run_reports_ood_metrics_when_the_dataset_has_an_ood_set(tmp_path):
+    from sve.run import run
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["backbone=tiny_vit", "+dataset.ood._target_=sve.data.SyntheticImageData",
+                       "+dataset.ood.seed=7", "+dataset.ood.noise=3.0"], tmp_path)  # fmt: skip
+    metrics = run(cfg)["metrics"]
+    assert {"test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"} <= set(metrics)
+    assert all(0 <= metrics[k] <= 1 for k in ("test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"))
+    assert 0 <= metrics["test/acc"] <= 1
