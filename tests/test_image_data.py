@@ -201,3 +201,15 @@ def test_cifar100_c_errors_name_the_key(tmp_path):
     data.attach(BACKBONE)
     with pytest.raises(FileNotFoundError, match="dataset.corrupted_root.*labels.npy"):
         data.setup()
+
+
+def test_cifar10_as_the_ood_set_of_cifar100(tmp_path):
+    _fake_cifar100(tmp_path / "c100")
+    for c in ("airplane", "truck"):
+        for split in ("train", "test"):
+            _jpg(tmp_path / "c10" / split / c / "0000.jpg", size=(32, 32))
+    ood = CIFAR10Data(root=str(tmp_path / "c10"), val_holdout=1, batch_size=2)
+    data = CIFAR100Data(root=str(tmp_path / "c100"), download=False, val_holdout=2, batch_size=4, ood=ood)
+    data.attach(BACKBONE)  # attaches the OOD module too: same transforms
+    loaders = data.test_dataloader()
+    assert len(loaders) == 2 and next(iter(loaders[1]))["pixel_values"].shape == (2, 3, 16, 16)
