@@ -213,3 +213,13 @@ def test_cifar10_as_the_ood_set_of_cifar100(tmp_path):
     data.attach(BACKBONE)  # attaches the OOD module too: same transforms
     loaders = data.test_dataloader()
     assert len(loaders) == 2 and next(iter(loaders[1]))["pixel_values"].shape == (2, 3, 16, 16)
+
+
+def test_low_resolution_datasets_resize_the_whole_image_for_test(tmp_path):
+    """CIFAR is resized to the backbone's resolution whole (no center crop cutting the borders)."""
+    _fake_cifar100(tmp_path)
+    data = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2))
+    raw = data.splits["test"].dataset[0][0].convert("RGB")
+    expected = torch.tensor(np.asarray(raw.resize((16, 16), Image.BILINEAR)), dtype=torch.float32) / 255
+    mean, std = torch.tensor(BACKBONE.mean), torch.tensor(BACKBONE.std)
+    torch.testing.assert_close(data.splits["test"][0][0], ((expected - mean) / std).permute(2, 0, 1), atol=0.03, rtol=0)

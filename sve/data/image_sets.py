@@ -92,6 +92,7 @@ class CIFAR100Data(VisionData):
 
     name = "cifar100"
     num_classes = 100
+    test_crop_pct = 1.0
     LAYOUT = "cifar-100-python/{train,test,meta} (the python pickle release, as torchvision downloads it)"
 
     def __init__(self, val_holdout: int = 5000, **kwargs):
@@ -112,6 +113,7 @@ class CIFAR10Data(VisionData):
 
     name = "cifar10"
     num_classes = 10
+    test_crop_pct = 1.0
     LAYOUT = (
         "either train/<class>/*.jpg and test/<class>/*.jpg (ImageFolder; e.g. tar -xzf "
         "../shared/data/cifar10_jpg.tar.gz -C DIR) or cifar-10-batches-py/ (torchvision's pickle release)"
@@ -158,6 +160,7 @@ class FashionMNISTData(VisionData):
 
     name = "fashion_mnist"
     num_classes = 10
+    test_crop_pct = 1.0
     LAYOUT = (
         "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (apt-get install dataset-fashion-mnist "
         "installs them in /usr/share/datasets/fashion-mnist)"

@@ -6,7 +6,7 @@ backbone's ``image_size``, ``mean`` and ``std`` (ImageNet statistics for the DIN
 - train: random resized crop to ``image_size`` + horizontal flip (``backbone.train_crop == "pad"``: the
   CIFAR recipe, 4-pixel zero padding + random crop + flip, used by the CIFAR ResNets at 32 px);
 - test: resize the short side to ``image_size / crop_pct`` + center crop (``crop_pct`` from the backbone,
-  0.875 by default; 1.0 keeps a 32-px CIFAR image as it is).
+  0.875 by default; the low-resolution datasets use 1.0, i.e. the whole image resized to ``image_size``).
 
 Where a dataset has no official validation split, ``val_holdout`` training images are held out by
 ``subset_seed``. ``test_corruption``/``test_severity`` corrupt the test split with the generator of
@@ -30,15 +30,16 @@ log = logging.getLogger(__name__)
 CACHE = Path("~/.cache/sve/data")
 
 
-def image_transforms(backbone) -> tuple[T.Compose, T.Compose]:
-    """(train, test) transforms from the backbone's resolution and normalisation."""
+def image_transforms(backbone, crop_pct: float | None = None) -> tuple[T.Compose, T.Compose]:
+    """(train, test) transforms from the backbone's resolution and normalisation; ``crop_pct`` overrides
+    the backbone's test crop fraction."""
     size = backbone.image_size
     normalize = [T.ToTensor(), T.Normalize(backbone.mean, backbone.std)]
     if getattr(backbone, "train_crop", "random_resized") == "pad":
         train = [T.Resize(size), T.RandomCrop(size, padding=size // 8), T.RandomHorizontalFlip()]
     else:
         train = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
-    resize = round(size / getattr(backbone, "crop_pct", 0.875))
+    resize = round(size / (crop_pct or getattr(backbone, "crop_pct", 0.875)))
     test = [T.Resize(resize), T.CenterCrop(size)]
     return T.Compose(train + normalize), T.Compose(test + normalize)
 
@@ -86,6 +87,9 @@ class VisionData(ImageClassificationData):
 
     name: str  # the config option name, used in error messages
     LAYOUT: str  # the expected on-disk layout, shown when loading fails
+    # Test crop fraction; None takes the backbone's. Small, object-centred images (CIFAR, Fashion-MNIST)
+    # use 1.0: they are resized to the backbone's resolution whole (Appendix D), not cropped.
+    test_crop_pct: float | None = None
 
     def __init__(
         self,
@@ -108,7 +112,7 @@ class VisionData(ImageClassificationData):
 
     def attach(self, backbone) -> None:
         super().attach(backbone)
-        self.train_transform, self.test_transform = image_transforms(backbone)
+        self.train_transform, self.test_transform = image_transforms(backbone, self.test_crop_pct)
 
     def raw_splits(self, root: Path, download: bool) -> dict[str, Dataset]:  # pragma: no cover - abstract
         """``train``, ``val`` (or None to hold out of train) and ``test`` datasets of (PIL image, label)."""
