@@ -2,6 +2,7 @@
 
 import gzip
 import pickle
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -223,3 +224,21 @@ def test_low_resolution_datasets_resize_the_whole_image_for_test(tmp_path):
     expected = torch.tensor(np.asarray(raw.resize((16, 16), Image.BILINEAR)), dtype=torch.float32) / 255
     mean, std = torch.tensor(BACKBONE.mean), torch.tensor(BACKBONE.std)
     torch.testing.assert_close(data.splits["test"][0][0], ((expected - mean) / std).permute(2, 0, 1), atol=0.03, rtol=0)
+
+
+def test_fashion_mnist_from_the_debian_package():
+    root = Path("/usr/share/datasets/fashion-mnist")
+    if not (root / "t10k-labels-idx1-ubyte.gz").exists():
+        pytest.skip(f"needs {root} (apt-get install dataset-fashion-mnist)")
+    raw = FashionMNISTData().load_raw()
+    assert (len(raw["train"]), len(raw["test"])) == (60_000, 10_000)
+    assert raw["test"].images.shape[1:] == (28, 28) and set(raw["test"].labels.tolist()) == set(range(10))
+
+
+def test_cifar100_c_config_selects_by_name():
+    from sve.run import instantiate
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["dataset=cifar100_c", "dataset.corruptions=[fog,snow]", "dataset.severities=3"])
+    data = instantiate(cfg.dataset)
+    assert data.corruptions == ["fog", "snow"] and data.severities == [3]
