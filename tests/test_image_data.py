@@ -92,8 +92,7 @@ def _cifar_pickles(root, folder, files, key, n, num_classes, meta):
     (root / folder).mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in files:
-        entry = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), key: list(range(n))}
-        entry[key] = [i % num_classes for i in range(n)]
+        entry = {"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), key: [i % num_classes for i in range(n)]}
         with open(root / folder / name, "wb") as f:
             pickle.dump(entry, f)
     with open(root / folder / meta[0], "wb") as f:
@@ -114,7 +113,7 @@ def test_cifar100_pickle_release(tmp_path):
 def test_cifar10_from_imagefolder_and_from_pickles(tmp_path):
     tree = tmp_path / "jpg"
     for split in ("train", "test"):
-        for c, name in enumerate(["airplane", "automobile", "bird"]):
+        for name in ("airplane", "automobile", "bird"):
             for i in range(3):
                 _jpg(tree / split / name / f"{i:04d}.jpg", size=(32, 32))
     data = _loaded(CIFAR10Data(root=str(tree), val_holdout=2, batch_size=3))

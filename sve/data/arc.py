@@ -90,7 +90,9 @@ class ARCEasyData(TextClassificationData):
             paths = {s: root / f"ARC-Easy-{name}.jsonl" for s, name in SPLITS.items()}
             missing = [p.name for p in paths.values() if not p.exists()]
             if missing:
-                raise FileNotFoundError(f"dataset arc_easy: dataset.root={self.root} lacks {missing}; expected {LAYOUT}")
+                raise FileNotFoundError(
+                    f"dataset arc_easy: dataset.root={self.root} lacks {missing}; expected {LAYOUT}"
+                )
             return {s: read_jsonl(p) for s, p in paths.items()}
         try:
             import datasets

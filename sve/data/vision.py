@@ -66,7 +66,7 @@ class Transformed(Dataset):
 
 def hold_out(dataset: Dataset, size: int, seed: int) -> tuple[Subset, Subset]:
     """Splits ``dataset`` into (rest, ``size`` held-out examples), seeded."""
-    if not 0 < size < len(dataset):
+    if size is None or not 0 < size < len(dataset):
         raise ValueError(f"dataset.val_holdout={size} must be between 1 and {len(dataset) - 1}")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     return Subset(dataset, order[size:]), Subset(dataset, order[:size])
