@@ -103,3 +103,14 @@ def test_real_arc_easy_splits_parse():
     for split in splits.values():
         assert all(2 < count <= 5 and 0 <= label < count for _, label, count in split)
         assert {count for _, _, count in split} >= {4, 5}
+
+
+def test_failed_hub_download_names_key_and_layout(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match=r"arc_easy.*allenai/ai2_arc.*dataset\.root.*ARC-Easy-"):
+        ARCEasyData(root=None).load_splits()

@@ -241,3 +241,19 @@ def test_cifar100_c_config_selects_by_name():
     cfg = compose_cfg(["dataset=cifar100_c", "dataset.corruptions=[fog,snow]", "dataset.severities=3"])
     data = instantiate(cfg.dataset)
     assert data.corruptions == ["fog", "snow"] and data.severities == [3]
+
+
+def test_failed_download_names_dataset_key_and_layout(monkeypatch, tmp_path):
+    """What a user without network sees: torchvision's download error, re-raised with the fix."""
+    from urllib.error import URLError
+
+    import sve.data.image_sets as image_sets
+
+    def offline(*args, **kwargs):
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(image_sets, "_Flowers102", offline)
+    data = Flowers102Data(root=None)
+    data.attach(BACKBONE)
+    with pytest.raises(RuntimeError, match=r"dataset flowers102.*name resolution.*dataset\.root.*flowers-102/"):
+        data.setup()
