@@ -78,8 +78,10 @@ def expected_trainable(method: str, m) -> int:
         return m.ensemble_size * m.base_parameter_count + _heads(m)
     if method == "batch_ensemble":
         layers = _targets(m, BatchEnsembleLayer)
-        fast = sum(l.ensemble_size * (l.in_features + 2 * l.out_features) for l in layers)  # r, s, member bias
-        moved_biases = sum(l.out_features for l in layers)  # pretrained biases became member biases
+        biased = [l for l in layers if l.bias is not None]  # LLaMA's linears have no bias
+        fast = sum(l.ensemble_size * (l.in_features + l.out_features) for l in layers)  # r, s
+        fast += sum(l.ensemble_size * l.out_features for l in biased)  # member biases
+        moved_biases = sum(l.out_features for l in biased)  # pretrained biases became member biases
         return m.base_parameter_count - moved_biases + fast + _heads(m)
     raise KeyError(method)
 
