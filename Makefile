@@ -22,9 +22,11 @@ test: ## Run the default test suite (offline, CPU; under 10 minutes on 2 cores)
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
-sst2-cpu: ## SVE (M=4) and the single baseline on SST-2 with MiniLM, CPU-sized (see README)
-	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4
-	$(PYTHON) train.py experiment=sst2_minilm_cpu method=single
+sst2-cpu: ## SVE (M=4) and the single baseline on SST-2 with MiniLM, CPU-sized; writes results/sst2_minilm_cpu/
+	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 callbacks=none \
+		hydra.run.dir=results/sst2_minilm_cpu/sve
+	$(PYTHON) train.py experiment=sst2_minilm_cpu method=single callbacks=none \
+		hydra.run.dir=results/sst2_minilm_cpu/single
 
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
