@@ -70,5 +70,5 @@ def inject(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, factory(getattr(parent, child)))
-    log.info("wrapped %d modules: %s", len(names), ", ".join(names))
+    log.debug("wrapped %d modules: %s", len(names), ", ".join(names))
     return names
