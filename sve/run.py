@@ -49,6 +49,7 @@ def build(cfg: DictConfig):
 
 def run(cfg: DictConfig) -> dict:
     start = time.perf_counter()
+    commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ def run(cfg: DictConfig) -> dict:
         "method_report": method.report(),
         "wall_time_s": time.perf_counter() - start,
         "command": command_line(),
-        "git_commit": git_commit(),
+        "git_commit": commit,
         "versions": package_versions(),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
