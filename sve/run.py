@@ -57,10 +57,16 @@ def run(cfg: DictConfig) -> dict:
 
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
-    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks)
+    # Checkpoints only where the callbacks config asks for them (Lightning would otherwise add its own).
+    checkpointing = any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks)
+    trainer: pl.Trainer = hydra.utils.instantiate(
+        cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing
+    )
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     while method.next_round():  # e.g. a sequential deep ensemble: one fresh fit per round of members
-        trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks)
+        trainer = hydra.utils.instantiate(
+            cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing
+        )
         trainer.fit(module, datamodule=datamodule)
     method.after_fit(datamodule)
     trainer.test(module, datamodule=datamodule, verbose=False)

@@ -103,6 +103,7 @@ def test_fast_dev_run_writes_results(method, tmp_path):
     assert saved["config"]["method"]["name"] == method
     assert saved["parameters"]["trainable"] == results["parameters"]["trainable"] > 0
     assert saved["versions"]["torch"].startswith("2.")
+    assert not list(tmp_path.rglob("*.ckpt"))  # callbacks=none: no checkpoints, not even Lightning's default
 
 
 def test_checkpoint_written_and_resumable(tmp_path):
