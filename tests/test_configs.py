@@ -91,7 +91,8 @@ def test_minilm_resolves_to_packaged_weights():
     assert backbone.feature_dim == 384 and backbone.pooling == "mean"
 
 
-TINY_BY_MODALITY = {"TimmBackbone": "tiny_vit", "HFEncoderBackbone": "tiny_bert", "HFCausalLMBackbone": "tiny_llama"}
+TINY_BY_MODALITY = {"TimmBackbone": "tiny_vit", "HFEncoderBackbone": "tiny_bert", "HFCausalLMBackbone": "tiny_llama",
+                    "ChoiceCausalLMBackbone": "tiny_llama"}
 
 
 @pytest.mark.parametrize("experiment", config_options("experiment"))
@@ -113,3 +114,21 @@ def test_every_experiment_runs_in_fast_dev_mode(experiment, tmp_path):
         overrides.append(f"dataset.root={root if (ROOT_DIR / root).exists() else local}")
     results = run(compose_cfg(overrides, tmp_path))
     assert 0 <= results["metrics"]["test/acc"] <= 1
+
+
+def test_experiment_values_override_the_top_level_defaults():
+    """Table 7 values reach the composed config (train.yaml's own keys must not win over a recipe)."""
+    expected = {  # experiment: (ensemble_size, sigma_init, lr, batch size)
+        "sst2_bert": (8, 0.01, 3e-4, 16),
+        "flowers102_dino": (4, 0.005, 1e-3, 16),
+        "cifar100_dino": (4, 0.005, 1e-4, 32),
+        "dtd_dinov2": (4, 0.005, 1e-3, 16),
+        "oxford_pets_dinov2": (4, 0.01, 1e-3, 16),
+        "arc_easy_llama2": (16, 0.01, 3e-4, 1),
+    }
+    for experiment, values in expected.items():
+        cfg = compose_cfg([f"experiment={experiment}"])
+        got = (cfg.ensemble_size, cfg.sigma_init, cfg.optimizer.lr, cfg.dataset.batch_size)
+        assert got == pytest.approx(values), experiment
+    # and the command line still wins over a recipe
+    assert compose_cfg(["experiment=sst2_bert", "ensemble_size=2"]).ensemble_size == 2
