@@ -26,12 +26,12 @@ def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
     return x.repeat(ensemble_size, *([1] * (x.dim() - 1)))
 
 
-def split_members(x: Tensor, ensemble_size: int) -> Tensor:
-    """(M*B, ...) -> (M, B, ...)."""
+def split_members(x: Tensor, ensemble_size: int, who: str = "split_members") -> Tensor:
+    """(M*B, ...) -> (M, B, ...); ``who`` names the caller (a layer) in the error message."""
     if x.shape[0] % ensemble_size:
         raise ValueError(
-            f"leading dimension {x.shape[0]} is not a multiple of ensemble_size={ensemble_size}; "
-            "inputs must be stacked member-major with sve.members.repeat_members"
+            f"{who} with ensemble_size={ensemble_size} got a leading dimension of {x.shape[0]}; inputs must "
+            "be stacked member-major (M*B, ...) with sve.members.repeat_members"
         )
     return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.layers.sv_linear import Conv1D
+from sve.members import split_members
 
 ADAPTABLE_TYPES: tuple[type, ...] = (nn.Linear, nn.Conv2d) + ((Conv1D,) if Conv1D else ())
 
@@ -40,25 +41,6 @@ def weight_shape(layer: nn.Module) -> tuple[int, int]:
     return layer.weight.shape[1], layer.weight.shape[0]  # Conv1D stores (in, out)
 
 
-def weight_as_matrix(layer: nn.Module) -> Tensor:
-    """The base weight as an (out, in') matrix (a view, so gradients reach the base parameter)."""
-    if isinstance(layer, nn.Conv2d):
-        return layer.weight.reshape(layer.out_channels, -1)
-    if isinstance(layer, nn.Linear):
-        return layer.weight
-    return layer.weight.t()
-
-
-def split_rows(x: Tensor, ensemble_size: int, layer_name: str) -> Tensor:
-    """(M*B, ...) -> (M, B, ...) with the error message every adapter layer gives."""
-    if x.shape[0] % ensemble_size:
-        raise ValueError(
-            f"{layer_name} with {ensemble_size} members got a leading dimension of {x.shape[0]}; inputs must "
-            "be stacked member-major (M*B, ...) with sve.members.repeat_members"
-        )
-    return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])
-
-
 def member_conv2d(x: Tensor, weight: Tensor, conv: nn.Conv2d | None = None) -> Tensor:
     """Member m's input rows convolved with member m's kernel, in one grouped convolution.
 
@@ -68,7 +50,7 @@ def member_conv2d(x: Tensor, weight: Tensor, conv: nn.Conv2d | None = None) -> T
         conv: the layer whose stride, padding and dilation to use; None gives a 1x1-style plain convolution.
     """
     M, out = weight.shape[:2]
-    xs = split_rows(x, M, "member_conv2d")  # (M, B, in, H, W)
+    xs = split_members(x, M, "member_conv2d")  # (M, B, in, H, W)
     B = xs.shape[1]
     grouped = xs.transpose(0, 1).reshape(B, -1, *xs.shape[-2:])  # (B, M*in, H, W): groups are members
     kwargs = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation) if conv is not None else {}

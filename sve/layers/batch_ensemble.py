@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sve.layers.adapter import check_layer, member_conv2d, split_rows, weight_as_matrix, weight_shape
+from sve.layers.adapter import check_layer, member_conv2d, weight_shape
+from sve.layers.sv_linear import weight_matrix
+from sve.members import split_members
 
 
 class BatchEnsembleLayer(nn.Module):
@@ -44,16 +46,16 @@ class BatchEnsembleLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         M = self.ensemble_size
-        W = weight_as_matrix(self.base)
+        W = weight_matrix(self.base)
         if isinstance(self.base, nn.Conv2d):
             kernels = (self.s[:, :, None] * W.unsqueeze(0) * self.r[:, None, :]).to(x.dtype)  # (M, out, in')
             y = member_conv2d(x, kernels.reshape(M, *self.base.weight.shape), self.base)  # (M*B, out, H', W')
             if self.bias is not None:
-                y = (split_rows(y, M, "BatchEnsembleLayer") + self.bias.to(y.dtype)[:, None, :, None, None])
+                y = (split_members(y, M, "BatchEnsembleLayer") + self.bias.to(y.dtype)[:, None, :, None, None])
                 y = y.reshape(-1, *y.shape[2:])
             return y
         lead = x.shape[:-1]
-        xs = split_rows(x, M, type(self).__name__).reshape(M, -1, self.in_features)  # (M, N*T, in)
+        xs = split_members(x, M, type(self).__name__).reshape(M, -1, self.in_features)  # (M, N*T, in)
         y = F.linear(xs * self.r.to(x.dtype)[:, None], W) * self.s.to(x.dtype)[:, None]  # (M, N*T, out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)[:, None]
@@ -62,7 +64,7 @@ class BatchEnsembleLayer(nn.Module):
     @torch.no_grad()
     def member_weight(self, member: int) -> Tensor:
         """W o (s_m r_m^T) as an (out, in') matrix."""
-        return self.s[member, :, None] * weight_as_matrix(self.base).float() * self.r[member, None, :]
+        return self.s[member, :, None] * weight_matrix(self.base).float() * self.r[member, None, :]
 
     def extra_repr(self) -> str:
         return f"ensemble_size={self.ensemble_size}"

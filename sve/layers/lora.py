@@ -19,7 +19,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from sve.layers.adapter import check_layer, member_conv2d, split_rows, weight_as_matrix, weight_shape
+from sve.layers.adapter import check_layer, member_conv2d, weight_shape
+from sve.layers.sv_linear import weight_matrix
+from sve.members import split_members
 
 
 class LoRALayer(nn.Module):
@@ -75,7 +77,7 @@ class LoRALayer(nn.Module):
             h = member_conv2d(x, A.reshape(K, self.rank, *self.base.weight.shape[1:]), self.base)  # (K*N, r, H', W')
             return self.scaling * member_conv2d(h, B[..., None, None])  # (K*N, out, H', W')
         lead = x.shape[:-1]
-        xs = split_rows(x, K, type(self).__name__).reshape(K, -1, self.in_features)  # (K, N*T, in)
+        xs = split_members(x, K, type(self).__name__).reshape(K, -1, self.in_features)  # (K, N*T, in)
         h = xs @ A.transpose(1, 2)  # (K, N*T, r)
         d = self.scaling * (h @ B.transpose(1, 2))  # (K, N*T, out)
         if self.record is not None:
@@ -85,7 +87,7 @@ class LoRALayer(nn.Module):
     @torch.no_grad()
     def member_weight(self, member: int) -> Tensor:
         """W0 + (alpha / r) B_m A_m as an (out, in') matrix."""
-        W = weight_as_matrix(self.base).float()
+        W = weight_matrix(self.base).float()
         return W + self.scaling * self.lora_B[member].float() @ self.lora_A[member].float()
 
     @torch.no_grad()
@@ -105,7 +107,7 @@ class LoRALayer(nn.Module):
             layer.weight.copy_(W)
         if bias is not None:
             layer.bias.copy_(bias)
-        return layer.to(device=W.device, dtype=weight_as_matrix(self.base).dtype)
+        return layer.to(device=W.device, dtype=weight_matrix(self.base).dtype)
 
     def extra_repr(self) -> str:
         return f"ensemble_size={self.ensemble_size}, rank={self.rank}, scaling={self.scaling}"

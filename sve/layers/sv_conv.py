@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sve.layers.sv_linear import SVLinear
+from sve.layers.sv_linear import SVLinear, decompose
+from sve.members import split_members
 
 
 class SVConv2d(SVLinear):
@@ -50,21 +51,12 @@ class SVConv2d(SVLinear):
             )
         if isinstance(conv.padding, str):
             raise ValueError(f"SVConv2d needs numeric padding, got padding={conv.padding!r}")
-        W = conv.weight.detach().flatten(1)  # (out, in*kh*kw)
-        factor_dtype = factor_dtype or W.dtype
-        U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)  # (out, r), (r,), (r, in*kh*kw)
-        return cls(
-            U.to(factor_dtype), s, Vh.to(factor_dtype), conv.bias, ensemble_size, conv,
-            sigma_init=sigma_init, member_bias=member_bias,
-        )  # fmt: skip
+        U, s, Vh = decompose(conv, svd_dtype, factor_dtype)  # (out, r), (r,), (r, in*kh*kw)
+        return cls(U, s, Vh, conv.bias, ensemble_size, conv, sigma_init=sigma_init, member_bias=member_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         M = self.ensemble_size
-        if x.shape[0] % M:
-            raise ValueError(
-                f"SVConv2d with ensemble_size={M} got a batch of {x.shape[0]}; inputs must be stacked "
-                "member-major (M*B, ...) with sve.members.repeat_members"
-            )
+        split_members(x, M, "SVConv2d")  # validates the member-major layout
         kernel = self.Vh.reshape(self.rank, self.in_channels, *self.kernel_size).to(x.dtype)
         h = F.conv2d(x, kernel, None, self.stride, self.padding, self.dilation)  # (M*B, r, H', W')
         h = h.reshape(M, -1, *h.shape[1:])  # (M, B, r, H', W')

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sve.members import split_members
+
 try:  # Hugging Face's GPT-2 style layer stores its weight transposed: (in, out).
     from transformers.pytorch_utils import Conv1D
 except ImportError:  # pragma: no cover - transformers is a hard dependency, but keep the layer usable alone
@@ -31,12 +33,26 @@ except ImportError:  # pragma: no cover - transformers is a hard dependency, but
 
 
 def weight_matrix(layer: nn.Module) -> Tensor:
-    """The (out, in) weight matrix of an nn.Linear or a Hugging Face Conv1D."""
+    """The weight as an (out, in') matrix, a view (gradients reach the parameter): (out, in) for nn.Linear
+    and Hugging Face Conv1D (stored transposed), (out, in*kh*kw) for nn.Conv2d (PyTorch's kernel order)."""
     if isinstance(layer, nn.Linear):
         return layer.weight
     if Conv1D and isinstance(layer, Conv1D):
         return layer.weight.t()
-    raise TypeError(f"expected nn.Linear or transformers Conv1D, got {type(layer).__name__}")
+    if isinstance(layer, nn.Conv2d):
+        return layer.weight.flatten(1)
+    raise TypeError(f"expected nn.Linear, nn.Conv2d or transformers Conv1D, got {type(layer).__name__}")
+
+
+def decompose(
+    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Thin SVD of ``weight_matrix(layer)`` computed in ``svd_dtype``: U (out, r) and Vh (r, in') cast to
+    ``factor_dtype`` (default: the layer's dtype), s (r,) kept in ``svd_dtype``."""
+    W = weight_matrix(layer).detach()
+    factor_dtype = factor_dtype or W.dtype
+    U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)
+    return U.to(factor_dtype), s, Vh.to(factor_dtype)
 
 
 class SVLinear(nn.Module):
@@ -100,13 +116,13 @@ class SVLinear(nn.Module):
         factor_dtype: torch.dtype | None = None,
     ) -> "SVLinear":
         """Decomposes an nn.Linear (or HF Conv1D) weight with a thin SVD computed in ``svd_dtype``."""
-        W = weight_matrix(layer).detach()
-        factor_dtype = factor_dtype or W.dtype
-        U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)  # (out, r), (r,), (r, in)
+        if isinstance(layer, nn.Conv2d):
+            raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
+        U, s, Vh = decompose(layer, svd_dtype, factor_dtype)  # (out, r), (r,), (r, in)
         return cls(
-            U.to(factor_dtype),
+            U,
             s,
-            Vh.to(factor_dtype),
+            Vh,
             layer.bias,
             ensemble_size=ensemble_size,
             sigma_init=sigma_init,
@@ -115,13 +131,8 @@ class SVLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         M = self.ensemble_size
-        if x.shape[0] % M:
-            raise ValueError(
-                f"SVLinear with ensemble_size={M} got a leading dimension of {x.shape[0]}; inputs must be "
-                "stacked member-major (M*B, ...) with sve.members.repeat_members"
-            )
         lead = x.shape[:-1]
-        h = x.reshape(M, -1, self.in_features) @ self.Vh.t()  # (M, N, r)
+        h = split_members(x, M, "SVLinear").reshape(M, -1, self.in_features) @ self.Vh.t()  # (M, N, r)
         h = h * self.singular_values.to(h.dtype).unsqueeze(1)  # scale member m's directions by s_m
         y = h @ self.U.t()  # (M, N, out)
         if self.bias is not None:
