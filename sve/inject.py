@@ -1,74 +1,114 @@
-"""Replace target layers of a backbone with adapter layers (SV layers, LoRA, BatchEnsemble, ...).
+"""Replace target layers of a backbone with member layers (SV layers, LoRA, BatchEnsemble, ...).
 
 Following peft: the names to replace are collected first, then each module is swapped through its parent,
 so the tree is never mutated while it is being iterated. A pattern is a regular expression that must match
 a whole dot-separated suffix of the module name: ``query`` matches ``encoder.layer.0.attention.self.query``
 but not ``encoder.layer.0.attention.self.query_proj``; ``attn\\.(qkv|proj)`` matches ``blocks.3.attn.qkv``.
 Only the layer types given (by default nn.Linear and Hugging Face Conv1D) are candidates, so ``proj`` does
-not catch timm's Conv2d ``patch_embed.proj``; classification heads are never candidates.
+not catch timm's Conv2d ``patch_embed.proj``.
+
+Heads are never adapted. They are found structurally: the backbone's probe (``Backbone.probe_usage``) runs
+one small input and keeps only the layers whose output reaches the features; classifiers, ``lm_head``, a
+pooler whose output is not used, distillation heads are all outside that path, whatever their names. Where
+no probe is possible (a bare ``nn.Module``), every module inside a sub-tree named like a head
+(``classifier.dense``, ``lm_head.dense``, ``pre_classifier``, ...) is protected instead.
+
+Every pattern must match at least one adaptable layer; otherwise the error names the pattern, says whether
+it matched only heads, and lists the candidates.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from torch import nn
 
-from sve.layers.sv_linear import Conv1D
+from sve.layers.member import Conv1D, MemberLayer
 
 log = logging.getLogger(__name__)
 
 LINEAR_TYPES: tuple[type, ...] = (nn.Linear,) + ((Conv1D,) if Conv1D else ())
 
-# Module names that are heads in the libraries we wrap; they are never adapted even if a pattern matches.
-HEAD_NAMES = ("head", "fc_norm.head", "classifier", "lm_head", "score", "pooler.dense", "linear", "fc")
+# Name components of head sub-trees, used only when the structural probe is not available.
+HEAD_COMPONENTS = re.compile(r"^(head|heads|head_dist|classifier|pre_classifier|lm_head|score|pooler|fc|linear)$")
 
 
-def _is_head(name: str, protected: Sequence[str]) -> bool:
-    return any(name == p or name.endswith("." + p) for p in protected)
+def _compile(patterns: Sequence[str] | str) -> list[tuple[str, re.Pattern]]:
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not patterns:
+        raise ValueError("no target patterns given (target_modules is empty)")
+    compiled = []
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"target pattern {p!r} is a {type(p).__name__}; patterns are strings (regular expressions)")
+        try:
+            compiled.append((p, re.compile(rf"(?:^|\.)(?:{p})$")))
+        except re.error as err:
+            raise ValueError(f"target pattern {p!r} is not a valid regular expression: {err}") from err
+    return compiled
+
+
+def is_head(name: str, outside: Collection[str] | None) -> bool:
+    """A module outside the feature path (structural), or, without a probe, inside a head-named sub-tree."""
+    if outside is not None:
+        return name in outside
+    return any(HEAD_COMPONENTS.match(part) for part in name.split("."))
 
 
 def find_targets(
     model: nn.Module,
-    patterns: Sequence[str],
+    patterns: Sequence[str] | str,
     types: tuple[type, ...] = LINEAR_TYPES,
-    protected: Sequence[str] = HEAD_NAMES,
+    outside: Collection[str] | None = None,
 ) -> list[str]:
-    """Names of modules of ``types`` whose name ends in a dotted suffix matching one of ``patterns``."""
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    compiled = [re.compile(rf"(?:^|\.)(?:{p})$") for p in patterns]
-    return [
-        name
-        for name, module in model.named_modules()
-        if name
-        and isinstance(module, types)
-        and not _is_head(name, protected)
-        and any(c.search(name) for c in compiled)
-    ]
+    """Names of modules of ``types`` matching a pattern, heads excluded; every pattern must match one.
+
+    Args:
+        outside: names (relative to ``model``) of the layers whose output does not reach the features, from
+            ``Backbone.probe_usage``; None protects head-named sub-trees instead.
+    """
+    compiled = _compile(patterns)
+    candidates = [n for n, m in model.named_modules() if n and isinstance(m, types) and not isinstance(m, MemberLayer)]
+    heads = {n for n in candidates if is_head(n, outside)}
+    names, unmatched = [], []
+    for pattern, regex in compiled:
+        hits = [n for n in candidates if regex.search(n)]
+        if not [n for n in hits if n not in heads]:
+            unmatched.append((pattern, hits))
+        names += [n for n in hits if n not in heads and n not in names]
+    if unmatched:
+        shown = [n for n in candidates if n not in heads]
+        listing = ", ".join(shown[:12]) + (f" ... ({len(shown)} in all)" if len(shown) > 12 else "")
+        problems = "; ".join(
+            f"{p!r} matched only heads or layers outside the feature path ({', '.join(hits[:4])}), which are never "
+            "adapted" if hits else f"{p!r} matched no module" for p, hits in unmatched
+        )
+        raise ValueError(
+            f"target patterns {[p for p, _ in compiled]} (types: {[t.__name__ for t in types]}): {problems}. "
+            f"Adaptable modules are: {listing or 'none'}"
+        )
+    order = {n: i for i, n in enumerate(candidates)}
+    return sorted(names, key=order.__getitem__)
 
 
 def inject(
     model: nn.Module,
-    patterns: Sequence[str],
+    patterns: Sequence[str] | str,
     factory: Callable[[nn.Module], nn.Module],
     types: tuple[type, ...] = LINEAR_TYPES,
-    protected: Sequence[str] = HEAD_NAMES,
+    outside: Collection[str] | None = None,
 ) -> list[str]:
     """Replaces every target module ``m`` by ``factory(m)`` in place; returns the replaced names."""
-    names = find_targets(model, patterns, types, protected)
-    if not names:
-        candidates = [n for n, m in model.named_modules() if n and isinstance(m, types)]
-        shown = ", ".join(candidates[:12]) + (" ..." if len(candidates) > 12 else "")
-        raise ValueError(
-            f"no module matched the target patterns {list(patterns)} "
-            f"(types: {[t.__name__ for t in types]}); candidate modules are: {shown or 'none'}"
-        )
+    names = find_targets(model, patterns, types, outside)
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, factory(getattr(parent, child)))
+        layer = factory(getattr(parent, child))
+        if isinstance(layer, MemberLayer):
+            layer.module_name = name  # errors name the module
+        setattr(parent, child, layer)
     log.debug("wrapped %d modules: %s", len(names), ", ".join(names))
     return names

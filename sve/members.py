@@ -13,10 +13,40 @@ layout with M = number of samples at evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
+
+
+class MemberLayoutError(ValueError):
+    """A member layer saw an input that is not stacked member-major along its leading dimension (or its
+    owner read ``.weight`` while several members ran batched); ``module`` names the layer."""
+
+    def __init__(self, message: str, module: str | None = None):
+        super().__init__(message)
+        self.module = module
+
+
+# Rows (K members x B examples) of the member-major batch now running through the model, announced by the
+# method so that a layer can tell a batch-first input from one whose leading dimension is something else.
+_ROWS: ContextVar[int | None] = ContextVar("member_rows", default=None)
+
+
+@contextmanager
+def member_rows(rows: int) -> Iterator[None]:
+    """Announces the member-major batch size for the layers called inside the context."""
+    token = _ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def expected_rows() -> int | None:
+    return _ROWS.get()
 
 
 def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
@@ -29,7 +59,7 @@ def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
 def split_members(x: Tensor, ensemble_size: int, who: str = "split_members") -> Tensor:
     """(M*B, ...) -> (M, B, ...); ``who`` names the caller (a layer) in the error message."""
     if x.shape[0] % ensemble_size:
-        raise ValueError(
+        raise MemberLayoutError(
             f"{who} with ensemble_size={ensemble_size} got a leading dimension of {x.shape[0]}; inputs must "
             "be stacked member-major (M*B, ...) with sve.members.repeat_members"
         )
@@ -69,4 +99,4 @@ def predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
     raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
-__all__ = ["repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive"]
+__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive"]

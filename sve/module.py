@@ -43,6 +43,7 @@ class EnsembleModule(pl.LightningModule):
         self.member_accuracy = torch.nn.ModuleList(Accuracy() for _ in range(method.ensemble_size))
         self.ood_detection = OODDetection()
         self._saw_ood = False
+        self.num_members: int | None = None  # set by the test loop
         self.test_results: dict[str, float] = {}
 
     def forward(self, batch: dict) -> Tensor:
@@ -82,6 +83,7 @@ class EnsembleModule(pl.LightningModule):
             self.ood_detection.update(predictive(self.method(batch), self.aggregate), in_distribution=False)
             return
         logits = self._evaluate(batch, self.test_metrics)
+        self.num_members = logits.shape[0]  # members or samples that produced the predictive
         self.ood_detection.update(predictive(logits, self.aggregate), in_distribution=True)
         for member, metric in zip(logits, self.member_accuracy):  # only members the method produced
             metric.update(member.double().softmax(-1), batch["labels"])

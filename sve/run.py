@@ -27,7 +27,8 @@ def instantiate(node: DictConfig, **kwargs):
     """``hydra.utils.instantiate`` without the ``name`` key that every group option carries."""
     resolved = OmegaConf.to_container(node, resolve=True)  # interpolations need the root config
     resolved.pop("name", None)
-    return hydra.utils.instantiate(resolved, **kwargs)
+    # _convert_="all": targets get plain lists and dicts, never OmegaConf containers (timm rejects ListConfig).
+    return hydra.utils.instantiate(resolved, _convert_="all", **kwargs)
 
 
 def build(cfg: DictConfig):
@@ -36,7 +37,8 @@ def build(cfg: DictConfig):
     datamodule = instantiate(cfg.dataset)
     datamodule.attach(backbone)
     method = instantiate(
-        cfg.method, backbone=backbone, ensemble_size=int(cfg.ensemble_size), num_classes=datamodule.num_classes
+        cfg.method, backbone=backbone, ensemble_size=int(cfg.ensemble_size), num_classes=datamodule.num_classes,
+        task=cfg.dataset.name,  # a pretrained head is reused only for the task it was trained on
     )
     module = EnsembleModule(
         method,
@@ -76,6 +78,7 @@ def run(cfg: DictConfig) -> dict:
         "backbone": cfg.backbone.name,
         "dataset": cfg.dataset.name,
         "ensemble_size": method.ensemble_size,
+        "num_members": module.num_members,  # members or samples that produced the predictive (test set)
         "seed": int(cfg.seed),
         "aggregate": cfg.aggregate,
         "metrics": module.test_results,

@@ -83,9 +83,9 @@ def test_member_logits_are_the_lm_letter_logits_at_init(tmp_path):
 
 def test_initial_head_only_when_letters_match_classes():
     backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
-    assert backbone.initial_head(5) is None  # no dataset has declared answer letters
+    assert backbone.initial_head("arc_easy", 5) is None  # no dataset has declared answer letters
     backbone.answer_tokens = list("ABCDE")
-    assert backbone.initial_head(2) is None and backbone.initial_head(5)[0].shape == (5, 32)
+    assert backbone.initial_head("arc_easy", 2) is None and backbone.initial_head("arc_easy", 5)[0].shape == (5, 32)
 
 
 def test_training_run_on_fake_arc(tmp_path):

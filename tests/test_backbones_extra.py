@@ -10,7 +10,7 @@ from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone
 from sve.layers import SVLinear
 from sve.methods.sve import SVE
 from sve.run import instantiate
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, shared_path
 
 TINY_LLAMA = "{model_type: llama, vocab_size: 193, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64, max_position_embeddings: 256, pad_token_id: 0}"  # noqa: E501
 
@@ -28,7 +28,22 @@ def test_resnet_option_a_shortcut_and_features():
     assert short.shape == (2, 32, 4, 4)
     assert torch.equal(short[:, 8:24], x[:, :, ::2, ::2]) and not short[:, :8].any() and not short[:, 24:].any()
     assert backbone({"pixel_values": torch.randn(3, 3, 32, 32)}).shape == (3, 64)
-    assert backbone.initial_head(10)[0].shape == (10, 64) and backbone.initial_head(100) is None
+    assert backbone.initial_head("cifar10", 10) is None  # random weights: nothing pretrained to reuse
+
+
+def test_pretrained_resnet_head_is_reused_only_for_its_own_task():
+    """The CIFAR-10 classifier starts the heads on CIFAR-10 only: Fashion-MNIST also has 10 classes, but its
+    members must not start from airplane/car/... weights (and not all from the same head)."""
+    path = shared_path("models", "resnet_cifar10")
+    backbone = ResNetCIFARBackbone(20, ["conv1", "conv2"], checkpoint_path=str(next(path.glob("resnet20-*.th"))))
+    assert backbone.initial_head("fashion_mnist", 10) is None and backbone.initial_head("cifar100", 100) is None
+    torch.testing.assert_close(backbone.initial_head("cifar10", 10)[0], backbone.model.linear.weight)
+    fresh = SVE(backbone, ensemble_size=3, num_classes=10, task="fashion_mnist")
+    assert fresh.head_init == "random" and not torch.allclose(fresh.heads.weight[0], fresh.heads.weight[1])
+    reused = SVE(ResNetCIFARBackbone(20, ["conv1", "conv2"], checkpoint_path=str(next(path.glob("resnet20-*.th")))),
+                 ensemble_size=3, num_classes=10, task="cifar10")
+    assert reused.head_init.startswith("pretrained")
+    torch.testing.assert_close(reused.heads.weight[1], backbone.model.linear.weight)
 
 
 def test_resnet_missing_checkpoint_names_key_and_layout():

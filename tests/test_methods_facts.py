@@ -70,7 +70,7 @@ def test_lora_and_batch_ensemble_on_conv2d_read_the_kernel_as_a_matrix():
     y = split_members(be(x), 2)
     for m in range(2):
         kernel = be.member_weight(m).reshape_as(conv.weight)
-        expected = nn.functional.conv2d(x[2 * m : 2 * m + 2], kernel, be.bias[m], stride=2, padding=1)
+        expected = nn.functional.conv2d(x[2 * m : 2 * m + 2], kernel, be.biases[m], stride=2, padding=1)
         torch.testing.assert_close(y[m], expected, atol=1e-5, rtol=1e-5)
 
 
@@ -83,7 +83,7 @@ def test_batch_ensemble_linear_is_rank_one_modulation():
     y = split_members(layer(x), 3)
     for m in range(3):
         W = base.weight * torch.outer(layer.s[m], layer.r[m])
-        torch.testing.assert_close(y[m], x[2 * m : 2 * m + 2] @ W.T + layer.bias[m])
+        torch.testing.assert_close(y[m], x[2 * m : 2 * m + 2] @ W.T + layer.biases[m])
 
 
 def test_mc_dropout_passes_differ_in_eval_and_agree_without_dropout():
@@ -164,7 +164,7 @@ def test_blob_samples_vary_and_kl_is_finite_and_non_negative():
     m, batch, _, _ = make("blob")
     kl = m.kl()
     assert torch.isfinite(kl) and kl >= 0
-    nn.init.normal_(m.layers[0].lora_B)  # B = 0 at init hides the noise in A
+    nn.init.normal_(m.member_layers()[0].lora_B)  # B = 0 at init hides the noise in A
     m.eval()
     with torch.no_grad():
         out = m(batch)
@@ -188,7 +188,7 @@ def test_checkpoint_ensemble_members_are_the_snapshots():
     m.after_fit(dm)
     with torch.no_grad():
         out = m(batch)
-    assert out.shape[0] == 3 and m.report() == {"checkpoints": 3}
+    assert out.shape[0] == 3 and m.report()["checkpoints"] == 3 and m.num_members() == 3
     torch.testing.assert_close(out, torch.stack(live[1:]), atol=1e-5, rtol=1e-5)
 
 

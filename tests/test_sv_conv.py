@@ -34,7 +34,7 @@ def test_members_differ_and_merge_reproduces_each_member():
     layer = nn.Conv2d(4, 6, 3, padding=1)
     sv = SVConv2d.from_conv(layer, ensemble_size=2, sigma_init=0.1)
     with torch.no_grad():
-        sv.bias[1] += 0.5  # member biases differ too
+        sv.biases[1] += 0.5  # member biases differ too
     x = torch.randn(3, 4, 5, 5)
     out = sv(repeat_members(x, 2)).reshape(2, 3, 6, 5, 5)
     assert not torch.allclose(out[0], out[1])

@@ -47,13 +47,13 @@ def test_member_forward_is_u_diag_s_vt_plus_bias():
     sv = SVLinear.from_linear(layer, ensemble_size=4, sigma_init=0.0)
     with torch.no_grad():
         sv.singular_values.copy_(torch.rand(4, sv.rank) * 3)
-        sv.bias.copy_(torch.randn(4, 7))
+        sv.biases.copy_(torch.randn(4, 7))
     x = torch.randn(6, 12)
     out = sv(repeat_members(x, 4)).reshape(4, 6, 7)
     U, Vh = sv.U.double(), sv.Vh.double()
     for m in range(4):
         W = U @ torch.diag(sv.singular_values[m].double()) @ Vh
-        ref = x.double() @ W.T + sv.bias[m].double()
+        ref = x.double() @ W.T + sv.biases[m].double()
         torch.testing.assert_close(out[m].double(), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -83,14 +83,16 @@ def test_merge_equals_member_forward():
 def test_shared_frozen_bias_switch():
     layer = _linear()
     sv = SVLinear.from_linear(layer, ensemble_size=2, member_bias=False)
-    assert sv.bias.shape == (7,) and not sv.bias.requires_grad
+    assert sv.shared_bias.shape == (7,) and not sv.shared_bias.requires_grad and sv.biases is None
     trainable = {n for n, p in sv.named_parameters() if p.requires_grad}
     assert trainable == {"singular_values"}
 
 
 def test_no_bias_layer():
     sv = SVLinear.from_linear(_linear(bias=False), ensemble_size=2, sigma_init=0.0)
-    assert sv.bias is None
+    assert sv.biases is None and sv.shared_bias is None
+    with sv.select(0):
+        assert sv.bias is None  # what an owner reading .bias sees
     x = torch.randn(3, 12)
     torch.testing.assert_close(sv(repeat_members(x, 2))[:3], _linear(bias=False)(x), atol=1e-5, rtol=1e-5)
 
@@ -107,7 +109,7 @@ def test_frozen_factors_are_parameters_without_grad():
     sv = SVLinear.from_linear(_linear(), ensemble_size=2)
     params = dict(sv.named_parameters())
     assert not params["U"].requires_grad and not params["Vh"].requires_grad
-    assert params["singular_values"].requires_grad and params["bias"].requires_grad
+    assert params["singular_values"].requires_grad and params["biases"].requires_grad
     assert "U" in sv.state_dict() and "Vh" in sv.state_dict()
     assert not any(name in {"U", "Vh"} for name, _ in sv.named_buffers())  # never re-broadcast by DDP
 

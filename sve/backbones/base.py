@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Usage:
+    """Which parts of ``model`` produce the features, from one probe forward (``Backbone.probe_usage``).
+
+    ``unused_modules``: names (relative to ``model``) of the probed layers whose output never reaches the
+    features: heads, poolers whose output is not read, ``lm_head``. ``unused_parameters``: parameters with
+    no path to the features; trainable ones would get no gradient (and DDP would stop), so methods freeze them.
+    """
+
+    unused_modules: set[str]
+    unused_parameters: list[nn.Parameter]
 
 
 class Backbone(nn.Module):
@@ -15,7 +34,10 @@ class Backbone(nn.Module):
     - ``target_modules``: name patterns of the layers adapted by SVE and the adapter baselines (Sec. 4);
     - ``modality``: ``"image"`` or ``"text"``;
     - ``feature_dim``;
-    - for images: ``image_size``, ``mean``, ``std``; for text: ``tokenizer``.
+    - for images: ``image_size``, ``mean``, ``std``; for text: ``tokenizer``;
+    - ``initial_head(task, num_classes)``: a head the pretrained model already has for the run's task, if
+      any (the CIFAR ResNets' CIFAR-10 classifier for ``task == "cifar10"`` only, never because the class
+      count matches; a causal LM's answer-letter rows of ``lm_head``).
     """
 
     modality: str
@@ -30,5 +52,70 @@ class Backbone(nn.Module):
     def forward(self, batch: dict) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def probe_batch(self) -> dict | None:
+        """A tiny valid input (one example) for ``probe_usage``; None if the wrapper cannot make one."""
+        return None
+
+    def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
+        """(weight (C, D), bias (C,)) to start every member's head from, or None for fresh heads."""
+        return None
+
+    def probe_usage(self, types: tuple[type, ...] = (nn.Linear, nn.Conv2d)) -> Usage | None:
+        """Runs ``probe_batch`` once and follows the autograd graph back from the features.
+
+        A layer of ``types`` is used when one of its outputs is a node of that graph; a parameter is used when
+        its gradient accumulator is. Nothing is computed backwards, and modes, ``requires_grad`` flags and
+        (eval mode) BatchNorm statistics are left as they were.
+        """
+        batch = self.probe_batch()
+        if batch is None:
+            log.warning("%s has no probe input: heads are recognised by name only", type(self).__name__)
+            return None
+        from sve.layers.member import ADAPTABLE_TYPES
+
+        types = tuple(types) + ADAPTABLE_TYPES
+        device = next(self.parameters()).device
+        batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        modes = {m: m.training for m in self.modules()}
+        flags = {p: p.requires_grad for p in self.parameters()}
+        outputs: dict[str, list] = {}
+        hooks = [
+            module.register_forward_hook(lambda _m, _i, out, name=name: outputs.setdefault(name, []).append(out))
+            for name, module in self.model.named_modules()
+            if name and isinstance(module, types)
+        ]
+        try:
+            self.eval()
+            self.requires_grad_(True)
+            with torch.enable_grad():
+                features = self(batch)
+            nodes, leaves = _graph(features.grad_fn)
+        finally:
+            for h in hooks:
+                h.remove()
+            for m, mode in modes.items():
+                m.training = mode
+            for p, flag in flags.items():
+                p.requires_grad_(flag)
+        used = {n for n, outs in outputs.items() if any(isinstance(o, Tensor) and o.grad_fn in nodes for o in outs)}
+        all_probed = {n for n, m in self.model.named_modules() if n and isinstance(m, types)}
+        unused_params = [p for p in self.parameters() if id(p) not in leaves]
+        return Usage(unused_modules=all_probed - used, unused_parameters=unused_params)
+
     def extra_repr(self) -> str:
         return f"target_modules={self.target_modules}"
+
+
+def _graph(root) -> tuple[set, set[int]]:
+    """All autograd nodes reachable from ``root``, and the ids of the leaf tensors they accumulate into."""
+    nodes, leaves, stack = set(), set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in nodes:
+            continue
+        nodes.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: the leaf it writes
+        if variable is not None:
+            leaves.add(id(variable))
+        stack.extend(fn for fn, _ in node.next_functions)
+    return nodes, leaves

@@ -53,7 +53,8 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         self.answer_tokens = list(answer_tokens) if answer_tokens else None
 
     @torch.no_grad()
-    def initial_head(self, num_classes: int) -> tuple[Tensor, Tensor] | None:
+    def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
+        """The lm_head rows of the answer letters that the data module declared (any letter-answer task)."""
         if not self.answer_tokens or len(self.answer_tokens) != num_classes:
             return None
         ids = letter_token_ids(self.tokenizer, self.answer_tokens)

@@ -1,7 +1,14 @@
-"""Hugging Face text backbones: bidirectional encoders (BERT, MiniLM) and causal LMs (LLaMA).
+"""Hugging Face backbones: any encoder (BERT, RoBERTa, MiniLM, ...), decoder (LLaMA, GPT-2, OPT, ...),
+encoder-decoder (T5, BART, ...) or vision transformer (ViT, DeiT, DINOv2, ...), by hub id or local directory.
 
-Both load by hub id or from a local directory (``backbone.name_or_path``); with ``pretrained: false`` the
-architecture is built from ``config`` with random weights, which is how the tiny test backbones work offline.
+``name_or_path`` is a hub id or a local ``save_pretrained`` directory (``~`` is expanded); with
+``pretrained: false`` the architecture is built from ``config`` (or the directory's config.json) with random
+weights, which is how the tiny test backbones work offline. The feature width is read from the model's
+actual output on a probe input, not from ``hidden_size`` (OPT with a projection, for one, differs).
+
+Features: text models pool the last hidden state (``cls``, ``mean`` or ``last`` token); an encoder-decoder
+feeds the input to both halves and pools the decoder (``last``, as BART's classification head does); a vision
+transformer uses its CLS token (``cls``) or the mean of its patch tokens (``mean``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
 
 POOLINGS = ("cls", "mean", "last")
+PROBE_TEXT = "a short probe sentence"
 
 
 def package_path(package: str, subdir: str = "") -> str:
@@ -37,10 +45,27 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return None if name in (None, "auto") else getattr(torch, name)
 
 
-def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
-    """(N, T, D) hidden states -> (N, D) features; padding is on the right."""
+def local_or_hub(name_or_path: str | None) -> str | None:
+    """Expands ``~``; a path that looks local (``/``, ``.``, ``~``) must exist and hold config.json."""
+    if not name_or_path:
+        return name_or_path
+    if name_or_path.startswith(("~", "/", ".")):
+        path = Path(name_or_path).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"backbone.name_or_path={name_or_path}: no config.json in {path}; expected a save_pretrained "
+                "directory (config.json, weights, tokenizer files)"
+            )
+        return str(path)
+    return name_or_path
+
+
+def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
+    """(N, T, D) hidden states -> (N, D) features; text padding is on the right."""
     if pooling == "cls":
         return hidden[:, 0]
+    if attention_mask is None:
+        attention_mask = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.long)
     if pooling == "mean":
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1)
@@ -50,8 +75,22 @@ def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
     raise ValueError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
 
 
-class _HFBackbone(Backbone):
-    modality = "text"
+class HFBackbone(Backbone):
+    """Any Hugging Face model loaded with ``auto_class``; the modality follows the config.
+
+    Args:
+        target_modules: name patterns of the layers to adapt (e.g. ``['query', 'value']``, ``['c_attn']``).
+        name_or_path: hub id or local directory.
+        pretrained: load the weights (else random init from ``config`` or the directory's config.json).
+        config: keyword arguments of ``AutoConfig.for_model`` (``model_type`` plus sizes) for random models.
+        tokenizer: ``char`` (offline test tokenizer), a hub id or directory, or None to use ``name_or_path``.
+        pooling: ``cls``, ``mean`` or ``last``.
+        max_length: token limit used by the data modules.
+        torch_dtype: ``float32``, ``bfloat16``, ... or None for the checkpoint's.
+        gradient_checkpointing: trade compute for activation memory (large models).
+        image_size: input resolution of a vision model (default: the config's).
+    """
+
     auto_class = AutoModel
 
     def __init__(
@@ -65,9 +104,11 @@ class _HFBackbone(Backbone):
         max_length: int = 128,
         torch_dtype: str | None = None,
         gradient_checkpointing: bool = False,
+        image_size: int | None = None,
     ):
         if pooling not in POOLINGS:
             raise ValueError(f"backbone.pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
+        name_or_path = local_or_hub(name_or_path)
         if pretrained:
             if not name_or_path:
                 raise ValueError("backbone.name_or_path is required when backbone.pretrained=true")
@@ -79,38 +120,94 @@ class _HFBackbone(Backbone):
                     "backbone.name_or_path to a local directory holding config.json and the weights."
                 ) from err
         else:
-            hf_config = (
-                AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
-            )
+            if not config and not name_or_path:
+                raise ValueError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
+                                 "backbone.name_or_path whose config.json to use")
+            hf_config = AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
             model = self.auto_class.from_config(hf_config, dtype=_dtype(torch_dtype))
         model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         super().__init__(model, target_modules)
+        cfg = model.config
+        self.is_encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+        self.modality = "image" if getattr(cfg, "num_channels", None) and not getattr(cfg, "vocab_size", None) else "text"
+        self.pooling = pooling
+        self.max_length = max_length
+        if self.modality == "image":
+            self._init_image(cfg, image_size, tokenizer or name_or_path)
+        else:
+            self._init_text(tokenizer, name_or_path)
+        with torch.no_grad():  # the width the model really outputs (OPT's project_out, ...), on a probe input
+            was = model.training
+            self.eval()
+            self.feature_dim = int(self(self.probe_batch()).shape[-1])
+            model.train(was)
+
+    def _init_text(self, tokenizer: str | None, name_or_path: str | None) -> None:
         if tokenizer == "char":
             self.tokenizer = char_tokenizer()
         else:
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or name_or_path)
-        if self.tokenizer.pad_token is None:  # LLaMA tokenizers ship without one
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+            source = local_or_hub(tokenizer) or name_or_path
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(source)
+            except (OSError, ValueError, TypeError) as err:
+                raise OSError(
+                    f"could not load a tokenizer from '{source}' ({type(err).__name__}: {err}); the model directory "
+                    "needs its tokenizer files (tokenizer.json or vocab files), or set backbone.tokenizer to a "
+                    "directory or hub id that has them"
+                ) from err
+        if self.tokenizer.pad_token is None:  # LLaMA/GPT-2 tokenizers ship without one
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         self.tokenizer.padding_side = "right"
-        self.pooling = pooling
-        self.max_length = max_length
-        self.feature_dim = model.config.hidden_size
+        probe = self.tokenizer(PROBE_TEXT)["input_ids"]
+        if len(probe) == 0 or all(t == self.tokenizer.unk_token_id for t in probe):
+            raise ValueError(
+                f"the tokenizer of backbone '{name_or_path}' turns text into no usable tokens ({probe}); check its "
+                "tokenizer files or set backbone.tokenizer"
+            )
+
+    def _init_image(self, cfg, image_size: int | None, source: str | None) -> None:
+        size = image_size or getattr(cfg, "image_size", 224)
+        self.image_size = size[0] if isinstance(size, (list, tuple)) else int(size)
+        self.mean, self.std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet, unless the processor says
+        if source and Path(source).is_dir() and (Path(source) / "preprocessor_config.json").exists():
+            import json
+
+            proc = json.loads((Path(source) / "preprocessor_config.json").read_text())
+            self.mean = tuple(proc.get("image_mean", self.mean))
+            self.std = tuple(proc.get("image_std", self.std))
+
+    def probe_batch(self) -> dict:
+        if self.modality == "image":
+            return {"pixel_values": torch.zeros(1, 3, self.image_size, self.image_size)}
+        enc = self.tokenizer([PROBE_TEXT], return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def hidden_states(self, batch: dict) -> Tensor:
-        out = self.model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        return out.last_hidden_state  # (N, T, D)
+        """(N, T, D) last hidden states of the base model (the decoder's for an encoder-decoder)."""
+        base = self.model.base_model
+        if self.modality == "image":
+            return base(pixel_values=batch["pixel_values"].to(self.model.dtype)).last_hidden_state
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        if self.is_encoder_decoder:
+            out = base(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, decoder_attention_mask=mask)
+        else:
+            out = base(input_ids=ids, attention_mask=mask)
+        return out.last_hidden_state
 
     def forward(self, batch: dict) -> Tensor:
-        return pool(self.hidden_states(batch), batch["attention_mask"], self.pooling)
+        hidden = self.hidden_states(batch)
+        if self.modality == "image" and self.pooling == "mean":
+            return hidden[:, 1:].mean(1)  # patch tokens, CLS left out
+        return pool(hidden, batch.get("attention_mask"), self.pooling)
 
 
-class HFEncoderBackbone(_HFBackbone):
-    """BERT-style encoder (``AutoModel``); features are the CLS token or the mean over tokens."""
+class HFEncoderBackbone(HFBackbone):
+    """BERT-style encoder or any ``AutoModel`` (vision transformers included); CLS or mean features."""
 
 
-class HFCausalLMBackbone(_HFBackbone):
+class HFCausalLMBackbone(HFBackbone):
     """Decoder-only LM (``AutoModelForCausalLM``, keeps ``lm_head``); features are the last token's state."""
 
     auto_class = AutoModelForCausalLM

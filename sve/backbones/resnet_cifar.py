@@ -95,6 +95,7 @@ class ResNetCIFARBackbone(Backbone):
     crop_pct = 1.0  # test images at their native 32 px (no resize, no crop)
     train_crop = "pad"  # the CIFAR recipe: pad 4 + random crop + flip
     mean, std = CIFAR_MEAN, CIFAR_STD
+    head_task = "cifar10"  # the dataset the checkpoints' classifier was trained on (sve.data name)
 
     def __init__(
         self,
@@ -115,6 +116,7 @@ class ResNetCIFARBackbone(Backbone):
                 )
             load_checkpoint(model, checkpoint_path)
         super().__init__(model, target_modules)
+        self.pretrained = pretrained
         self.depth = depth
         self.freeze_bn = freeze_bn
         self.feature_dim = model.linear.in_features
@@ -128,11 +130,15 @@ class ResNetCIFARBackbone(Backbone):
         return self
 
     @torch.no_grad()
-    def initial_head(self, num_classes: int) -> tuple[Tensor, Tensor] | None:
-        """The checkpoint's CIFAR-10 classifier when the task has its 10 classes."""
-        if num_classes != self.model.linear.out_features:
+    def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
+        """The checkpoint's classifier, only for the task it was trained on (CIFAR-10), never for another
+        task that happens to have 10 classes (Fashion-MNIST would start from airplane/car/... weights)."""
+        if not self.pretrained or task != self.head_task or num_classes != self.model.linear.out_features:
             return None
         return self.model.linear.weight.detach().clone(), self.model.linear.bias.detach().clone()
+
+    def probe_batch(self) -> dict:
+        return {"pixel_values": torch.zeros(1, 3, self.image_size, self.image_size)}
 
     def forward(self, batch: dict) -> Tensor:
         return self.model.features(batch["pixel_values"])

@@ -1,10 +1,12 @@
-"""Vision transformers from timm, by model name (online) or with a local weights file."""
+"""Any timm model (vision transformers, CNNs, ...), by model name (online) or with a local weights file."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import timm
+import torch
 from torch import Tensor
 
 from sve.backbones.base import Backbone
@@ -33,10 +35,10 @@ class TimmBackbone(Backbone):
         image_size: int = 224,
         model_kwargs: dict | None = None,
     ):
-        kwargs = dict(model_kwargs or {})
+        kwargs = plain(dict(model_kwargs or {}))  # OmegaConf containers would reach timm as ListConfig
         kwargs.setdefault("img_size", image_size)
         if pretrained and checkpoint_path:
-            path = Path(checkpoint_path).expanduser()
+            path = Path(checkpoint_path).expanduser()  # ~ works
             if not path.exists():
                 raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
             kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
@@ -51,13 +53,27 @@ class TimmBackbone(Backbone):
                 "backbone.checkpoint_path=/path/to/model.safetensors, or use backbone.pretrained=false."
             ) from err
         super().__init__(model, target_modules)
-        self.feature_dim = model.num_features
         self.image_size = image_size
         data_cfg = model.pretrained_cfg or {}
         self.mean = tuple(data_cfg.get("mean", (0.485, 0.456, 0.406)))
         self.std = tuple(data_cfg.get("std", (0.229, 0.224, 0.225)))
+        with torch.no_grad():  # the width the model really outputs, on a probe input
+            was = model.training
+            self.eval()
+            self.feature_dim = int(self(self.probe_batch()).shape[-1])
+            model.train(was)
+
+    def probe_batch(self) -> dict:
+        return {"pixel_values": torch.zeros(1, 3, self.image_size, self.image_size)}
 
     def forward(self, batch: dict) -> Tensor:
         return self.model(batch["pixel_values"])  # (N, D) pooled features
 
 
+def plain(value):
+    """Nested mappings and sequences as dicts and tuples (timm compares sizes with tuples)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(plain(v) for v in value)
+    return value

@@ -7,9 +7,10 @@ so every sample equals the base layer at init. The KL to the prior N(0, prior_st
 
     KL = sum_ij [ log(prior_std / sigma_ij) + (sigma_ij^2 + mu_ij^2) / (2 prior_std^2) - 1/2 ]  (>= 0).
 
-Sampling: with ``samples = None`` (training) every input row draws its own A (the rows are the K "members"
-of a batched matmul, so this costs no more than one matmul and needs no flipout); with ``samples = K``
-(evaluation) the input is stacked K times member-major and block k uses sample k.
+Samples are members: ``draw(K)`` gives K samples of (A, B) that the method installs as the layer's member
+set (``use_bank``); in training every example draws its own (K = batch size, one row each: a batched matmul,
+no flipout needed), at evaluation K = ``num_samples`` blocks of the repeated batch. Without a bank the
+layer computes the posterior mean.
 """
 
 from __future__ import annotations
@@ -35,18 +36,14 @@ class BLoBLayer(LoRALayer):
         super().__init__(base, ensemble_size=1, rank=rank, alpha=alpha)
         self.prior_std = prior_std
         self.lora_G = nn.Parameter(torch.empty_like(self.lora_A).uniform_(init_std / math.sqrt(2), init_std))
-        self.samples: int | None = None
 
     def std(self) -> Tensor:
         return self.lora_G**2
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self._override is not None:
-            return super().forward(x)
-        K = x.shape[0] if self.samples is None else self.samples
-        A = self.lora_A + self.std() * torch.randn(K, *self.lora_A.shape[1:], device=x.device)  # (K, r, in')
-        y = self.base(x)
-        return y + self.delta(x, A, self.lora_B.expand(K, -1, -1)).to(y.dtype)
+    def draw(self, K: int) -> dict[str, Tensor]:
+        """K posterior samples as a bank: A = mu + sigma * noise (K, r, in'), B shared (K, out, r)."""
+        noise = torch.randn(K, *self.lora_A.shape[1:], device=self.lora_A.device, dtype=self.lora_A.dtype)
+        return {"lora_A": self.lora_A + self.std() * noise, "lora_B": self.lora_B.expand(K, -1, -1)}
 
     def kl(self) -> Tensor:
         sigma, mu, p = self.std(), self.lora_A, self.prior_std

@@ -1,22 +1,41 @@
-"""The method interface: wrap a backbone, return member logits in the (M, B, C) layout of ``sve.members``."""
+"""The method interface: wrap a backbone, return member logits in the (M, B, C) layout of ``sve.members``.
+
+``EnsembleMethod`` does the work every method shares, once: it probes which parts of the backbone produce
+the features (``Backbone.probe_usage``), sets what trains (the backbone or not; unused parameters never, so
+every trainable parameter gets a gradient and DDP runs), wraps the target layers through the method's
+``make_layer`` (``sve.inject``), builds one head per member (or one shared head), counts and logs. A method is
+then one class with its own logic: ``make_layer`` and, where members are not simply the layers' members,
+``num_members``/``member_features``/``select``.
+
+Members run in chunks (``members_at_once``): ``all`` stacks every member's copy of the batch member-major
+and runs the backbone once; ``k`` runs k members per pass with ``select``, so activation memory drops about
+M/k-fold; ``1`` works on any architecture whatever its internal layout. When a member layer reports that
+its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a
+warning naming the module: never a silently wrong result.
+"""
 
 from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
-from sve.members import check_member_logits, repeat_batch, split_members
+from sve.inject import inject
+from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
+from sve.members import check_member_logits, member_rows, repeat_batch, split_members
 
 log = logging.getLogger(__name__)
 
 
 class MemberHeads(nn.Module):
-    """M independent linear classification heads evaluated in one einsum.
+    """K independent linear classification heads evaluated in one einsum (one head shared by all members
+    when built with a single head).
 
     Each member's head is initialised like an ``nn.Linear`` with its own random draw, which is itself a
     source of member diversity.
@@ -28,27 +47,60 @@ class MemberHeads(nn.Module):
         self.weight = nn.Parameter(torch.stack([h.weight.detach() for h in heads]))  # (M, C, D)
         self.bias = nn.Parameter(torch.stack([h.bias.detach() for h in heads]))  # (M, C)
 
-    def forward(self, features: Tensor) -> Tensor:
-        """(M, B, D) -> (M, B, C)."""
-        return torch.einsum("mbd,mcd->mbc", features.to(self.weight.dtype), self.weight) + self.bias[:, None]
+    def forward(self, features: Tensor, members: list[int] | None = None) -> Tensor:
+        """(K, B, D) -> (K, B, C); ``members`` picks the heads (a single head serves every member)."""
+        W, b = self.weight, self.bias
+        if W.shape[0] == 1:
+            W, b = W.expand(features.shape[0], -1, -1), b.expand(features.shape[0], -1)
+        elif members is not None:
+            W, b = W[members], b[members]
+        return torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+
+
+def parse_members_at_once(value) -> int | None:
+    """``all`` (None) or a positive integer; anything else is an error naming the valid choices."""
+    if value in (None, "all"):
+        return None
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        k = 0
+    if k < 1 or str(value).strip() != str(k):
+        raise ValueError(f"method.members_at_once={value!r} is not valid; choose 'all' or a positive integer")
+    return k
 
 
 class EnsembleMethod(nn.Module):
-    """Base class. Subclasses prepare the backbone in ``__init__`` and may override ``forward``.
-
-    The default ``forward`` stacks the batch M times member-major, runs the shared backbone once, and applies
-    one head per member: the pattern of every implicit ensemble whose layers split the batch by member.
+    """Base class. A subclass sets its class attributes, stores its own settings, then calls ``adapt()``.
 
     Class attributes:
-        fixed_ensemble_size: set for methods with a fixed member count (``single``, ``svf``); a different
+        fixed_ensemble_size: for methods with a fixed member count (``single``, ``svf``); a different
             requested ``ensemble_size`` is ignored with a warning and the fixed count is recorded.
+        train_backbone: the backbone's own weights train (full fine-tuning methods).
+        shared_head: one head for all members (stochastic passes of one model: MC dropout, BLoB, Laplace).
+        stochastic: members are random passes that no two runs reproduce (no member-by-member checks).
+        equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
+            the pretrained backbone's features; the registry tests hold every method to what it promises.
+        layer_types: target module types that ``make_layer`` accepts.
+
+    Args:
+        members_at_once: ``all``, or how many members run per backbone pass (see the module docstring).
+        target_modules: overrides the backbone's patterns.
+        task: the run's dataset name; a backbone's pretrained head is reused only for its own task.
     """
 
     fixed_ensemble_size: int | None = None
+    train_backbone: bool = False
+    shared_head: bool = False
+    stochastic: bool = False
+    equals_base_at_init: bool = True
+    layer_types: tuple[type, ...] = ADAPTABLE_TYPES
 
-    def __init__(self, backbone: Backbone, ensemble_size: int, num_classes: int, lr: float | None = None):
+    def __init__(self, backbone: Backbone, ensemble_size: int, num_classes: int, lr: float | None = None,
+                 members_at_once: int | str = "all", target_modules: list[str] | None = None,
+                 task: str | None = None):
         super().__init__()
-        if not isinstance(ensemble_size, int) or ensemble_size < 1:
+        if isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int) or ensemble_size < 1:
             raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
         if self.fixed_ensemble_size is not None and ensemble_size != self.fixed_ensemble_size:
             warnings.warn(
@@ -61,21 +113,78 @@ class EnsembleMethod(nn.Module):
         self.ensemble_size = ensemble_size
         self.num_classes = num_classes
         self.lr = lr  # method-specific learning rate (Appendix C.3); None uses the recipe's optimizer.lr
-        self.heads = MemberHeads(ensemble_size, backbone.feature_dim, num_classes)
-        # A backbone may supply the initial head (e.g. a causal LM's lm_head rows of the answer letters).
-        initial = getattr(backbone, "initial_head", None)
-        if initial is not None and (init := initial(num_classes)) is not None:
+        self.members_at_once = parse_members_at_once(members_at_once)
+        self.target_modules = list(target_modules or backbone.target_modules)
+        self.base_parameter_count = count_parameters(backbone)
+        self.heads = MemberHeads(1 if self.shared_head else ensemble_size, backbone.feature_dim, num_classes)
+        self.head_init = "random"
+        initial = backbone.initial_head(task, num_classes)
+        if initial is not None:
             with torch.no_grad():
-                self.heads.weight.copy_(init[0].expand_as(self.heads.weight))
-                self.heads.bias.copy_(init[1].expand_as(self.heads.bias))
+                self.heads.weight.copy_(initial[0].expand_as(self.heads.weight))
+                self.heads.bias.copy_(initial[1].expand_as(self.heads.bias))
+            self.head_init = f"pretrained ({type(backbone).__name__}, task {task})"
+        self.wrapped: list[str] = []
+        self.fallback: str | None = None  # the module that forced one member at a time, if any
+
+    # ----- the shared preparation ---------------------------------------------------------------------------
+    def make_layer(self, layer: nn.Module) -> MemberLayer | None:
+        """The member layer replacing a target layer; None (the default) wraps nothing."""
+        return None
+
+    def adapt(self) -> None:
+        """Probe, set what trains, wrap the targets, count and log. Called at the end of a subclass __init__."""
+        usage = self.backbone.probe_usage(self.layer_types)
+        self.backbone.requires_grad_(self.train_backbone)
+        if usage is not None:
+            for p in usage.unused_parameters:  # no gradient would reach them (BERT's pooler, an LM's lm_head)
+                p.requires_grad_(False)
+            self.unused_parameter_count = sum(p.numel() for p in usage.unused_parameters)
+        if type(self).make_layer is not EnsembleMethod.make_layer:
+            self.wrapped = inject(self.backbone.model, self.target_modules, self.make_layer, types=self.layer_types,
+                                  outside=usage.unused_modules if usage is not None else None)
+        self.log_summary()
+
+    # ----- members --------------------------------------------------------------------------------------------
+    def num_members(self) -> int:
+        """Members (or samples, snapshots) that produce the output now; in eval mode, the predictive's."""
+        return self.ensemble_size
+
+    def member_layers(self) -> list[MemberLayer]:
+        return member_layers(self.backbone)
+
+    @contextmanager
+    def select(self, members: list[int]) -> Iterator[None]:
+        """Runs only ``members`` inside the context (every member layer selects them)."""
+        with ExitStack() as stack:
+            for layer in self.member_layers():
+                stack.enter_context(layer.select(members))
+            yield
+
+    def member_features(self, batch: dict, members: list[int]) -> Tensor:
+        """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
+        K, B = len(members), batch_size(batch)
+        with self.select(members), member_rows(K * B):
+            return split_members(self.backbone(repeat_batch(batch, K)), K)
+
+    def member_logits(self, batch: dict, members: list[int]) -> Tensor:
+        return self.heads(self.member_features(batch, members), members)  # (K, B, C)
 
     def forward(self, batch: dict) -> Tensor:
-        M = self.ensemble_size
-        features = self.backbone(repeat_batch(batch, M))  # (M*B, D)
-        logits = self.heads(split_members(features, M))  # (M, B, C)
-        return check_member_logits(mask_choices(logits, batch), M)
+        members = list(range(self.num_members()))
+        chunk = 1 if self.fallback else self.members_at_once or len(members)
+        try:
+            logits = torch.cat([self.member_logits(batch, members[i:i + chunk])
+                                for i in range(0, len(members), chunk)])
+        except MemberLayoutError as err:
+            if chunk == 1:
+                raise
+            self.fallback = err.module or "a member layer"
+            warnings.warn(f"{err}. Falling back to one member at a time for this run.", stacklevel=2)
+            return self.forward(batch)
+        return check_member_logits(mask_choices(logits, batch), len(members))
 
-    # Hooks for methods that do more than train jointly (all optional).
+    # ----- hooks for methods that do more than train jointly (all optional) -----------------------------------
     def on_train_epoch_end(self, module) -> None:
         """Called by the LightningModule after every training epoch (e.g. to snapshot a checkpoint)."""
 
@@ -88,8 +197,10 @@ class EnsembleMethod(nn.Module):
         return False
 
     def report(self) -> dict:
-        """Method-specific facts for results.json (e.g. the deep-ensemble mode that ran, sample counts)."""
-        return {}
+        """Facts for results.json; subclasses add their own to this."""
+        return {"wrapped_modules": len(self.wrapped), "members_at_once": "all" if self.members_at_once is None
+                else self.members_at_once, "fell_back_to_one_member_at_a_time": self.fallback,
+                "head_init": self.head_init}
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         """Eq. 6: the mean over members of each member's cross-entropy."""
@@ -114,13 +225,19 @@ class EnsembleMethod(nn.Module):
             trainable += p.numel() if p.requires_grad else 0
         return {"trainable": trainable, "total": total}
 
-    def log_summary(self, wrapped: list[str] | None = None) -> None:
+    def log_summary(self) -> None:
         counts = self.parameter_counts()
-        base = getattr(self, "base_parameter_count", None)
-        share = f" ({100 * counts['trainable'] / base:.2f}% of the backbone's {base:,})" if base else ""
-        if wrapped is not None:
-            log.info("%s wrapped %d modules: %s", type(self).__name__, len(wrapped), ", ".join(wrapped))
-        log.info("%s: %s trainable parameters%s", type(self).__name__, f"{counts['trainable']:,}", share)
+        base = self.base_parameter_count
+        if self.wrapped:
+            log.info("%s wrapped %d modules: %s", type(self).__name__, len(self.wrapped), ", ".join(self.wrapped))
+        log.info("%s: %s trainable parameters (%.2f%% of the backbone's %s)", type(self).__name__,
+                 f"{counts['trainable']:,}", 100 * counts["trainable"] / max(base, 1), f"{base:,}")
+
+
+def batch_size(batch: dict) -> int:
+    if "labels" in batch:
+        return batch["labels"].shape[0]
+    return next(v.shape[0] for v in batch.values() if isinstance(v, Tensor))
 
 
 def mask_choices(logits: Tensor, batch: dict) -> Tensor:

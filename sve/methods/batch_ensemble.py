@@ -12,28 +12,21 @@ heads; with ``true`` add the backbone minus the target layers' pretrained biases
 
 from __future__ import annotations
 
-from sve.inject import inject
-from sve.layers.adapter import ADAPTABLE_TYPES
+from torch import nn
+
 from sve.layers.batch_ensemble import BatchEnsembleLayer
-from sve.methods.base import EnsembleMethod, count_parameters
+from sve.methods.base import EnsembleMethod
 
 
 class BatchEnsemble(EnsembleMethod):
     """Args:
     train_backbone: also train the shared weights (Wen et al.) rather than only the fast weights.
-    target_modules: overrides the backbone's patterns.
     """
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, train_backbone: bool = True,
-                 target_modules: list[str] | None = None, lr: float | None = None):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
-        self.base_parameter_count = count_parameters(backbone)
-        backbone.requires_grad_(train_backbone)
-        M = self.ensemble_size
-        self.wrapped = inject(
-            backbone.model,
-            target_modules or backbone.target_modules,
-            lambda layer: BatchEnsembleLayer(layer, M),
-            types=ADAPTABLE_TYPES,
-        )
-        self.log_summary(self.wrapped)
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, train_backbone: bool = True, **common):
+        super().__init__(backbone, ensemble_size, num_classes, **common)
+        self.train_backbone = train_backbone
+        self.adapt()
+
+    def make_layer(self, layer: nn.Module) -> BatchEnsembleLayer:
+        return BatchEnsembleLayer(layer, self.ensemble_size)

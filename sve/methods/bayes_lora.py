@@ -11,8 +11,9 @@ likelihood (laplace-torch ``optimize_prior_precision(method="marglik")``):
   backends do not handle our LoRA factors, so ``sve.methods.kfac.LoRAKFAC`` computes the factors; the rest
   is laplace-torch.
 
-Evaluation draws ``num_samples`` weight samples and returns their logits as members, (S, B, C), in one
-batched forward (samples substituted into the LoRA layers). This is the sampled ("nn") predictive; Yang et
+Evaluation draws ``num_samples`` weight samples once per forward and returns their logits as members,
+(S, B, C): for LA the samples become the LoRA layers' member set (``MemberLayer.use_bank``) and run like any
+ensemble's members; for LLLA they are head weights on one backbone pass. This is the sampled ("nn") predictive; Yang et
 al. report the linearised (GLM) one, which needs per-example Jacobians. For LLLA the two coincide, since the
 logits are linear in the head's weights.
 """
@@ -20,14 +21,15 @@ logits are linear in the head's weights.
 from __future__ import annotations
 
 import logging
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 from laplace import KronLaplace
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from sve.members import check_member_logits, repeat_batch, split_members
+from sve.inject import LINEAR_TYPES
 from sve.methods.base import mask_choices
 from sve.methods.kfac import LoRAKFAC, LoRAKronLaplace
 from sve.methods.lora import SingleLoRA
@@ -47,7 +49,7 @@ class _MAPLogits(nn.Module):
         self.method = method
 
     def forward(self, batch: dict) -> Tensor:
-        return self.method.map_logits(to_device(batch, self.method.heads.weight.device))[0]
+        return self.method.map_logits(to_device(batch, self.method.heads.weight.device))[0]  # (B, C)
 
 
 class BayesLoRA(SingleLoRA):
@@ -57,6 +59,8 @@ class BayesLoRA(SingleLoRA):
     marglik_steps: Adam steps of that optimisation (laplace-torch default 100).
     """
 
+    shared_head = True
+
     def __init__(self, backbone, ensemble_size: int, num_classes: int, num_samples: int = 10,
                  prior_precision: float = 1.0, marglik_steps: int = 100, **kwargs):
         super().__init__(backbone, ensemble_size, num_classes, **kwargs)
@@ -65,13 +69,18 @@ class BayesLoRA(SingleLoRA):
         self.marglik_steps = marglik_steps
         self.laplace = None  # set by after_fit
 
+    def num_members(self) -> int:
+        return 1 if self.training or self.laplace is None else self.num_samples
+
     def map_logits(self, batch: dict) -> Tensor:
-        return super().forward(batch)
+        """(1, B, C) logits of the MAP model, whether or not a posterior has been fitted."""
+        return mask_choices(self.member_logits(batch, [0]), batch)
 
     def forward(self, batch: dict) -> Tensor:
-        if self.training or self.laplace is None:
-            return self.map_logits(batch)
-        return check_member_logits(mask_choices(self.sampled_logits(batch), batch), self.num_samples)
+        if self.num_members() == 1:
+            return super().forward(batch)
+        with self.posterior_samples(self.num_samples):
+            return super().forward(batch)
 
     def after_fit(self, datamodule) -> None:
         device = "cuda" if torch.cuda.is_available() else self.heads.weight.device
@@ -81,15 +90,17 @@ class BayesLoRA(SingleLoRA):
                  float(self.laplace.prior_precision))
 
     def report(self) -> dict:
-        if self.laplace is None:
-            return {"num_samples": self.num_samples}
-        return {"num_samples": self.num_samples, "prior_precision": float(self.laplace.prior_precision),
-                "laplace_parameters": int(self.laplace.n_params)}
+        facts = {**super().report(), "num_samples": self.num_samples}
+        if self.laplace is not None:
+            facts.update(prior_precision=float(self.laplace.prior_precision),
+                         laplace_parameters=int(self.laplace.n_params))
+        return facts
 
     def fit_laplace(self, loader: DataLoader):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def sampled_logits(self, batch: dict) -> Tensor:  # pragma: no cover - abstract
+    def posterior_samples(self, S: int):  # pragma: no cover - abstract
+        """Context in which the S members are S posterior samples."""
         raise NotImplementedError
 
 
@@ -112,16 +123,29 @@ class BayesLoRALLLA(BayesLoRA):
         la.optimize_prior_precision(method="marglik", n_steps=self.marglik_steps)
         return la
 
-    def sampled_logits(self, batch: dict) -> Tensor:
-        S, C = self.num_samples, self.num_classes
+    @contextmanager
+    def posterior_samples(self, S: int) -> Iterator[None]:
+        C = self.num_classes
         theta = self.laplace.sample(S)  # (S, C*D + C): weight, then bias
-        W, b = theta[:, : -C].reshape(S, C, -1), theta[:, -C:]
+        self._head_samples = theta[:, :-C].reshape(S, C, -1), theta[:, -C:]
+        try:
+            yield
+        finally:
+            self._head_samples = None
+
+    def member_logits(self, batch: dict, members: list[int]) -> Tensor:
+        if getattr(self, "_head_samples", None) is None:
+            return super().member_logits(batch, members)
+        W, b = (t[members] for t in self._head_samples)  # (K, C, D), (K, C)
         features = self.features(batch)  # (B, D): one backbone pass for all samples
-        return torch.einsum("bd,scd->sbc", features.to(W.dtype), W) + b[:, None]
+        return torch.einsum("bd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
 
 
 class BayesLoRALA(BayesLoRA):
-    """Laplace over all LoRA factors (KFAC), the head at its MAP value."""
+    """Laplace over all LoRA factors (KFAC), the head at its MAP value. Linear layers only: the KFAC backend
+    has no convolution factors, so a backbone whose targets are convolutions is refused at start."""
+
+    layer_types = LINEAR_TYPES
 
     def fit_laplace(self, loader: DataLoader):
         trainable = [p for p in self.heads.parameters() if p.requires_grad]
@@ -137,17 +161,13 @@ class BayesLoRALA(BayesLoRA):
         la.optimize_prior_precision(method="marglik", n_steps=self.marglik_steps)
         return la
 
-    @torch.no_grad()
-    def sampled_logits(self, batch: dict) -> Tensor:
-        S = self.num_samples
+    @contextmanager
+    def posterior_samples(self, S: int) -> Iterator[None]:
         theta = self.laplace.sample(S)  # (S, P) in the order of laplace.params: A, B of every layer
-        layers = self.lora_layers()
         pieces = torch.split(theta, [p.numel() for p in self.laplace.params], dim=1)
         with ExitStack() as stack:
-            for i, layer in enumerate(layers):  # lora_layers() and laplace.params share the module order
+            for i, layer in enumerate(self.lora_layers()):  # lora_layers() and laplace.params share the order
                 A = pieces[2 * i].reshape(S, *layer.lora_A.shape[1:])
                 B = pieces[2 * i + 1].reshape(S, *layer.lora_B.shape[1:])
-                stack.enter_context(layer.substitute(A, B))
-            features = split_members(self.backbone(repeat_batch(batch, S)), S)  # (S, B, D)
-        W, b = self.heads.weight[0], self.heads.bias[0]
-        return features.to(W.dtype) @ W.t() + b  # (S, B, C)
+                stack.enter_context(layer.use_bank(lora_A=A, lora_B=B))
+            yield

@@ -6,20 +6,22 @@ is frozen and there is one head. Training minimises the per-example negative ELB
     L = CE(one posterior sample per example) + kl_weight * KL(q(A) || p(A)),
 
 where kl_weight plays the role of 1/N (BLoB divides the KL by the number of training examples). Evaluation
-averages ``num_samples`` posterior samples (default 10), returned as (S, B, C) members from one batched
-forward.
+averages ``num_samples`` posterior samples (default 10), returned as (S, B, C) members: each forward draws
+its samples once (``BLoBLayer.draw``) and installs them as the layers' member set, so the samples run like
+any ensemble's members (batched, or in chunks with ``members_at_once``).
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
-from sve.inject import inject
-from sve.layers.adapter import ADAPTABLE_TYPES
+import torch
+from torch import Tensor, nn
+
 from sve.layers.blob import BLoBLayer
-from sve.members import check_member_logits, repeat_batch, split_members
-from sve.methods.base import EnsembleMethod, count_parameters, mask_choices
+from sve.members import MemberLayoutError, member_rows
+from sve.methods.base import EnsembleMethod, batch_size
 
 
 class BLoB(EnsembleMethod):
@@ -29,42 +31,55 @@ class BLoB(EnsembleMethod):
     prior_std: std of the Gaussian prior on A.
     kl_weight: weight of the KL term, about 1 / (number of training examples).
     num_samples: posterior samples at evaluation (Table 3: 10).
-    target_modules: overrides the backbone's patterns.
     """
 
     fixed_ensemble_size = 1
+    shared_head = True
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
                  init_std: float = 0.05, prior_std: float = 0.2, kl_weight: float = 1e-4, num_samples: int = 10,
-                 target_modules: list[str] | None = None, lr: float | None = None):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
-        self.base_parameter_count = count_parameters(backbone)
-        backbone.requires_grad_(False)
+                 **common):
+        super().__init__(backbone, ensemble_size, num_classes, **common)
+        self.rank, self.alpha, self.init_std, self.prior_std = rank, alpha, init_std, prior_std
         self.kl_weight = kl_weight
         self.num_samples = num_samples
-        self.wrapped = inject(
-            backbone.model,
-            target_modules or backbone.target_modules,
-            lambda layer: BLoBLayer(layer, rank, alpha, init_std, prior_std),
-            types=ADAPTABLE_TYPES,
-        )
-        self.layers = [m for m in backbone.modules() if isinstance(m, BLoBLayer)]
-        self.log_summary(self.wrapped)
+        self.adapt()
+
+    def make_layer(self, layer: nn.Module) -> BLoBLayer:
+        return BLoBLayer(layer, self.rank, self.alpha, self.init_std, self.prior_std)
+
+    def num_members(self) -> int:
+        return 1 if self.training else self.num_samples
+
+    @contextmanager
+    def samples(self, K: int) -> Iterator[None]:
+        """K fresh posterior samples as every layer's member set, inside the context."""
+        with ExitStack() as stack:
+            for layer in self.member_layers():
+                stack.enter_context(layer.use_bank(**layer.draw(K)))
+            yield
 
     def forward(self, batch: dict) -> Tensor:
-        S = 1 if self.training else self.num_samples
-        for layer in self.layers:  # training: one sample per row; evaluation: sample s for block s
-            layer.samples = None if self.training else S
-        features = split_members(self.backbone(repeat_batch(batch, S)), S)  # (S, B, D)
-        W, b = self.heads.weight[0], self.heads.bias[0]
-        logits = features.to(W.dtype) @ W.t() + b  # (S, B, C)
-        return check_member_logits(mask_choices(logits, batch), S)
+        with self.samples(batch_size(batch) if self.training else self.num_samples):
+            return super().forward(batch)
+
+    def member_features(self, batch: dict, members: list[int]) -> Tensor:
+        if not self.training:
+            return super().member_features(batch, members)
+        # Training: sample b serves example b, so the B examples are B members of one row each.
+        B = batch_size(batch)
+        try:
+            with member_rows(B):
+                return self.backbone(batch).unsqueeze(0)  # (1, B, D)
+        except MemberLayoutError:  # the layers are not called batch-first: one sample for the whole batch
+            with self.samples(1):
+                return self.backbone(batch).unsqueeze(0)
 
     def kl(self) -> Tensor:
-        return torch.stack([layer.kl() for layer in self.layers]).sum()
+        return torch.stack([layer.kl() for layer in self.member_layers()]).sum()
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return super().loss(member_logits, labels) + self.kl_weight * self.kl()
 
     def report(self) -> dict:
-        return {"num_samples": self.num_samples, "kl_weight": self.kl_weight}
+        return {**super().report(), "num_samples": self.num_samples, "kl_weight": self.kl_weight}

@@ -3,9 +3,10 @@ checkpoints of one single-LoRA run, used as M members.
 
 One model (a rank-8 LoRA on the target layers and one head) is trained as usual; ``on_train_epoch_end``
 copies its trainable tensors (LoRA factors and head; a few MB even for a 7B backbone), keeping the last M.
-After ``after_fit``, evaluation runs all kept checkpoints in one batched forward by substituting their
-stacked LoRA factors into the LoRA layers (``LoRALayer.substitute``). With fewer epochs than M, the
-ensemble has as many members as epochs (recorded in ``report()``).
+After ``after_fit``, the snapshots are the members: their stacked LoRA factors become the layers' member set
+(``MemberLayer.use_bank``) and their heads the member heads, so they run like any ensemble's members. With
+fewer epochs than M, the ensemble has as many members as epochs (``num_members``, recorded in results.json).
+The snapshots are part of the module's state (``get_extra_state``), so a checkpoint carries them.
 """
 
 from __future__ import annotations
@@ -15,27 +16,22 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
-from sve.members import check_member_logits, repeat_batch, split_members
-from sve.methods.base import EnsembleMethod, mask_choices
-from sve.methods.lora import inject_lora
+from sve.methods.lora import LoRAEnsemble
 
 
-class CheckpointEnsemble(EnsembleMethod):
+class CheckpointEnsemble(LoRAEnsemble):
     """Args:
     ensemble_size: number of checkpoints kept (Table 3: 3).
     rank, alpha: the LoRA adapter.
-    target_modules: overrides the backbone's patterns.
     """
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
-                 target_modules: list[str] | None = None, lr: float | None = None):
-        super().__init__(backbone, 1, num_classes, lr)  # one trained model ...
-        self.ensemble_size = ensemble_size  # ... whose last M checkpoints are the members
-        self.wrapped = inject_lora(self, 1, rank, alpha, target_modules)
-        self.layers = [backbone.model.get_submodule(name) for name in self.wrapped]
+    adapters_per_member = False  # one trained model ...
+    shared_head = True  # ... whose last M checkpoints are the members
+
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, **kwargs):
+        super().__init__(backbone, ensemble_size, num_classes, **kwargs)
         self.checkpoints: list[dict[str, Tensor]] = []
         self.use_checkpoints = False
-        self.log_summary(self.wrapped)
 
     @torch.no_grad()
     def snapshot(self) -> None:
@@ -51,26 +47,38 @@ class CheckpointEnsemble(EnsembleMethod):
             self.snapshot()
         self.use_checkpoints = True
 
+    def num_members(self) -> int:
+        return len(self.checkpoints) if self.use_checkpoints and not self.training else 1
+
+    def stacked(self, key: str) -> Tensor:
+        """(K, ...) from the K snapshots of a (1, ...) tensor."""
+        device = self.heads.weight.device
+        return torch.cat([c[key].to(device) for c in self.checkpoints])
+
     def forward(self, batch: dict) -> Tensor:
         if self.training or not self.use_checkpoints:  # the live model: one member
-            logits = self.heads(self.backbone(batch).unsqueeze(0))  # (1, B, C)
-            return check_member_logits(mask_choices(logits, batch), 1)
-        K = len(self.checkpoints)
-        names = {id(layer): name for name, layer in self.backbone.model.named_modules()}
-        prefix = "backbone.model."
-        device = self.heads.weight.device
-
-        def stacked(key: str) -> Tensor:  # (K, ...) from K checkpoints of a (1, ...) tensor
-            return torch.cat([c[key].to(device) for c in self.checkpoints])
-
+            return super().forward(batch)
         with ExitStack() as stack:
-            for layer in self.layers:
-                key = prefix + names[id(layer)]
-                stack.enter_context(layer.substitute(stacked(key + ".lora_A"), stacked(key + ".lora_B")))
-            features = split_members(self.backbone(repeat_batch(batch, K)), K)  # (K, B, D)
-        W, b = stacked("heads.weight"), stacked("heads.bias")  # (K, C, D), (K, C)
-        logits = torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
-        return check_member_logits(mask_choices(logits, batch), K)
+            for name, layer in self.backbone.model.named_modules():
+                if name in self.wrapped:
+                    key = f"backbone.model.{name}"
+                    stack.enter_context(layer.use_bank(lora_A=self.stacked(key + ".lora_A"),
+                                                       lora_B=self.stacked(key + ".lora_B")))
+            return super().forward(batch)
+
+    def member_logits(self, batch: dict, members: list[int]) -> Tensor:
+        if not self.use_checkpoints or self.training:
+            return super().member_logits(batch, members)
+        features = self.member_features(batch, members)  # (K, B, D)
+        W, b = self.stacked("heads.weight")[members], self.stacked("heads.bias")[members]  # (K, C, D), (K, C)
+        return torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+
+    def get_extra_state(self) -> dict:
+        return {"checkpoints": self.checkpoints, "use_checkpoints": self.use_checkpoints}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.checkpoints = [dict(c) for c in state["checkpoints"]]
+        self.use_checkpoints = bool(state["use_checkpoints"])
 
     def report(self) -> dict:
-        return {"checkpoints": len(self.checkpoints)}
+        return {**super().report(), "checkpoints": len(self.checkpoints)}

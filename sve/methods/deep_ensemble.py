@@ -51,16 +51,19 @@ class DeepEnsemble(EnsembleMethod):
     chunk_size: members trained (and evaluated) together in sequential mode.
     """
 
+    train_backbone = True
+
     def __init__(self, backbone, ensemble_size: int, num_classes: int, mode: str = "auto", chunk_size: int = 1,
-                 lr: float | None = None):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
+                 **common):
+        super().__init__(backbone, ensemble_size, num_classes, **common)
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
+        self.adapt()  # before copying: the copies inherit which parameters train
         M = self.ensemble_size
-        self.base_parameter_count = count_parameters(backbone)
-        backbone.requires_grad_(True)
         self.mode = choose_mode(backbone, M) if mode == "auto" else mode
         self.chunk_size = M if self.mode == "in_memory" else max(1, min(chunk_size, M))
+        if self.mode == "sequential":  # evaluation loads one chunk of stored members per pass
+            self.members_at_once = min(self.members_at_once or self.chunk_size, self.chunk_size)
         self.seed = torch.initial_seed()
         # Working copies: all M members in memory, or one chunk. Copy 0 is the backbone itself.
         self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])
@@ -70,7 +73,6 @@ class DeepEnsemble(EnsembleMethod):
         self.loaded = list(range(self.chunk_size))  # member held by each working copy
         self.finished = self.mode == "in_memory"
         log.info("DeepEnsemble: %d members, mode=%s, chunk_size=%d", M, self.mode, self.chunk_size)
-        self.log_summary()
 
     @property
     def rounds(self) -> int:
@@ -97,34 +99,43 @@ class DeepEnsemble(EnsembleMethod):
         log.info("DeepEnsemble: training members %s (round %d of %d)", self.loaded, self.round + 1, self.rounds)
         return True
 
-    def _logits(self, batch: dict, members: list[int]) -> Tensor:
-        """Logits (len(members), B, C) of members held by the first working copies."""
-        features = torch.stack([copy_(batch) for copy_, _ in zip(self.members, members)])  # (K, B, D)
-        W, b = self.heads.weight[members], self.heads.bias[members]  # (K, C, D), (K, C)
-        return torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+    def copies(self, members: list[int]) -> list[nn.Module]:
+        """The working copies holding ``members``, loading finished members from the store if needed."""
+        if self.mode == "in_memory":
+            return [self.members[m] for m in members]
+        if self.loaded[: len(members)] != members:
+            for copy_, member in zip(self.members, members):
+                copy_.load_state_dict(self.store[member])
+            self.loaded = list(members)
+        return list(self.members[: len(members)])
+
+    def member_features(self, batch: dict, members: list[int]) -> Tensor:
+        return torch.stack([copy_(batch) for copy_ in self.copies(members)])  # (K, B, D)
+
+    def num_members(self) -> int:
+        return len(self.active()) if self.training or not self.finished else self.ensemble_size
 
     def forward(self, batch: dict) -> Tensor:
         if self.training or not self.finished:  # training, or validation during a round
             members = self.active()
-            return check_member_logits(mask_choices(self._logits(batch, members), batch), len(members))
-        if self.mode == "in_memory":
-            logits = self._logits(batch, list(range(self.ensemble_size)))
-        else:
-            chunks = []
-            for start in range(0, self.ensemble_size, self.chunk_size):
-                members = list(range(start, min(start + self.chunk_size, self.ensemble_size)))
-                if self.loaded[: len(members)] != members:
-                    for copy_, member in zip(self.members, members):
-                        copy_.load_state_dict(self.store[member])
-                    self.loaded = members
-                chunks.append(self._logits(batch, members))
-            logits = torch.cat(chunks)
-        return check_member_logits(mask_choices(logits, batch), self.ensemble_size)
+            return check_member_logits(mask_choices(self.member_logits(batch, members), batch), len(members))
+        return super().forward(batch)
+
+    def get_extra_state(self) -> dict:
+        """Round state and finished members (sequential mode), so a checkpoint resumes the right round."""
+        return {"round": self.round, "finished": self.finished, "loaded": self.loaded, "store": self.store}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.round, self.finished = int(state["round"]), bool(state["finished"])
+        self.loaded, self.store = list(state["loaded"]), list(state["store"])
 
     def parameter_counts(self) -> dict[str, int]:
         """All M members' parameters, whether they sit on the device or in the CPU store."""
+        if not hasattr(self, "members"):  # adapt() logs before the copies exist
+            return super().parameter_counts()
         total = self.ensemble_size * count_parameters(self.members[0]) + count_parameters(self.heads)
-        return {"trainable": total, "total": total}
+        trainable = self.ensemble_size * sum(p.numel() for p in self.members[0].parameters() if p.requires_grad)
+        return {"trainable": trainable + count_parameters(self.heads), "total": total}
 
     def report(self) -> dict:
-        return {"mode": self.mode, "chunk_size": self.chunk_size, "rounds": self.rounds}
+        return {**super().report(), "mode": self.mode, "chunk_size": self.chunk_size, "rounds": self.rounds}

@@ -10,25 +10,16 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from sve.members import check_member_logits
-from sve.methods.base import EnsembleMethod, mask_choices
-from sve.methods.lora import inject_lora
+from sve.methods.lora import LoRAEnsemble
 
 
-class LastLayerEnsemble(EnsembleMethod):
+class LastLayerEnsemble(LoRAEnsemble):
     """Args:
     rank, alpha: the shared LoRA adapter of the backbone.
-    target_modules: overrides the backbone's patterns.
     """
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
-                 target_modules: list[str] | None = None, lr: float | None = None):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
-        self.wrapped = inject_lora(self, 1, rank, alpha, target_modules)
-        self.log_summary(self.wrapped)
+    adapters_per_member = False
 
-    def forward(self, batch: dict) -> Tensor:
-        M = self.ensemble_size
+    def member_features(self, batch: dict, members: list[int]) -> Tensor:
         features = self.backbone(batch)  # (B, D): one backbone pass shared by all heads
-        logits = self.heads(features.unsqueeze(0).expand(M, *features.shape))  # (M, B, C)
-        return check_member_logits(mask_choices(logits, batch), M)
+        return features.unsqueeze(0).expand(len(members), *features.shape)  # (K, B, D)

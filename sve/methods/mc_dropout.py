@@ -7,17 +7,17 @@ backbone is kept in training mode except for layers with running statistics (Bat
 timm attention read the *attention module's* ``training`` flag to decide whether to drop attention
 probabilities; switching on only the ``nn.Dropout`` modules would leave that site off.
 
-The passes run as one forward: the batch is stacked ``num_samples`` times member-major, so each row gets its
-own dropout masks and the output is (num_samples, B, C) in the usual layout.
+The passes are the members: the batch is stacked ``num_samples`` times member-major (or in chunks, with
+``members_at_once``), so each row gets its own dropout masks, and the one head reads every pass; the output
+is (num_samples, B, C) in the usual layout.
 """
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from sve.members import check_member_logits, repeat_batch, split_members
-from sve.methods.base import EnsembleMethod, count_parameters, mask_choices
+from sve.methods.base import EnsembleMethod
 
 
 def set_dropout(model: nn.Module, rate: float) -> int:
@@ -40,20 +40,21 @@ class MCDropout(EnsembleMethod):
     """
 
     fixed_ensemble_size = 1
+    train_backbone = True
+    shared_head = True
+    stochastic = True
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, dropout: float = 0.05,
-                 num_samples: int = 10, lr: float | None = None):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
+                 num_samples: int = 10, **common):
+        super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1 or num_samples < 1:
             raise ValueError(f"need 0 <= dropout < 1 and num_samples >= 1, got {dropout} and {num_samples}")
-        self.base_parameter_count = count_parameters(backbone)
-        backbone.requires_grad_(True)
         self.dropout = dropout
         self.num_samples = num_samples
         self.sites = set_dropout(backbone, dropout)
         if self.sites == 0:
             raise ValueError(f"{type(backbone.model).__name__} has no dropout site (nn.Dropout or attention_dropout)")
-        self.log_summary()
+        self.adapt()
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -64,12 +65,9 @@ class MCDropout(EnsembleMethod):
                     module.eval()
         return self
 
-    def forward(self, batch: dict) -> Tensor:
-        S = 1 if self.training else self.num_samples
-        features = split_members(self.backbone(repeat_batch(batch, S)), S)  # (S, B, D)
-        W, b = self.heads.weight[0], self.heads.bias[0]  # the one head, shared by all passes
-        logits = features.to(W.dtype) @ W.t() + b  # (S, B, C)
-        return check_member_logits(mask_choices(logits, batch), S)
+    def num_members(self) -> int:
+        return 1 if self.training else self.num_samples  # each pass draws its own dropout masks
 
     def report(self) -> dict:
-        return {"num_samples": self.num_samples, "dropout": self.dropout, "dropout_sites": self.sites}
+        return {**super().report(), "num_samples": self.num_samples, "dropout": self.dropout,
+                "dropout_sites": self.sites}

@@ -16,10 +16,9 @@ import time
 import torch
 from torch import nn
 
-from sve.inject import LINEAR_TYPES, inject
 from sve.layers.sv_conv import SVConv2d
 from sve.layers.sv_linear import SVLinear
-from sve.methods.base import EnsembleMethod, count_parameters
+from sve.methods.base import EnsembleMethod
 
 log = logging.getLogger(__name__)
 
@@ -30,48 +29,27 @@ class SVE(EnsembleMethod):
     member_bias: one trainable bias per member in every wrapped layer (the authors' public code).
     svd_dtype: precision of the SVD at init (float64: reconstruction error ~1e-7 after the float32 cast).
     factor_dtype: storage dtype of U and V; None keeps the layer's dtype (bf16 for bf16 backbones).
-    target_modules: overrides the backbone's patterns.
     """
 
-    def __init__(
-        self,
-        backbone,
-        ensemble_size: int,
-        num_classes: int,
-        sigma_init: float = 0.01,
-        member_bias: bool = True,
-        svd_dtype: str = "float64",
-        factor_dtype: str | None = None,
-        target_modules: list[str] | None = None,
-        lr: float | None = None,
-    ):
-        super().__init__(backbone, ensemble_size, num_classes, lr)
-        self.base_parameter_count = count_parameters(backbone)
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, sigma_init: float = 0.01,
+                 member_bias: bool = True, svd_dtype: str = "float64", factor_dtype: str | None = None, **common):
+        super().__init__(backbone, ensemble_size, num_classes, **common)
         self.sigma_init = sigma_init
-        backbone.requires_grad_(False)
-        M = self.ensemble_size
-
-        def to_sv(layer):
-            convert = SVConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLinear.from_linear
-            return convert(
-                layer,
-                ensemble_size=M,
-                sigma_init=sigma_init,
-                member_bias=member_bias,
-                svd_dtype=getattr(torch, svd_dtype),
-                factor_dtype=getattr(torch, factor_dtype) if factor_dtype else None,
-            )
-
-        # Conv2d targets too (beyond the paper); the backbones' patterns name only the layers to adapt.
-        types = LINEAR_TYPES + (nn.Conv2d,)
+        self.member_bias = member_bias
+        self.svd_dtype = getattr(torch, svd_dtype)
+        self.factor_dtype = getattr(torch, factor_dtype) if factor_dtype else None
         start = time.perf_counter()
-        self.wrapped = inject(backbone.model, target_modules or backbone.target_modules, to_sv, types=types)
+        self.adapt()
         self.svd_seconds = time.perf_counter() - start  # one-time cost (Sec. 5: ~3.5 s for BERT-base on a GPU)
         log.info("SVD of %d layers took %.1f s", len(self.wrapped), self.svd_seconds)
-        self.log_summary(self.wrapped)
+
+    def make_layer(self, layer: nn.Module) -> SVLinear:
+        convert = SVConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLinear.from_linear
+        return convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
+                       member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype)
 
     def report(self) -> dict:
-        return {"svd_seconds": self.svd_seconds, "wrapped_modules": len(self.wrapped)}
+        return {**super().report(), "svd_seconds": self.svd_seconds}
 
     def sv_layers(self) -> list[SVLinear]:
         return [m for m in self.modules() if isinstance(m, SVLinear)]
