@@ -24,11 +24,24 @@ TINY_CHOICE_LLM = ["backbone=tiny_llama", "+backbone.answer_tokens=null",
                    "backbone._target_=sve.backbones.ChoiceCausalLMBackbone"]  # fmt: skip
 
 
-def _write_arc(root, copies=4):
+def _write_arc(root, copies=4, subset="ARC-Easy"):
     root.mkdir(parents=True, exist_ok=True)
     for split in ("train", "validation", "test"):
         rows = [dict(q, id=f"{q['id']}_{i}") for i in range(copies) for q in QUESTIONS]
-        (root / f"ARC-Easy-{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        (root / f"{subset}-{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_arc_challenge_reads_its_own_local_files(tmp_path):
+    _write_arc(tmp_path / "challenge", copies=2, subset="ARC-Challenge")
+    cfg = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_challenge", f"dataset.root={tmp_path / 'challenge'}"])
+    datamodule = instantiate(cfg.dataset)
+    datamodule.attach(instantiate(cfg.backbone))
+    datamodule.setup()
+    assert cfg.dataset.name == "arc_challenge" and len(datamodule.splits["test"]) == 2 * len(QUESTIONS)
+    with pytest.raises(FileNotFoundError, match=r"ARC-Challenge-train.jsonl.*hub_config='ARC-Challenge'"):
+        easy_only = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_challenge", f"dataset.root={tmp_path}"])
+        _write_arc(tmp_path, copies=1)  # ARC-Easy files only
+        instantiate(easy_only.dataset).setup()
 
 
 def test_prompt_letters_and_digit_labels():

@@ -8,6 +8,7 @@ from torch import nn
 
 from sve.inject import find_targets, inject
 from sve.layers import SVLinear
+from sve.methods import SVE
 from tests.conftest import compose_cfg
 from sve.run import instantiate
 
@@ -119,3 +120,65 @@ def _batch(backbone):
         return {"pixel_values": torch.randn(2, 3, backbone.image_size, backbone.image_size)}
     enc = backbone.tokenizer(["a good movie", "bad"], padding=True, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+class WithClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.ModuleDict({"dense": nn.Linear(4, 4), "query": nn.Linear(4, 4)})
+        self.pre_classifier = nn.Linear(4, 4)
+        self.classifier = nn.ModuleDict({"dense": nn.Linear(4, 4), "out_proj": nn.Linear(4, 2)})
+        self.lm_head = nn.ModuleDict({"dense": nn.Linear(4, 4)})
+
+
+def test_head_sub_layers_are_protected_without_a_probe():
+    assert find_targets(WithClassifier(), ["dense", "out_proj|query"]) == ["encoder.dense", "encoder.query"]
+
+
+def test_every_pattern_must_match_and_the_error_names_the_one_that_did_not():
+    with pytest.raises(ValueError, match=r"'missing' matched no module") as err:
+        find_targets(Nested(), [r"attn\.qkv", "missing"])
+    assert "blocks.0.attn.qkv" in str(err.value)  # candidates are listed
+
+
+def test_a_pattern_naming_only_heads_says_so_and_heads_are_not_candidates():
+    with pytest.raises(ValueError, match=r"'head' matched only heads") as err:
+        find_targets(Nested(), ["head"])
+    assert "Adaptable modules are: blocks.0.attn.qkv" in str(err.value) and ", head" not in str(err.value)
+
+
+def test_a_bare_string_is_one_pattern_and_bad_patterns_are_named():
+    assert find_targets(Flat(), "query") == ["query"]
+    with pytest.raises(ValueError, match=r"\['nothing'\]"):  # the pattern, not its characters
+        find_targets(Flat(), "nothing")
+    with pytest.raises(ValueError, match=r"'attn\(' is not a valid regular expression"):
+        find_targets(Flat(), ["attn("])
+    with pytest.raises(TypeError, match="patterns are strings"):
+        find_targets(Flat(), [3])
+
+
+def test_structural_probe_excludes_what_does_not_reach_the_features():
+    """BERT's pooler (executed, output unused) and an LM's lm_head (never called) are outside the feature path,
+    whatever the patterns say; their parameters are reported unused so methods freeze them."""
+    for name, outside in (("tiny_bert", "pooler.dense"), ("tiny_llama", "lm_head")):
+        backbone = _backbone(name)
+        usage = backbone.probe_usage()
+        assert outside in usage.unused_modules
+        with pytest.raises(ValueError, match="matched only heads"):
+            find_targets(backbone.model, [outside.replace(".", r"\.")], outside=usage.unused_modules)
+        unused = {id(p) for p in usage.unused_parameters}
+        assert id(backbone.model.get_submodule(outside).weight) in unused or name == "tiny_llama"
+    method = SVE(_backbone("tiny_bert"), ensemble_size=2, num_classes=2)
+    assert all("pooler" not in n for n in method.wrapped)
+
+
+def test_a_layer_fed_a_shared_leading_dimension_raises_a_layout_error_naming_it():
+    from sve.members import MemberLayoutError, member_rows
+
+    model = Flat()
+    inject(model, ["query"], to_sv)
+    with member_rows(2 * 3), pytest.raises(MemberLayoutError, match=r"^query got an input of shape \(1, 5, 4\)"):
+        model.query(torch.randn(1, 5, 4))  # e.g. relative-position embeddings shared by the batch
+    with member_rows(2 * 3), pytest.raises(MemberLayoutError, match="leading dimension"):
+        model.query(torch.randn(5, 6, 4))  # time-major (T, K*B, D): T is not the member-major batch
+    assert model.query(torch.randn(6, 5, 4)).shape == (6, 5, 4)

@@ -63,8 +63,9 @@ class Backbone(nn.Module):
     def probe_usage(self, types: tuple[type, ...] = (nn.Linear, nn.Conv2d)) -> Usage | None:
         """Runs ``probe_batch`` once and follows the autograd graph back from the features.
 
-        A layer of ``types`` is used when one of its outputs is a node of that graph; a parameter is used when
-        its gradient accumulator is. Nothing is computed backwards, and modes, ``requires_grad`` flags and
+        A layer of ``types`` is used when one of its outputs is a node of that graph, or when it is never called
+        but its own (untied) weight is read into the graph by its owner; a parameter is used when its gradient
+        accumulator is. Nothing is computed backwards, and modes, ``requires_grad`` flags and
         (eval mode) BatchNorm statistics are left as they were.
         """
         batch = self.probe_batch()
@@ -98,7 +99,19 @@ class Backbone(nn.Module):
             for p, flag in flags.items():
                 p.requires_grad_(flag)
         used = {n for n, outs in outputs.items() if any(isinstance(o, Tensor) and o.grad_fn in nodes for o in outs)}
-        all_probed = {n for n, m in self.model.named_modules() if n and isinstance(m, types)}
+        probed = {n: m for n, m in self.model.named_modules() if n and isinstance(m, types)}
+        # A layer that is never called but whose weight reaches the features is read by its owner (timm's
+        # BEiT/EVA qkv, nn.MultiheadAttention.out_proj): it is used. Not so for a weight tied to another
+        # module (an lm_head sharing the input embedding): that one reaches the features through its twin.
+        owners: dict[int, int] = {}
+        for m in self.model.modules():
+            for p in m.parameters(recurse=False):
+                owners[id(p)] = owners.get(id(p), 0) + 1
+        for n, m in probed.items():
+            w = getattr(m, "weight", None)
+            if n not in outputs and isinstance(w, Tensor) and id(w) in leaves and owners.get(id(w)) == 1:
+                used.add(n)
+        all_probed = set(probed)
         unused_params = [p for p in self.parameters() if id(p) not in leaves]
         return Usage(unused_modules=all_probed - used, unused_parameters=unused_params)
 

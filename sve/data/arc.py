@@ -18,7 +18,8 @@ Options are always shown as A, B, C, ... in their stored order, whatever the dat
 ``A-E`` for most questions and ``1-5`` for some); the target is the position of ``answerKey`` among them.
 
 Local layout (``dataset.root``): ``ARC-Easy-{train,validation,test}.jsonl``, one JSON object per line with
-``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``. Without ``root`` the splits come
+``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``; the file prefix is ``hub_config``
+(``ARC-Challenge-*.jsonl`` with ``dataset=arc_challenge``, or any ARC-format set named by ``hub_config``). Without ``root`` the splits come
 from the Hugging Face hub (``allenai/ai2_arc``, config ``ARC-Easy``). Sizes: 2,251 / 570 / 2,376.
 """
 
@@ -34,8 +35,8 @@ from sve.data.base import TextClassificationData
 LETTERS = ("A", "B", "C", "D", "E")
 SPLITS = {"train": "train", "val": "validation", "test": "test"}
 LAYOUT = (
-    "ARC-Easy-{train,validation,test}.jsonl (JSON lines with question, choices{text,label}, answerKey; "
-    "e.g. ../shared/data/arc_easy)"
+    "{hub_config}-{{train,validation,test}}.jsonl (JSON lines with question, choices{{text,label}}, answerKey; "
+    "e.g. ../shared/data/arc_easy for ARC-Easy)"
 )
 
 
@@ -87,11 +88,13 @@ class ARCEasyData(TextClassificationData):
     def load_splits(self):
         if self.root is not None:
             root = Path(self.root).expanduser()
-            paths = {s: root / f"ARC-Easy-{name}.jsonl" for s, name in SPLITS.items()}
+            # The file prefix is the subset (hub_config), so ARC-Challenge and any ARC-format set load alike.
+            paths = {s: root / f"{self.hub_config}-{name}.jsonl" for s, name in SPLITS.items()}
             missing = [p.name for p in paths.values() if not p.exists()]
             if missing:
                 raise FileNotFoundError(
-                    f"dataset arc_easy: dataset.root={self.root} lacks {missing}; expected {LAYOUT}"
+                    f"dataset {self.hub_config.lower().replace('-', '_')}: dataset.root={self.root} lacks {missing} (dataset.hub_config={self.hub_config!r} "
+                    f"names the files); expected {LAYOUT.format(hub_config=self.hub_config)}"
                 )
             return {s: read_jsonl(p) for s, p in paths.items()}
         try:
@@ -101,7 +104,8 @@ class ARCEasyData(TextClassificationData):
         except Exception as err:
             raise RuntimeError(
                 f"dataset arc_easy: could not download {self.hub_name}/{self.hub_config} from the Hugging Face "
-                f"hub ({type(err).__name__}: {err}); set dataset.root to a directory holding {LAYOUT}"
+                f"hub ({type(err).__name__}: {err}); set dataset.root to a directory holding "
+                f"{LAYOUT.format(hub_config=self.hub_config)}"
             ) from err
         return {s: [to_example(row) for row in ds[name]] for s, name in SPLITS.items()}
 

@@ -1,0 +1,149 @@
+"""SVE on Hugging Face and timm architectures beyond the configs: encoders, decoders (Conv1D GPT-2, OPT with a
+projection), encoder-decoders, vision transformers with fused qkv read as ``.weight`` by their owner, and a
+time-major PyTorch transformer. For each, random tiny weights:
+
+- at ``sigma_init=0`` every member computes the unwrapped model's features (function preservation);
+- with noise, member k equals the model with every SV layer replaced by ``merge(k)``, whichever path ran
+  (batched, or one member at a time after a layout fallback, which must name the module).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from sve.backbones.base import Backbone
+from sve.backbones.hf import HFBackbone, HFCausalLMBackbone
+from sve.backbones.timm_vit import TimmBackbone
+from sve.layers import MemberLayer
+from sve.methods import SVE
+
+V = 160  # the character tokenizer has 141 tokens
+SIZES = dict(num_hidden_layers=2, num_attention_heads=2)
+HF = {
+    "bert": (HFBackbone, dict(model_type="bert", vocab_size=V, hidden_size=32, intermediate_size=64, **SIZES),
+             ["query", "key", "value", "dense"], "cls"),
+    "roberta": (HFBackbone, dict(model_type="roberta", vocab_size=V, hidden_size=32, intermediate_size=64,
+                                 max_position_embeddings=300, pad_token_id=0, **SIZES), ["query", "value", "dense"], "cls"),
+    "distilbert": (HFBackbone, dict(model_type="distilbert", vocab_size=V, dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+                   ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"], "cls"),
+    "deberta_v2": (HFBackbone, dict(model_type="deberta-v2", vocab_size=V, hidden_size=32, intermediate_size=64,
+                                    relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+                                    position_buckets=8, **SIZES), ["query_proj", "key_proj", "value_proj", "dense"], "cls"),
+    "gpt2_conv1d": (HFCausalLMBackbone, dict(model_type="gpt2", vocab_size=V, n_embd=32, n_layer=2, n_head=2),
+                    ["c_attn", "c_proj", "c_fc"], "last"),
+    "llama": (HFCausalLMBackbone, dict(model_type="llama", vocab_size=V, hidden_size=32, intermediate_size=64,
+                                       num_key_value_heads=1, **SIZES), [r"(q|k|v|o)_proj", r"(gate|up|down)_proj"], "last"),
+    "opt_projected": (HFCausalLMBackbone, dict(model_type="opt", vocab_size=V, hidden_size=32, ffn_dim=64,
+                                               word_embed_proj_dim=16, max_position_embeddings=300, **SIZES),
+                      [r"(q|k|v|out)_proj", "fc1", "fc2"], "last"),
+    "t5": (HFBackbone, dict(model_type="t5", vocab_size=V, d_model=32, d_kv=16, num_layers=2, num_heads=2, d_ff=64,
+                            decoder_start_token_id=0), ["q", "k", "v", "o", "wi", "wo"], "last"),
+    "bart": (HFBackbone, dict(model_type="bart", vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                              decoder_ffn_dim=64, max_position_embeddings=300), [r"(q|k|v|out)_proj", "fc1", "fc2"], "last"),
+    "hf_vit": (HFBackbone, dict(model_type="vit", hidden_size=32, intermediate_size=64, image_size=32, patch_size=8,
+                                **SIZES), [r"(q|k|v|o)_proj", "fc1", "fc2"], "cls"),
+}
+TINY_VIT = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2)
+TIMM = {
+    "vit_tiny_patch16_224": [r"attn\.(qkv|proj)", r"mlp\.fc(1|2)"],
+    "deit_tiny_distilled_patch16_224": [r"attn\.(qkv|proj)", r"mlp\.fc(1|2)"],
+    "beit_base_patch16_224": [r"attn\.(qkv|proj)", r"mlp\.fc(1|2)"],  # qkv.weight read by the owner
+    "eva02_tiny_patch14_224": [r"attn\.(qkv|proj)", r"mlp\.fc(1|2)"],  # idem
+}
+
+
+class TimeMajorEncoder(Backbone):
+    """nn.TransformerEncoder with batch_first=False: linears see (T, N, D), and MultiheadAttention reads
+    ``out_proj.weight`` itself."""
+
+    modality = "image"
+
+    def __init__(self):
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=False)
+        super().__init__(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), [r"out_proj", r"linear(1|2)"])
+        self.feature_dim = 16
+
+    def probe_batch(self) -> dict:
+        return {"pixel_values": torch.zeros(1, 5, 16)}
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model(batch["pixel_values"].transpose(0, 1)).mean(0)  # (N, T, D) -> (T, N, D) -> (N, D)
+
+
+def hf_backbone(name):
+    cls, config, targets, pooling = HF[name]
+    return cls(targets, pretrained=False, config=config, tokenizer="char", pooling=pooling)
+
+
+def timm_backbone(name):
+    return TimmBackbone(name, TIMM[name], pretrained=False, image_size=32, model_kwargs=TINY_VIT)
+
+
+CASES = ([pytest.param(hf_backbone, n, id=f"hf-{n}") for n in HF]
+         + [pytest.param(timm_backbone, n, id=f"timm-{n}") for n in TIMM]
+         + [pytest.param(lambda _: TimeMajorEncoder(), "time_major", id="torch-time_major")])
+
+
+def batch_for(backbone) -> dict:
+    if isinstance(backbone, TimeMajorEncoder):
+        return {"pixel_values": torch.randn(2, 5, 16)}
+    if backbone.modality == "image":
+        return {"pixel_values": torch.randn(2, 3, backbone.image_size, backbone.image_size)}
+    enc = backbone.tokenizer(["a good movie", "bad"], padding=True, return_tensors="pt")
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def merged_copy(method: SVE, member: int) -> nn.Module:
+    """The backbone with every SV layer replaced by its plain merged layer for ``member``."""
+    backbone = copy.deepcopy(method.backbone)
+    for name in method.wrapped:
+        parent, _, child = name.rpartition(".")
+        owner = backbone.model.get_submodule(parent) if parent else backbone.model
+        setattr(owner, child, getattr(owner, child).merge(member))
+    return backbone.eval()
+
+
+@pytest.mark.parametrize("make, name", CASES)
+def test_sve_preserves_the_function_and_members_equal_their_merged_models(make, name):
+    torch.manual_seed(0)
+    backbone = make(name).eval()
+    batch = batch_for(backbone)
+    with torch.no_grad():
+        base = backbone(batch)
+    assert base.shape == (2, backbone.feature_dim)  # the width the model really outputs (OPT: 16)
+    for sigma in (0.0, 0.2):
+        torch.manual_seed(1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            method = SVE(copy.deepcopy(backbone), ensemble_size=3, num_classes=2, sigma_init=sigma).eval()
+            with torch.no_grad():
+                method(batch)  # the full path, with any layout fallback
+                features = torch.cat([method.member_features(batch, [k]) for k in range(3)])  # (3, B, D)
+        assert method.wrapped and all(isinstance(method.backbone.model.get_submodule(n), MemberLayer)
+                                      for n in method.wrapped)
+        if method.fallback:  # the fallback names the module and says so
+            assert any(method.fallback in str(w.message) for w in caught)
+        for k in range(3):
+            expected = base if sigma == 0 else merged_copy(method, k)(batch)
+            torch.testing.assert_close(features[k], expected, atol=2e-5, rtol=2e-5)
+        if sigma > 0:
+            assert not torch.allclose(features[0], features[1])
+        if method.fallback is None:  # the batched path ran: it must agree with one member at a time
+            with torch.no_grad():
+                batched = method.member_features(batch, [0, 1, 2])
+            torch.testing.assert_close(batched, features, atol=2e-5, rtol=2e-5)
+
+
+def test_time_major_and_weight_reading_owners_fall_back_naming_the_module():
+    torch.manual_seed(0)
+    method = SVE(TimeMajorEncoder(), ensemble_size=2, num_classes=2, sigma_init=0.1).eval()
+    with pytest.warns(UserWarning, match=r"layers\.0\.(self_attn\.out_proj|linear1).*one member at a time"):
+        with torch.no_grad():
+            method({"pixel_values": torch.randn(3, 5, 16)})
+    assert method.fallback.startswith("layers.0.")
