@@ -237,6 +237,10 @@ def mark_best(rows: list[Row], metrics: list[Metric]) -> None:
             cell.mark = {0: "best", 1: "second"}.get(rank)
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def read_paper(path: Path) -> dict[tuple, dict[str, str]]:
     """results/paper/<table>.csv keyed by (experiment, method, members); blank members match any count."""
     with path.open() as f:
@@ -281,8 +285,8 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
             rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
         mark_best(rows, metrics)
         blocks.append(Block(experiment, title, rows))
-    source = str(paper_path.relative_to(REPO)) if paper else None
-    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, list(spec.get("notes") or []), source)
+    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, list(spec.get("notes") or []),
+                 _shown(paper_path) if paper else None)  # fmt: skip
 
 
 # --- Table 5: cost from results/bench/table5.json ----------------------------------------------------------
@@ -330,9 +334,8 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
             missing.append(f"{METHOD_NAMES.get(method, method)} (M={members}): not in {bench_path}")
         rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
     mark_best(rows, metrics)
-    source = str(paper_path.relative_to(REPO)) if paper else None
     return Table(spec.name, spec.title, metrics, [Block(experiment, title, rows)], [], missing,
-                 list(spec.get("notes") or []), source)  # fmt: skip
+                 list(spec.get("notes") or []), _shown(paper_path) if paper else None)  # fmt: skip
 
 
 # --- building ---------------------------------------------------------------------------------------------
