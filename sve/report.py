@@ -97,8 +97,8 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
     if not path.exists():
         raise FileNotFoundError(f"no table definition {path}; choose one of {table_names()}")
     spec = OmegaConf.load(path)
-    if smoke:
-        spec = OmegaConf.merge(spec, spec.get("smoke") or {})
+    for key, value in (spec.get("smoke") or {}).items() if smoke else ():
+        spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
     spec.name = name
     return spec
 

@@ -24,6 +24,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from sve.report import REPO, build, load_spec, members_of, results_root, run_dir, table_names
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
@@ -67,8 +69,13 @@ def run_in_process(job: Job) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=[*job.overrides, f"paths.output_dir={job.dir}"])
     job.dir.mkdir(parents=True, exist_ok=True)
-    with (job.dir / "train.log").open("w") as log, redirect_stdout(log), redirect_stderr(log):
-        return run(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread start-up and contention cost more than they save
+    try:
+        with (job.dir / "train.log").open("w") as log, redirect_stdout(log), redirect_stderr(log):
+            return run(cfg)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_subprocess(job: Job) -> dict:
