@@ -31,7 +31,9 @@ sst2-cpu: ## SVE (M=4) and the single baseline on SST-2 with MiniLM, CPU-sized; 
 # --- The paper's tables and figures (README: "Reproducing the paper") ---
 # Each target trains the runs its configs/tables/<name>.yaml needs (skipping those whose results.json exists),
 # then builds it under results/. SMOKE=1: tiny models and synthetic data on the CPU, under results/smoke/.
+# ARGS: Hydra overrides for every run (data and weights paths, trainer=gpu), e.g. ARGS="dataset.root=/data/x".
 SMOKE ?=
+ARGS ?=
 RESULTS ?=
 TABLE_ARGS := $(if $(SMOKE),--smoke,) $(if $(RESULTS),--results $(RESULTS),)
 PAPER_TARGETS := table1 table2 table3 table4 table5 table6 figure2 figure3 figureB
@@ -46,7 +48,7 @@ figure2: ## Fig. 2: CIFAR-100 metrics vs pretraining (random init, DINO, DINOv2)
 figure3: ## Fig. 3: CIFAR-100-C metrics vs shift severity 0-5
 figureB: ## Figs. 4-6 (Appendix B): singular values' change per member (Oxford Pets SVE run)
 $(PAPER_TARGETS):
-	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS)
+	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS) $(ARGS)
 
 tables: ## Rebuild every table and figure from the results that exist, no training (SMOKE=1: results/smoke/)
 	$(PYTHON) scripts/build_tables.py $(TABLE_ARGS)

@@ -47,8 +47,8 @@ class Job:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}"
 
 
-def jobs(spec, root: Path, smoke: bool) -> list[Job]:
-    """The table's grid in order, one job per run directory."""
+def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
+    """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots)."""
     out: dict[Path, Job] = {}
     for experiment in spec.experiments:
         for row in spec.rows:
@@ -56,7 +56,7 @@ def jobs(spec, root: Path, smoke: bool) -> list[Job]:
                 directory = run_dir(root, experiment, row.method, int(row.members), seed)
                 overrides = [f"experiment={experiment}", f"method={row.method}",
                              *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
-                             *row.get("overrides", []), f"seed={seed}", SINGULAR_VALUES]  # fmt: skip
+                             *row.get("overrides", []), *extra, f"seed={seed}", SINGULAR_VALUES]  # fmt: skip
                 out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory))
     return list(out.values())
 
@@ -88,11 +88,12 @@ def run_subprocess(job: Job) -> dict:
     return json.loads((job.dir / "results.json").read_text())
 
 
-def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False) -> list[str]:
+def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
+          extra: list[str] = ()) -> list[str]:
     """Runs the table's missing runs; returns one line per failure."""
     spec = load_spec(name, smoke)
     root = results_root(smoke, root)
-    todo = jobs(spec, root, smoke) if spec.kind != "cost" else []
+    todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
     if spec.kind == "cost":
         print(f"{name}: measured, not trained; building from {root / spec.bench} if it exists")
     failures = []
@@ -123,11 +124,12 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train the runs a table or figure needs, then build it.")
     parser.add_argument("name", choices=table_names(), help="a definition in configs/tables/")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. dataset.root=/data/sst2")
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     args = parser.parse_args(argv)
-    failures = sweep(args.name, args.smoke, args.results, args.dry_run)
+    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides)
     if args.dry_run:
         return 0
     for path in build(args.name, args.smoke, args.results):
