@@ -107,8 +107,9 @@ def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
             lines.append(f"| {METHOD_NAMES.get(method, method)} | {members} | "
                          + " | ".join(c.text(metric) if c else "–" for c in cells) + " |")  # fmt: skip
             for sev, cell in zip(severities, cells):
-                rows.append([method, members, key, sev, "" if cell is None else repr(cell.mean),
-                             "" if cell is None or cell.std is None else repr(cell.std), cell.seeds if cell else 0])  # fmt: skip
+                std = "" if cell is None or cell.std is None else repr(cell.std)
+                rows.append([method, members, key, sev, "" if cell is None else repr(cell.mean), std,
+                             cell.seeds if cell else 0])  # fmt: skip
         lines.append("")
     lines.append("Mean ± sample standard deviation over seeds; severity 0 is the clean test set; each severity "
                  "averages the corruptions. Acc and ECE in %.")  # fmt: skip

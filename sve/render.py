@@ -67,9 +67,12 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+TEX = {"\\": r"\textbackslash{}", "%": r"\%", "&": r"\&", "_": r"\_", "#": r"\#", "–": "--", "±": r"$\pm$",
+       "†": r"$^\dagger$", "↑": r"$\uparrow$", "↓": r"$\downarrow$"}  # backslash first: later ones add some
+
+
 def _tex(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("%", r"\%"), ("&", r"\&"), ("_", r"\_"), ("#", r"\#"),
-                 ("–", "--"), ("±", r"$\pm$"), ("†", r"$^\dagger$"), ("↑", r"$\uparrow$"), ("↓", r"$\downarrow$")):  # fmt: skip
+    for a, b in TEX.items():
         text = text.replace(a, b)
     return text
 

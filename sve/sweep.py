@@ -31,7 +31,8 @@ from sve.report import REPO, build, load_spec, members_of, results_root, run_dir
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
 SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
 # Every run writes singular_values.npz when it has SV layers, so any SVE run can feed Figs. 4-6.
-SINGULAR_VALUES = "+callbacks.singular_values={_target_: sve.singular_values.SaveSingularValues, dirpath: '${paths.output_dir}'}"  # noqa: E501
+SINGULAR_VALUES = ("+callbacks.singular_values="
+                   "{_target_: sve.singular_values.SaveSingularValues, dirpath: '${paths.output_dir}'}")
 
 
 @dataclass
