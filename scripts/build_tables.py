@@ -1,0 +1,21 @@
+"""Rebuild tables and figures from the result files that exist, without training.
+
+``python scripts/build_tables.py [table1 ...] [--smoke] [--no-paper] [--results DIR]``; no names: all of
+configs/tables/. Works on an empty results/ (every cell "–"). See sve/report.py.
+"""
+
+import argparse
+from pathlib import Path
+
+from sve.report import build, table_names
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", choices=[[], *table_names()], help="definitions in configs/tables/")
+    parser.add_argument("--smoke", action="store_true", help="build from results/smoke/ into results/smoke/")
+    parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
+    parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
+    args = parser.parse_args()
+    for name in args.names or table_names():
+        for path in build(name, args.smoke, args.results, not args.no_paper):
+            print(f"wrote {path}")

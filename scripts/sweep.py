@@ -1,0 +1,11 @@
+"""Train (or resume) the runs a table or figure needs, then build it: ``python scripts/sweep.py table1``.
+
+``--smoke``: the CPU-sized variant (tiny models, synthetic data) under results/smoke/. See sve/sweep.py.
+"""
+
+import sys
+
+from sve.sweep import main
+
+if __name__ == "__main__":
+    sys.exit(main())

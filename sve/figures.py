@@ -1,0 +1,255 @@
+"""The paper's figures from stored result files only (matplotlib, Agg; PNG and PDF under ``<root>/figures``).
+
+- Fig. 2: CIFAR-100 metrics against backbone pretraining (random init, DINO, DINOv2), one line per method;
+- Fig. 3: accuracy, ECE and NLL against CIFAR-100-C severity 0-5, one line per method, from the runs'
+  ``shift.by_severity`` records (also written as tables, ``figure3.md`` / ``.csv``);
+- Figs. 4-6 (Appendix B): relative change (%) of the top singular values from the pretrained ones, per
+  member and layer, from a run's ``singular_values.npz``;
+- reliability diagrams, one panel per method, from a run's ``reliability`` record or saved predictions.
+
+A figure without any data is not drawn (the table beside it lists what is missing).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sve.report import METHOD_NAMES, METRICS, Cell, Run, Table, aggregate, select  # noqa: E402
+from sve.singular_values import FILENAME, load_singular_values  # noqa: E402
+
+N_BINS = 15  # as the ECE (sve.metrics): equal-width, right-closed
+
+
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    for path in paths:
+        fig.savefig(path, bbox_inches="tight", dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def _label(method: str, members: int) -> str:
+    return f"{METHOD_NAMES.get(method, method)} (M={members})" if members > 1 else METHOD_NAMES.get(method, method)
+
+
+def _line(ax, xs, cells: list[Cell | None], label: str) -> None:
+    """Mean with a ±std band where cells exist; gaps where they do not."""
+    mean = np.array([c.mean if c else np.nan for c in cells])
+    std = np.array([c.std if c and c.std is not None else 0.0 for c in cells])
+    (line,) = ax.plot(xs, mean, marker="o", label=label)
+    ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+
+
+# --- Fig. 2 ---------------------------------------------------------------------------------------------
+
+
+def figure2(table: Table, out_dir: Path) -> list[Path]:
+    """One panel per metric; x = the table's blocks (pretraining), one line per row."""
+    if not any(c for b in table.blocks for r in b.rows for c in r.cells.values()):
+        return []
+    xs = np.arange(len(table.blocks))
+    fig, axes = plt.subplots(1, len(table.metrics), figsize=(4 * len(table.metrics), 3.4))
+    for ax, metric in zip(np.atleast_1d(axes), table.metrics):
+        for i, row in enumerate(table.blocks[0].rows):
+            cells = [block.rows[i].cells.get(metric.key) for block in table.blocks]
+            _line(ax, xs, cells, _label(row.method, row.members))
+        ax.set_xticks(xs, [block.title for block in table.blocks])
+        ax.set_title(f"{metric.label} {'↑' if metric.higher_is_better else '↓'}")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")
+    fig.suptitle(table.title, fontsize=10)
+    return _save(fig, out_dir, table.name)
+
+
+# --- Fig. 3 ---------------------------------------------------------------------------------------------
+
+
+def shift_series(spec, runs: list[Run]) -> tuple[dict, list[str]]:
+    """{(method, members): {metric: [Cell | None per severity]}} over seeds, and the missing runs."""
+    (experiment,) = spec.experiments
+    series, missing = {}, []
+    for row in spec.rows:
+        found = select(runs, experiment, row.method, int(row.members))
+        by_seed = {s: r.results.get("shift", {}).get("by_severity", {}) for s, r in found.items()}
+        lacking = [s for s in spec.seeds if not by_seed.get(s)]
+        if lacking:
+            missing.append(f"{experiment} · {METHOD_NAMES.get(row.method, row.method)} (M={row.members}): seeds "
+                           f"{', '.join(map(str, lacking))} without a per-severity record")  # fmt: skip
+        series[(row.method, int(row.members))] = {
+            key: [aggregate([float(rec[str(sev)][key]) for rec in by_seed.values() if str(sev) in rec],
+                            METRICS[key], len(spec.seeds)) for sev in spec.severities]  # fmt: skip
+            for key in spec.metrics
+        }
+    return series, missing
+
+
+def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
+    series, missing = shift_series(spec, runs)
+    severities = list(spec.severities)
+    # The series as tables: one per metric, rows = methods, columns = severities.
+    lines, rows = [f"## {spec.title}", ""], []
+    for key in spec.metrics:
+        metric = METRICS[key]
+        lines += [f"### {metric.label}", "", "| Method | M | " + " | ".join(f"sev. {s}" for s in severities) + " |",
+                  "|:--|--:|" + "--:|" * len(severities)]  # fmt: skip
+        for (method, members), by_metric in series.items():
+            cells = by_metric[key]
+            lines.append(f"| {METHOD_NAMES.get(method, method)} | {members} | "
+                         + " | ".join(c.text(metric) if c else "–" for c in cells) + " |")  # fmt: skip
+            for sev, cell in zip(severities, cells):
+                std = "" if cell is None or cell.std is None else repr(cell.std)
+                rows.append([method, members, key, sev, "" if cell is None else repr(cell.mean), std,
+                             cell.seeds if cell else 0])  # fmt: skip
+        lines.append("")
+    lines.append("Mean ± sample standard deviation over seeds; severity 0 is the clean test set; each severity "
+                 "averages the corruptions. Acc and ECE in %.")  # fmt: skip
+    lines += ["", "Missing runs (–):", *[f"- {m}" for m in missing]] if missing else ["", "Missing runs: none."]
+    tables = root / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    (tables / f"{spec.name}.md").write_text("\n".join(lines) + "\n")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerows([["method", "members", "metric", "severity", "mean", "std", "seeds"], *rows])
+    (tables / f"{spec.name}.csv").write_text(out.getvalue())
+    written = [tables / f"{spec.name}.md", tables / f"{spec.name}.csv"]
+
+    if not any(c for by_metric in series.values() for cells in by_metric.values() for c in cells):
+        return written
+    fig, axes = plt.subplots(1, len(spec.metrics), figsize=(4 * len(spec.metrics), 3.4))
+    for ax, key in zip(np.atleast_1d(axes), spec.metrics):
+        for (method, members), by_metric in series.items():
+            _line(ax, severities, by_metric[key], _label(method, members))
+        metric = METRICS[key]
+        ax.set_xlabel("shift intensity (severity)")
+        ax.set_title(f"{metric.label} {'↑' if metric.higher_is_better else '↓'}")
+        ax.set_xticks(severities)
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")
+    fig.suptitle(spec.title, fontsize=10)
+    return written + _save(fig, root / "figures", spec.name)
+
+
+# --- Figs. 4-6 ------------------------------------------------------------------------------------------
+
+
+def relative_change(pretrained: np.ndarray, members: np.ndarray, top_k: int) -> np.ndarray:
+    """(M, k): 100 * (s_m - s) / s for the k largest pretrained singular values (zeros excluded)."""
+    order = np.argsort(-pretrained)[:top_k]
+    base = pretrained[order]
+    keep = base > 0
+    return 100.0 * (members[:, order][:, keep] - base[keep]) / base[keep]
+
+
+def figure_b(spec, runs: list[Run], out_dir: Path) -> list[Path]:
+    """Figs. 4-6 from the first seed's ``singular_values.npz`` of the table's SVE run."""
+    (experiment,) = spec.experiments
+    row = spec.rows[0]
+    found = select(runs, experiment, row.method, int(row.members))
+    files = [found[s].path.parent / FILENAME for s in sorted(found)]
+    files = [f for f in files if f.exists()]
+    if not files:
+        return []
+    layers = load_singular_values(files[0])
+    written = []
+    for name, group in spec.layers.items():
+        chosen = [layer for layer in layers if re.search(group.pattern, layer)]
+        if not chosen:
+            continue
+        cols = min(4, len(chosen))
+        rows = -(-len(chosen) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
+        for ax, layer in zip(axes.flat, chosen):
+            change = relative_change(*layers[layer], int(spec.top_k))
+            for m, values in enumerate(change):
+                ax.plot(np.arange(1, len(values) + 1), values, marker=".", label=f"member {m + 1}")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_title(layer, fontsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(chosen):]:
+            ax.axis("off")
+        axes[0, 0].set_ylabel("relative change (%)")
+        axes[-1, 0].set_xlabel("singular value index (largest first)")
+        axes[0, -1].legend(fontsize=6)
+        where = files[0].parent.relative_to(out_dir.parent)
+        fig.suptitle(f"{group.title}: top singular values' relative change from pretrained ({where})", fontsize=9)
+        written += _save(fig, out_dir, name)
+    return written
+
+
+# --- reliability diagrams ---------------------------------------------------------------------------------
+
+
+def reliability_bins(probs: np.ndarray, labels: np.ndarray, n_bins: int = N_BINS) -> dict[str, np.ndarray]:
+    """Per confidence bin (equal width, right-closed, as the ECE): count, mean confidence, accuracy."""
+    confidence, predicted = probs.max(-1), probs.argmax(-1)
+    index = np.clip(np.ceil(confidence * n_bins).astype(int) - 1, 0, n_bins - 1)
+    count = np.bincount(index, minlength=n_bins).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.bincount(index, weights=confidence, minlength=n_bins) / count
+        acc = np.bincount(index, weights=(predicted == labels).astype(float), minlength=n_bins) / count
+    return {"count": count, "confidence": conf, "accuracy": acc}
+
+
+def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
+    """A run's bins: its ``reliability`` record, else recomputed from its saved test predictions."""
+    record = run.results.get("reliability")
+    if isinstance(record, dict) and "accuracy" in record.get("test", record):
+        record = record.get("test", record)
+        return {k: np.asarray(record[k], dtype=float) for k in ("count", "confidence", "accuracy")}
+    predictions = run.results.get("predictions") or {}
+    if not predictions:
+        return None
+    path = run.path.parent / predictions.get("test", next(iter(predictions.values())))
+    if not path.exists():
+        return None
+    with np.load(path) as data:
+        if "probs" in data.files:
+            probs = data["probs"]
+        elif "member_probs" in data.files:
+            probs = data["member_probs"].mean(0)  # (M, N, C) -> (N, C): the mean of member probabilities
+        elif "member_logits" in data.files:
+            logits = data["member_logits"] - data["member_logits"].max(-1, keepdims=True)
+            probs = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).mean(0)
+        else:
+            return None
+        return reliability_bins(probs.astype(float), data["labels"])
+
+
+def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
+    """Per experiment of a table: one panel per row, from its lowest seed that has the data."""
+    written = []
+    for experiment, title in spec.experiments.items():
+        panels = []
+        for row in spec.rows:
+            found = select(runs, experiment, row.method, int(row.members))
+            bins = next((b for s in sorted(found) if (b := run_reliability(found[s])) is not None), None)
+            if bins is not None:
+                panels.append((_label(row.method, int(row.members)), bins))
+        if not panels:
+            continue
+        fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False, sharey=True)
+        edges = np.linspace(0, 1, N_BINS + 1)
+        for ax, (label, bins) in zip(axes.flat, panels):
+            filled = bins["count"] > 0
+            ax.bar(edges[:-1][filled], bins["accuracy"][filled], width=1 / N_BINS, align="edge",
+                   edgecolor="black", lw=0.4, label="accuracy")  # fmt: skip
+            ax.plot([0, 1], [0, 1], "--", color="grey", lw=0.8)
+            ax.set_title(label, fontsize=8)
+            ax.set_xlabel("confidence")
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1)
+        axes[0, 0].set_ylabel("accuracy")
+        fig.suptitle(f"Reliability: {title}", fontsize=9)
+        written += _save(fig, out_dir, f"{spec.name}_reliability_{experiment}")
+    return written
+

@@ -1,0 +1,370 @@
+"""The paper's tables from stored result files: ``python scripts/build_tables.py [--smoke] [table1 ...]``.
+
+A table is defined once in ``configs/tables/<name>.yaml`` (its experiments, rows of method and member count,
+seeds and metrics; the sweep driver ``sve.sweep`` trains the same grid). The builder reads only the
+``results.json`` files under a results root, never a live model:
+
+- a run belongs to the cell (experiment, method, members): ``experiment`` is results.json's top-level key or
+  the config's ``experiment_name`` (set by every ``configs/experiment/`` file); members are the members or
+  samples that produced the predictive (``num_members``, else the method's ``num_samples``, else
+  ``ensemble_size``);
+- each cell is the mean ± sample standard deviation (ddof 1) over the seeds found; one seed shows no ±, and
+  a cell with fewer seeds than the table asks for is marked with †;
+- within each experiment the best displayed value of each column is bold and the second best underlined,
+  in the metric's direction (acc, AUROC, AUPRC up; ECE, NLL, Brier, FPR95 and costs down);
+- a run that is not there is "–" and listed under the table; the paper's numbers (``results/paper/``) sit in
+  their own column and never fill one of ours.
+
+Outputs: ``<root>/tables/<name>.md``, ``.tex`` and ``.csv`` (``<root>`` is ``results/`` or
+``results/smoke/``), figures under ``<root>/figures/`` (``sve.figures``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+TABLES = REPO / "configs" / "tables"
+RESULTS = REPO / "results"
+SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never mixed into the real tables
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # results.json metrics key without the "test/" prefix
+    label: str
+    higher_is_better: bool
+    scale: float  # displayed value = stored value * scale (fractions are printed in %, as the paper does)
+    digits: int
+
+
+METRICS = {
+    m.key: m
+    for m in (
+        Metric("acc", "Acc (%)", True, 100, 1),
+        Metric("ece", "ECE (%)", False, 100, 1),
+        Metric("nll", "NLL", False, 1, 2),
+        Metric("brier", "Brier", False, 1, 2),
+        Metric("ood_auroc", "AUROC (%)", True, 100, 1),
+        Metric("ood_auprc", "AUPRC (%)", True, 100, 1),
+        Metric("ood_fpr95", "FPR95 (%)", False, 100, 1),
+        # Table 5, from results/bench/table5.json, relative to the single model (sve.report.cost_runs).
+        Metric("param_overhead_pct", "Param. overhead (%)", False, 1, 1),
+        Metric("train_memory_overhead_pct", "Train memory overhead (%)", False, 1, 1),
+        Metric("infer_memory_overhead_pct", "Infer. memory overhead (%)", False, 1, 1),
+        Metric("infer_gflops", "Infer. GFLOPs", False, 1, 1),
+        Metric("infer_ms", "Infer. time (ms)", False, 1, 1),
+    )
+}
+
+# The paper's names for the methods (its tables' row labels).
+METHOD_NAMES = {
+    "single": "Single",
+    "svf": "Single w/ SVF",
+    "single_lora": "Single w/ LoRA",
+    "mc_dropout": "MC Dropout",
+    "deep_ensemble": "Deep Ensemble",
+    "batch_ensemble": "Batch Ensemble",
+    "lora_ensemble": "LoRA-Ensemble",
+    "bayes_lora_llla": "Bayes-LoRA (LLLA)",
+    "bayes_lora_la": "Bayes-LoRA (LA)",
+    "blob": "Blob",
+    "last_layer_ensemble": "Last-Layer Ensemble",
+    "checkpoint_ensemble": "Ckpt Ensemble",
+    "sve": "SV-Ensemble",
+}
+
+
+# --- table definitions ---------------------------------------------------------------------------------
+
+
+def table_names() -> list[str]:
+    return sorted(p.stem for p in TABLES.glob("*.yaml"))
+
+
+def load_spec(name: str, smoke: bool = False) -> DictConfig:
+    """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
+    path = TABLES / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"no table definition {path}; choose one of {table_names()}")
+    spec = OmegaConf.load(path)
+    for key, value in (spec.get("smoke") or {}).items() if smoke else ():
+        spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
+    spec.name = name
+    return spec
+
+
+def results_root(smoke: bool = False, root: Path | None = None) -> Path:
+    root = Path(root) if root is not None else RESULTS
+    return root / SMOKE if smoke else root
+
+
+def run_dir(root: Path, experiment: str, method: str, members: int, seed: int) -> Path:
+    """The stable directory of one run: a rerun of a sweep finds it (sve.sweep skips it when done)."""
+    return root / "runs" / experiment / f"{method}_m{members}" / f"seed{seed}"
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    path: Path
+    experiment: str | None
+    method: str
+    members: int
+    seed: int
+    results: dict
+
+    def metric(self, key: str) -> float | None:
+        value = self.results.get("metrics", {}).get(f"test/{key}")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+def members_of(results: dict) -> int:
+    """Members or samples that produced the predictive (num_members when the run records it)."""
+    if "num_members" in results:
+        return int(results["num_members"])
+    report = results.get("method_report") or {}
+    if "num_samples" in report:  # sampled methods (MC dropout, Bayes-LoRA, BLoB) record their samples here
+        return int(report["num_samples"])
+    return int(results["ensemble_size"])
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every results.json under ``root`` (``root/smoke`` excluded unless it is the root itself)."""
+    runs = []
+    root = Path(root)
+    for path in sorted(root.rglob("results.json")):
+        if path.relative_to(root).parts[0] == SMOKE:
+            continue
+        try:
+            results = json.loads(path.read_text())
+            config = results.get("config") or {}
+            experiment = results.get("experiment") or config.get("experiment_name")
+            runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("skipping %s: %s", path, err)
+    return runs
+
+
+def select(runs: list[Run], experiment: str, method: str, members: int) -> dict[int, Run]:
+    """The runs of one cell by seed; a seed found twice keeps the first path in sorted order."""
+    found: dict[int, Run] = {}
+    for run in runs:
+        if (run.experiment, run.method, run.members) == (experiment, method, members):
+            if run.seed in found:
+                log.warning("seed %d of %s/%s/M=%d twice: using %s, not %s", run.seed, experiment, method, members,
+                            found[run.seed].path, run.path)  # fmt: skip
+                continue
+            found[run.seed] = run
+    return found
+
+
+# --- cells and tables ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    mean: float
+    std: float | None  # None: one value, or the paper printed none
+    seeds: int
+    short: bool = False  # fewer seeds than the table asks for
+    mark: str | None = None  # "best" | "second"
+
+    def text(self, metric: Metric) -> str:
+        body = f"{self.mean:.{metric.digits}f}"
+        if self.std is not None:
+            body += f" ± {self.std:.{metric.digits}f}"
+        return body + ("†" if self.short else "")
+
+
+def aggregate(values: list[float], metric: Metric, expected: int) -> Cell | None:
+    if not values:
+        return None
+    shown = [v * metric.scale for v in values]
+    std = statistics.stdev(shown) if len(shown) > 1 else None
+    return Cell(statistics.fmean(shown), std, len(shown), short=len(shown) < expected)
+
+
+@dataclass
+class Row:
+    method: str
+    members: int
+    cells: dict[str, Cell | None]
+    paper: dict[str, Cell | None] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return METHOD_NAMES.get(self.method, self.method)
+
+
+@dataclass
+class Block:
+    experiment: str
+    title: str
+    rows: list[Row]
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    metrics: list[Metric]
+    blocks: list[Block]
+    seeds: list[int]
+    missing: list[str]  # one line per cell with absent seeds, naming the run directories
+    notes: list[str]
+    paper_source: str | None  # the reference file, when its column is shown
+
+
+def mark_best(rows: list[Row], metrics: list[Metric]) -> None:
+    """Bold (best) and underline (second best) per column, on the values as displayed (ties share a mark)."""
+    for metric in metrics:
+        cells = [row.cells.get(metric.key) for row in rows]
+        shown = sorted({round(c.mean, metric.digits) for c in cells if c}, reverse=metric.higher_is_better)
+        for cell in filter(None, cells):
+            rank = shown.index(round(cell.mean, metric.digits))
+            cell.mark = {0: "best", 1: "second"}.get(rank)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def read_paper(path: Path) -> dict[tuple, dict[str, str]]:
+    """results/paper/<table>.csv keyed by (experiment, method, members); blank members match any count."""
+    with path.open() as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return {(r["experiment"], r["method"], r["members"]): r for r in rows}
+
+
+def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric]) -> dict:
+    row = paper.get((experiment, method, str(members))) or paper.get((experiment, method, ""))
+    if row is None:
+        return {}
+    cells = {}
+    for metric in metrics:
+        if row.get(metric.key):  # stored as printed in the paper: no scaling
+            std = row.get(f"{metric.key}_std")
+            cells[metric.key] = Cell(float(row[metric.key]), float(std) if std else None, seeds=0)
+    return cells
+
+
+def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool = True) -> Table:
+    """The cells of a table from the runs found; absent runs become "–" and are listed."""
+    metrics = [METRICS[k] for k in spec.metrics]
+    seeds = list(spec.seeds)
+    paper_path = REPO / spec.paper if with_paper and spec.get("paper") else None
+    paper = read_paper(paper_path) if paper_path and paper_path.exists() else {}
+    blocks, missing = [], []
+    for experiment, title in spec.experiments.items():
+        rows = []
+        for row_spec in spec.rows:
+            method, members = row_spec.method, int(row_spec.members)
+            found = select(runs, experiment, method, members)
+            absent = [s for s in seeds if s not in found]
+            if absent:
+                where = run_dir(root, experiment, method, members, absent[0]).parent
+                missing.append(f"{experiment} · {METHOD_NAMES.get(method, method)} (M={members}): seed"
+                               f"{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} ({where})")  # fmt: skip
+            used = [found[s] for s in sorted(found)]
+            cells = {}
+            for m in metrics:
+                values = [v for v in (r.metric(m.key) for r in used) if v is not None]
+                cells[m.key] = aggregate(values, m, len(seeds))
+            rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
+        mark_best(rows, metrics)
+        blocks.append(Block(experiment, title, rows))
+    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, list(spec.get("notes") or []),
+                 _shown(paper_path) if paper else None)  # fmt: skip
+
+
+# --- Table 5: cost from results/bench/table5.json ----------------------------------------------------------
+
+
+def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
+    """Overheads of each method relative to the ``single`` entry of a table5.json (schema in its docstring).
+
+    table5.json: {"setting": {...free-form: backbone, ensemble_size, batch_size, sequence_length, device...},
+    "methods": {"<method>": {"parameters": int, "train_memory_bytes": int, "infer_memory_bytes": int,
+    "infer_gflops": float, "infer_ms": float}}} with "single" among the methods; every number measured in
+    one process. Overheads are 100 * (method - single) / single.
+    """
+    methods = bench["methods"]
+    base = methods["single"]
+    pct = lambda key, m: 100.0 * (m[key] - base[key]) / base[key]  # noqa: E731
+    out = {}
+    for name, m in methods.items():
+        if name == "single":
+            continue
+        out[name] = {
+            "param_overhead_pct": pct("parameters", m),
+            "train_memory_overhead_pct": pct("train_memory_bytes", m),
+            "infer_memory_overhead_pct": pct("infer_memory_bytes", m),
+            "infer_gflops": float(m["infer_gflops"]),
+            "infer_ms": float(m["infer_ms"]),
+        }
+    return out
+
+
+def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
+    """Table 5: one block, one row per method; "–" everywhere while the benchmark file is absent."""
+    bench_path = root / spec.bench
+    measured = cost_runs(json.loads(bench_path.read_text())) if bench_path.exists() else {}
+    metrics = [METRICS[k] for k in spec.metrics]
+    paper_path = REPO / spec.paper if with_paper and spec.get("paper") else None
+    paper = read_paper(paper_path) if paper_path and paper_path.exists() else {}
+    (experiment, title), = spec.experiments.items()
+    rows, missing = [], []
+    for row_spec in spec.rows:
+        method, members = row_spec.method, int(row_spec.members)
+        values = measured.get(method, {})
+        cells = {m.key: aggregate([values[m.key]], m, 1) if m.key in values else None for m in metrics}
+        if not values:
+            missing.append(f"{METHOD_NAMES.get(method, method)} (M={members}): not in {bench_path}")
+        rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
+    mark_best(rows, metrics)
+    return Table(spec.name, spec.title, metrics, [Block(experiment, title, rows)], [], missing,
+                 list(spec.get("notes") or []), _shown(paper_path) if paper else None)  # fmt: skip
+
+
+# --- building ---------------------------------------------------------------------------------------------
+
+
+def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:
+    """Writes the outputs of one table or figure definition from the result files; returns their paths."""
+    from sve import figures, render
+
+    spec = load_spec(name, smoke)
+    root = results_root(smoke, root)
+    runs = load_runs(root)
+    written = []
+    if spec.kind in ("metrics", "figure2"):
+        table = metric_table(spec, runs, root, with_paper)
+        written += render.write_table(table, root / "tables")
+        written += figures.reliability_diagrams(spec, runs, root / "figures")
+        if spec.kind == "figure2":
+            written += figures.figure2(table, root / "figures")
+    elif spec.kind == "cost":
+        written += render.write_table(cost_table(spec, root, with_paper), root / "tables")
+    elif spec.kind == "figure3":
+        written += figures.figure3(spec, runs, root)
+    elif spec.kind == "figureB":
+        written += figures.figure_b(spec, runs, root / "figures")
+    else:
+        raise ValueError(f"{name}: unknown kind {spec.kind!r} (metrics, cost, figure2, figure3, figureB)")
+    return written
+
+
+def build_all(smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:
+    return [path for name in table_names() for path in build(name, smoke, root, with_paper)]

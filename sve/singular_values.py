@@ -1,0 +1,60 @@
+"""``singular_values.npz``: each SV layer's pretrained and trained per-member singular values (Appendix B).
+
+One file per run, in the run directory, written after training. For every module with the attributes
+``pretrained_singular_values`` (r,) and ``singular_values`` (M, r) (``sve.layers.SVLinear``, ``SVConv2d``),
+two arrays keyed by the module's dotted name:
+
+- ``<name>.pretrained``: (r,) float32, the singular values of the pretrained weight, descending;
+- ``<name>.members``: (M, r) float32, member m's trained singular values in the same order.
+
+Figs. 4-6 plot ``100 * (members - pretrained) / pretrained`` for the largest values (``sve.figures``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+from torch import nn
+
+FILENAME = "singular_values.npz"
+
+
+def singular_value_arrays(module: nn.Module) -> dict[str, np.ndarray]:
+    arrays = {}
+    for name, layer in module.named_modules():
+        if hasattr(layer, "pretrained_singular_values") and hasattr(layer, "singular_values"):
+            arrays[f"{name}.pretrained"] = layer.pretrained_singular_values.detach().float().cpu().numpy()
+            arrays[f"{name}.members"] = layer.singular_values.detach().float().cpu().numpy()
+    return arrays
+
+
+def save_singular_values(method: nn.Module, run_dir: str | Path) -> Path | None:
+    """Writes ``run_dir/singular_values.npz``; None (and no file) when the method has no SV layers."""
+    arrays = singular_value_arrays(method)
+    if not arrays:
+        return None
+    path = Path(run_dir) / FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
+def load_singular_values(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{layer name: (pretrained (r,), members (M, r))} from a ``singular_values.npz``."""
+    with np.load(path) as data:
+        names = [key.removesuffix(".pretrained") for key in data.files if key.endswith(".pretrained")]
+        return {name: (data[f"{name}.pretrained"], data[f"{name}.members"]) for name in names}
+
+
+class SaveSingularValues(pl.Callback):
+    """Writes ``singular_values.npz`` after testing, from rank 0: the sweep driver adds it to every run
+    (``+callbacks.singular_values=...``), so any SVE run can feed Figs. 4-6."""
+
+    def __init__(self, dirpath: str):
+        self.dirpath = dirpath
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:  # layer names relative to the method, as when run.py passes the method
+            save_singular_values(getattr(pl_module, "method", pl_module), self.dirpath)

@@ -1,0 +1,144 @@
+"""The sweep driver: trains (or resumes) exactly the runs a table needs, then builds the table.
+
+``python scripts/sweep.py table1 [--smoke] [--dry-run]`` (``make table1 [SMOKE=1]``).
+
+Every (experiment, row, seed) of ``configs/tables/<name>.yaml`` is one run in its stable directory
+``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.report.run_dir``), so a rerun finds it:
+a run whose ``results.json`` exists is skipped, and tables sharing an experiment share its runs (Table 4
+reuses Table 1's CIFAR-100 runs). Full runs go through ``train.py`` in a subprocess (``hydra.run.dir`` set to
+that directory, output in ``train.log`` there); smoke runs compose the same config in this process and call
+``sve.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: failures are
+summarised at the end and the exit status is 1. A run whose recorded member count differs from its row's
+counts as failed, since its cell would stay empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sve.report import REPO, build, load_spec, members_of, results_root, run_dir, table_names
+
+# Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
+SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
+# Every run writes singular_values.npz when it has SV layers, so any SVE run can feed Figs. 4-6.
+SINGULAR_VALUES = ("+callbacks.singular_values="
+                   "{_target_: sve.singular_values.SaveSingularValues, dirpath: '${paths.output_dir}'}")
+
+
+@dataclass
+class Job:
+    experiment: str
+    method: str
+    members: int
+    seed: int
+    overrides: list[str]
+    dir: Path
+
+    def __str__(self) -> str:
+        return f"{self.experiment} {self.method} M={self.members} seed {self.seed}"
+
+
+def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
+    """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots)."""
+    out: dict[Path, Job] = {}
+    for experiment in spec.experiments:
+        for row in spec.rows:
+            for seed in spec.seeds:
+                directory = run_dir(root, experiment, row.method, int(row.members), seed)
+                overrides = [f"experiment={experiment}", f"method={row.method}",
+                             *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
+                             *row.get("overrides", []), *extra, f"seed={seed}", SINGULAR_VALUES]  # fmt: skip
+                out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory))
+    return list(out.values())
+
+
+def run_in_process(job: Job) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from sve.run import run
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[*job.overrides, f"paths.output_dir={job.dir}"])
+    job.dir.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread start-up and contention cost more than they save
+    try:
+        with (job.dir / "train.log").open("w") as log, redirect_stdout(log), redirect_stderr(log):
+            return run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_subprocess(job: Job) -> dict:
+    job.dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(REPO / "train.py"), *job.overrides, f"hydra.run.dir={job.dir}"]
+    with (job.dir / "train.log").open("w") as log:
+        code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"train.py exited with status {code}; see {job.dir / 'train.log'}")
+    return json.loads((job.dir / "results.json").read_text())
+
+
+def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
+          extra: list[str] = ()) -> list[str]:
+    """Runs the table's missing runs; returns one line per failure."""
+    spec = load_spec(name, smoke)
+    root = results_root(smoke, root)
+    todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
+    if spec.kind == "cost":
+        print(f"{name}: measured, not trained; building from {root / spec.bench} if it exists")
+    failures = []
+    for i, job in enumerate(todo, 1):
+        prefix = f"[{i:>{len(str(len(todo)))}}/{len(todo)}] {job}"
+        done = job.dir / "results.json"
+        if dry_run:
+            print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
+            continue
+        start = time.perf_counter()
+        try:
+            if done.exists():
+                results, status = json.loads(done.read_text()), "done earlier"
+            else:
+                results = (run_in_process if smoke else run_subprocess)(job)
+                status = f"trained in {time.perf_counter() - start:.1f} s"
+            if members_of(results) != job.members:
+                raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
+            print(f"{prefix}: {status}, acc {results['metrics']['test/acc']:.3f}", flush=True)
+        except Exception as err:  # noqa: BLE001 - one failing run must not stop the sweep
+            print(f"{prefix}: FAILED: {err}", flush=True)
+            (job.dir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
+            (job.dir / "error.txt").write_text(traceback.format_exc())
+            failures.append(f"{job} ({job.dir}): {err}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train the runs a table or figure needs, then build it.")
+    parser.add_argument("name", choices=table_names(), help="a definition in configs/tables/")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. dataset.root=/data/sst2")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
+    parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
+    args = parser.parse_args(argv)
+    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides)
+    if args.dry_run:
+        return 0
+    for path in build(args.name, args.smoke, args.results):
+        print(f"wrote {path}")
+        if path.suffix == ".md":
+            print(path.read_text())
+    if failures:
+        print(f"\n{len(failures)} run(s) failed (details in error.txt and train.log of each run directory):")
+        print("\n".join(f"  - {line}" for line in failures))
+        return 1
+    return 0

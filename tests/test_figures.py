@@ -1,0 +1,106 @@
+"""Figures render from stored files only: fixture results.json, singular_values.npz and predictions."""
+
+import numpy as np
+import pytest
+import torch
+
+from sve.figures import relative_change, reliability_bins
+from sve.report import build
+from sve.singular_values import FILENAME, load_singular_values, save_singular_values
+from tests.conftest import compose_cfg
+from tests.test_report import write_run
+
+PNG = b"\x89PNG"
+
+
+def assert_figure(path):
+    assert path.exists() and path.stat().st_size > 1000 and path.read_bytes()[:4] == PNG, path
+    assert path.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_figure2_one_line_per_method_over_pretraining(tmp_path):
+    for i, experiment in enumerate(["cifar100_random", "cifar100_dino", "cifar100_dinov2"]):
+        for seed in (0, 1):
+            write_run(tmp_path, experiment, "sve", 4, seed, {"acc": 0.5 + 0.1 * i, "ece": 0.1, "nll": 1.0 - 0.1 * i})
+            write_run(tmp_path, experiment, "single", 1, seed, {"acc": 0.6, "ece": 0.2, "nll": 0.9})
+    build("figure2", root=tmp_path)
+    assert_figure(tmp_path / "figures" / "figure2.png")
+    assert "| SV-Ensemble | 4 | **70.0 ± 0.0†** |" in (tmp_path / "tables" / "figure2.md").read_text()
+
+
+def test_figure3_series_per_severity(tmp_path):
+    def shift(offset):
+        return {"by_severity": {str(s): {"acc": 0.9 - 0.1 * s - offset, "ece": 0.02 * s, "nll": 0.3 + 0.2 * s}
+                                for s in range(6)}}  # fmt: skip
+
+    for seed in (0, 1, 2):
+        write_run(tmp_path, "cifar100_c_dino", "sve", 4, seed, {"acc": 0.5}, shift=shift(0.01 * seed))
+    write_run(tmp_path, "cifar100_c_dino", "single", 1, 0, {"acc": 0.5})  # no per-severity record
+    build("figure3", root=tmp_path)
+    assert_figure(tmp_path / "figures" / "figure3.png")
+    md = (tmp_path / "tables" / "figure3.md").read_text()
+    assert "| SV-Ensemble | 4 | 89.0 ± 1.0 | 79.0 ± 1.0 | 69.0 ± 1.0 | 59.0 ± 1.0 | 49.0 ± 1.0 | 39.0 ± 1.0 |" in md
+    assert "cifar100_c_dino · Single (M=1): seeds 0, 1, 2 without a per-severity record" in md
+    csv_rows = (tmp_path / "tables" / "figure3.csv").read_text().splitlines()
+    assert csv_rows[0] == "method,members,metric,severity,mean,std,seeds" and len(csv_rows) == 1 + 7 * 3 * 6
+
+
+def test_singular_values_file_holds_each_sv_layer(tmp_path):
+    from sve.run import build as build_run
+
+    _, _, method, _ = build_run(compose_cfg(["method=sve", "backbone=tiny_vit", "ensemble_size=3"]))
+    with torch.no_grad():
+        layer = next(m for m in method.modules() if hasattr(m, "pretrained_singular_values"))
+        layer.singular_values.mul_(1.5)  # as if trained
+    save_singular_values(method, tmp_path)
+    layers = load_singular_values(tmp_path / FILENAME)
+    assert len(layers) == sum(hasattr(m, "pretrained_singular_values") for m in method.modules()) > 0
+    name = next(n for n, m in method.named_modules() if m is layer)
+    pretrained, members = layers[name]
+    assert members.shape == (3, pretrained.shape[0])
+    np.testing.assert_allclose(members, layer.singular_values.detach().numpy())
+    np.testing.assert_allclose(relative_change(pretrained, members, 2), 100 * (members[:, :2] / pretrained[:2] - 1),
+                               rtol=1e-5)  # fmt: skip
+    assert save_singular_values(torch.nn.Linear(2, 2), tmp_path / "none") is None  # no SV layers, no file
+
+
+def test_figures_4_to_6_from_a_run_directory(tmp_path):
+    run = write_run(tmp_path, "oxford_pets_dinov2", "sve", 4, 0, {"acc": 0.9}).parent
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for block in range(3):
+        for layer in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
+            s = np.sort(rng.uniform(1, 5, 12))[::-1]
+            arrays[f"backbone.blocks.{block}.{layer}.pretrained"] = s
+            arrays[f"backbone.blocks.{block}.{layer}.members"] = s * (1 + 0.02 * rng.standard_normal((4, 12)))
+    np.savez(run / FILENAME, **arrays)
+    build("figureB", root=tmp_path)
+    for name in ("figure4_qkv", "figure5_attn_out", "figure6_fc1"):
+        assert_figure(tmp_path / "figures" / f"{name}.png")
+
+
+def test_reliability_bins_match_the_ece_binning():
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.5, 0.5]])
+    labels = np.array([0, 1, 1, 0])
+    bins = reliability_bins(probs, labels, n_bins=10)
+    # confidences 0.9, 0.6, 0.8, 0.5: right-closed bins (0.8, 0.9], (0.5, 0.6], (0.7, 0.8], (0.4, 0.5]
+    assert bins["count"].tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 1, 0]
+    assert bins["accuracy"][[4, 5, 7, 8]].tolist() == [1, 0, 1, 1]
+    ece = np.nansum(bins["count"] * np.abs(bins["accuracy"] - bins["confidence"])) / 4
+    from sve.metrics import ExpectedCalibrationError
+
+    metric = ExpectedCalibrationError(n_bins=10)
+    metric.update(torch.tensor(probs), torch.tensor(labels))
+    assert ece == pytest.approx(float(metric.compute()))
+
+
+def test_reliability_diagrams_from_saved_predictions(tmp_path):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 50, 5))
+    for method, members in (("sve", 4), ("single", 1)):
+        run = write_run(tmp_path, "sst2_bert", method, members, 0, {"acc": 0.5},
+                        predictions={"test": "predictions/test.npz"}).parent  # fmt: skip
+        (run / "predictions").mkdir()
+        np.savez(run / "predictions" / "test.npz", member_logits=logits[:members], labels=rng.integers(0, 5, 50))
+    build("table2", root=tmp_path)
+    assert_figure(tmp_path / "figures" / "table2_reliability_sst2_bert.png")

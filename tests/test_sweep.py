@@ -1,0 +1,86 @@
+"""Every table and figure target end to end in its smoke variant (tiny models, synthetic data, CPU)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from sve import sweep
+from sve.report import REPO, load_spec, run_dir, table_names
+
+
+@pytest.mark.parametrize("name", table_names())
+def test_smoke_target_end_to_end(name, tmp_path):
+    assert sweep.main([name, "--smoke", "--results", str(tmp_path)]) == 0
+    spec, root = load_spec(name, smoke=True), tmp_path / "smoke"
+    for job in sweep.jobs(spec, root, smoke=True) if spec.kind != "cost" else []:
+        results = json.loads((job.dir / "results.json").read_text())
+        assert results["config"]["experiment_name"] == job.experiment and results["seed"] == job.seed
+    if spec.kind in ("metrics", "figure2"):
+        table = (root / "tables" / f"{name}.md").read_text()
+        assert "Missing runs: none." in table and "| – |" not in table
+    if spec.kind == "figure2":
+        assert (root / "figures" / "figure2.png").stat().st_size > 0
+    if spec.kind == "figureB":  # the SVE run wrote singular_values.npz through the sweep's callback
+        assert (root / "figures" / "figure4_qkv.png").stat().st_size > 0
+    if spec.kind in ("figure3", "cost"):
+        assert (root / "tables" / f"{name}.md").exists()
+
+
+def test_make_smoke_target_from_the_command_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's sve, whichever is installed
+    done = subprocess.run(["make", "table6", "SMOKE=1", f"RESULTS={tmp_path}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[5/5] arc_easy_llama2 sve M=16 seed 0: trained in" in done.stdout
+    assert "| SV-Ensemble | 16 |" in done.stdout  # the table is printed
+    assert (tmp_path / "smoke" / "tables" / "table6.tex").exists()
+
+
+def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_run(job):
+        calls.append(job.method)
+        if job.method == "svf":
+            raise RuntimeError("boom")
+        results = {"method": job.method, "ensemble_size": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
+                   "config": {"experiment_name": job.experiment}}  # fmt: skip
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        return results
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "cifar100_dino svf M=1 seed 0: FAILED: boom" in out and "1 run(s) failed" in out
+    assert len(calls) == 7  # every row was tried after the failure
+    failed = run_dir(tmp_path / "smoke", "cifar100_dino", "svf", 1, 0)
+    assert "RuntimeError: boom" in (failed / "error.txt").read_text()
+
+    calls.clear()
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
+    assert calls == ["svf"]  # only the run without results.json is tried again
+    assert "cifar100_dino sve M=4 seed 0: done earlier" in capsys.readouterr().out
+
+
+def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
+    def fake_run(job):
+        return {"ensemble_size": 1, "metrics": {"test/acc": 0.5}}  # e.g. ensemble_size not passed
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["table6", "--smoke", "--results", str(tmp_path)]) == 1
+    assert "sve M=2 seed 0: FAILED: recorded 1 members, the table expects 2" in capsys.readouterr().out
+
+
+def test_dry_run_lists_commands_with_stable_directories(tmp_path, capsys):
+    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "[ 1/24] sst2_bert single M=1 seed 0: python train.py experiment=sst2_bert method=single" in out
+    assert not (tmp_path / "runs").exists()
+    job = sweep.jobs(load_spec("table2"), tmp_path, smoke=False)[-1]
+    assert job.dir == tmp_path / "runs" / "sst2_bert" / "sve_m8" / "seed2"
+    assert "ensemble_size=8" in job.overrides and "trainer=debug" not in job.overrides
