@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from sve.backbones.hf import package_path
 from sve.metrics import UNITS
 from sve.module import EnsembleModule
+from sve.singular_values import save_singular_values
 from sve.results import command_line, format_table, git_commit, package_versions, write_json
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ def run(cfg: DictConfig) -> dict:
         "ensemble_size": method.ensemble_size,
         "num_members": module.num_members,  # members or samples that produced the predictive (test set)
         "seed": int(cfg.seed),
+        "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
+        "experiment": cfg.get("experiment_name"),
         "aggregate": cfg.aggregate,
         "metrics": module.test_results,
         "units": {f"test/{k}": v for k, v in UNITS.items()},
@@ -95,6 +98,7 @@ def run(cfg: DictConfig) -> dict:
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     if trainer.is_global_zero:
+        save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
         print(format_table(results))
         log.info("results written to %s", out_dir / "results.json")

@@ -30,9 +30,6 @@ from sve.report import REPO, build, load_spec, members_of, results_root, run_dir
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
 SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
-# Every run writes singular_values.npz when it has SV layers, so any SVE run can feed Figs. 4-6.
-SINGULAR_VALUES = ("+callbacks.singular_values="
-                   "{_target_: sve.singular_values.SaveSingularValues, dirpath: '${paths.output_dir}'}")
 
 
 @dataclass
@@ -57,7 +54,7 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                 directory = run_dir(root, experiment, row.method, int(row.members), seed)
                 overrides = [f"experiment={experiment}", f"method={row.method}",
                              *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
-                             *row.get("overrides", []), *extra, f"seed={seed}", SINGULAR_VALUES]  # fmt: skip
+                             *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
                 out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory))
     return list(out.values())
 
