@@ -2,7 +2,9 @@
 
 Names end in ``run_id()``: the SLURM job id (``job<id>[_<array task>]``; a requeued job gets its own
 directory back and resumes from its checkpoint there), else a random suffix after the start time. The
-suffix is put into the environment, so processes that a run starts itself (Lightning's DDP ranks) agree on it.
+suffix is put into the environment, so processes that a run starts itself (Lightning's DDP ranks) agree on it;
+Hydra's submitit launcher copies the resolved value into its jobs (the resolver is cached), so a sweep's jobs
+agree on the sweep directory, and each job has its own subdirectory (job number, method, size, seed).
 
 ``claim(dir)`` creates ``<dir>/.lock`` atomically (``O_EXCL``) for rank 0 and refuses to start while another
 live process holds it; a lock left by a dead process on this host, or by an earlier attempt of the same
@@ -22,10 +24,12 @@ from pathlib import Path
 LOCK = ".lock"
 
 
-def run_id() -> str:
-    """``job<SLURM id>`` under SLURM, else ``<start time>_<6 random hex digits>`` (the same in child ranks)."""
+def run_id(kind: str = "run") -> str:
+    """``job<SLURM id>`` for a run under SLURM, else ``<start time>_<6 random hex digits>`` (the same in child
+    ranks). A sweep's directory (``kind="sweep"``) always takes the second form: two sweeps submitted from one
+    SLURM allocation must not share it."""
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
-    if job:
+    if job and kind == "run":
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
         return f"job{job}" + (f"_{task}" if task else "")
     if "SVE_RUN_ID" not in os.environ:
