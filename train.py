@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from sve.errors import InputError
 from sve.run import run
 from sve.sweep import record_failure
 
@@ -20,7 +21,10 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode != RunMode.MULTIRUN:
-        run(cfg)
+        try:
+            run(cfg)
+        except InputError as err:  # says what to change: no traceback needed
+            raise SystemExit(f"error: {err}") from None
         return
     try:
         run(cfg)

@@ -26,6 +26,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Checkpoint
 
+from sve.errors import InputError
+
 FILENAME = "last.ckpt"
 
 
@@ -186,7 +188,7 @@ class LeanCheckpointing:
         if differ:
             shown = ", ".join(f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
                               for n in differ[:3])  # fmt: skip
-            raise ValueError(
+            raise InputError(
                 f"the checkpoint does not fit this model: {len(differ)} frozen tensor(s) differ, e.g. {shown}. "
                 "Frozen weights are not stored but rebuilt from the config: resume with the config the run started "
                 "with (its .hydra/config.yaml: same backbone, method, seed)"
@@ -199,18 +201,18 @@ def read_checkpoint(path: str | Path) -> dict:
     """Loads a checkpoint file safely (``weights_only``), or fails with what is wrong with the file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={path}: no such file")
+        raise InputError(f"ckpt_path={path}: no such file")
     size = path.stat().st_size
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated zip, random bytes, pickles of arbitrary objects, ...
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise ValueError(
+        raise InputError(
             f"ckpt_path={path} ({size} bytes) is not a readable checkpoint of this framework ({reason}). It may be "
             "truncated, empty or another kind of file; checkpoints written here are complete (written, then "
             "renamed). Pass another ckpt_path, or delete the file to start the run afresh."
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
-        raise ValueError(f"ckpt_path={path} is a torch file but not a Lightning training checkpoint "
+        raise InputError(f"ckpt_path={path} is a torch file but not a Lightning training checkpoint "
                          "(no state_dict and loop state)")  # fmt: skip
     return checkpoint

@@ -70,7 +70,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         if not finite:
             last = "none" if self.last_finite_loss is None else "{1:.6g} at step {0}".format(*self.last_finite_loss)
             raise FloatingPointError(
-                f"training diverged: non-finite loss ({float(loss):.6g} on rank {self.global_rank}) at step "
+                f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "
                 f"{self.global_step} (epoch {self.current_epoch}); last finite loss: {last}. Nothing was written "
                 "to results.json; try a smaller optimizer.lr or method.lr"
             )

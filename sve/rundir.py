@@ -21,6 +21,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from sve.errors import InputError
+
 LOCK = ".lock"
 
 
@@ -84,7 +86,7 @@ def claim(directory: Path):
                 holder = {}
             being_written = not holder and time.time() - lock.stat().st_mtime < 10  # created, not yet filled
             if being_written or (holder and not _stale(holder)):
-                raise RuntimeError(
+                raise InputError(
                     f"run directory {directory} is in use by another run ({holder}); pick another directory "
                     f"(hydra.run.dir=...) or, if that run is gone, delete {lock}"
                 ) from None

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sve.errors import InputError
+
 # SVE's init multiplies each singular value by (1 + eps), eps ~ N(0, sigma_init^2); values pushed below zero
 # are clamped to zero, a fraction Phi(-1 / sigma_init) of them. Above this sigma_init it exceeds 1%.
 MAX_SIGMA_INIT = 0.43
@@ -32,11 +34,11 @@ def _number(value) -> bool:
 
 def _require(ok: bool, key: str, value, valid: str) -> None:
     if not ok:
-        raise ValueError(f"{key}={value!r} is not valid; expected {valid}")
+        raise InputError(f"{key}={value!r} is not valid; expected {valid}")
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raises ``ValueError`` naming the first invalid key."""
+    """Raises ``InputError`` naming the first invalid key."""
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
              "a positive integer, e.g. ensemble_size=4")  # fmt: skip
@@ -93,10 +95,10 @@ def check_wandb(cfg: DictConfig) -> None:
     try:
         socket.create_connection(("api.wandb.ai", 443), timeout=5).close()
     except OSError as err:
-        raise RuntimeError(f"logger=wandb cannot reach api.wandb.ai ({err}){hint}") from None
+        raise InputError(f"logger=wandb cannot reach api.wandb.ai ({err}){hint}") from None
     netrc = Path("~/.netrc").expanduser()
     if not os.environ.get("WANDB_API_KEY") and not (netrc.is_file() and "api.wandb.ai" in netrc.read_text()):
-        raise RuntimeError(f"logger=wandb needs a login (WANDB_API_KEY or `wandb login`){hint}")
+        raise InputError(f"logger=wandb needs a login (WANDB_API_KEY or `wandb login`){hint}")
 
 
 @torch.no_grad()

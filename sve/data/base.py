@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from sve.errors import InputError
 from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class ClassificationData(pl.LightningDataModule):
         for key, value in {"batch_size": batch_size, "eval_batch_size": eval_batch_size or 1,
                            "num_workers": num_workers + 1}.items():  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
+                raise InputError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
         self.ood = ood
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -170,7 +171,7 @@ def check_labels(dataset: Dataset, num_classes: int, what: str) -> None:
     for i, example in enumerate(dataset):
         label = example[1]
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
-            raise ValueError(f"{what}, example {i}: label {label!r} is not valid; expected an integer in "
+            raise InputError(f"{what}, example {i}: label {label!r} is not valid; expected an integer in "
                              f"0..{num_classes - 1}")
 
 
