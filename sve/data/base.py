@@ -148,9 +148,11 @@ class ClassificationData(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.unsharded:
             self.setup()
+            # Epoch 0's order on one device, augmentations seeded per example as in training.
             order = TrainBatchSampler(len(self.splits["train"]), self.batch_size, self.order_seed).order(0)
-            return DataLoader(self.splits["train"], batch_size=self.batch_size, sampler=order,
-                              num_workers=self.num_workers, collate_fn=self.collate)  # fmt: skip
+            return DataLoader(Keyed(self.splits["train"], self.order_seed), batch_size=self.batch_size,
+                              sampler=[(i, 0, 1.0) for i in order], num_workers=self.num_workers,
+                              collate_fn=KeyedCollate(self.collate, plain=True))  # fmt: skip
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -141,12 +141,14 @@ class Keyed(Dataset):
 class KeyedCollate:
     """Wraps a collate function: the batch also gets ``loss_scale`` (training) or ``valid`` (evaluation)."""
 
-    def __init__(self, collate):
-        self.collate = collate
+    def __init__(self, collate, plain: bool = False):
+        self.collate, self.plain = collate, plain  # plain: the batch without the sampler's extra key
 
     def __call__(self, items: list) -> dict:
         examples, keys = zip(*items)
         batch = self.collate(list(examples))
+        if self.plain:
+            return batch
         if len(keys[0]) == 2:
             batch["valid"] = torch.tensor([valid for _, valid in keys])
         else:
