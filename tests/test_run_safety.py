@@ -147,3 +147,13 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "has finished, skipping" in again.stdout + again.stderr
     assert (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns == stamp
+
+
+def test_slurm_launcher_config_composes(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    done = subprocess.run([sys.executable, "train.py", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                           "hydra.launcher.gpus_per_node=4", "--cfg", "hydra"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SlurmLauncher" in done.stdout and "partition: gpu" in done.stdout
+    assert "gpus_per_node: 4" in done.stdout and "tasks_per_node: ${.gpus_per_node}" in done.stdout
