@@ -43,10 +43,15 @@ def command_line() -> str:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """Atomic write: a crash never leaves a half-written results file."""
+    """Atomic write: a crash never leaves a half-written results file. NaN or infinity is an error (it is not
+    JSON, and a number that is not one must not reach a table)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    try:
+        text = json.dumps(payload, indent=2, sort_keys=False, default=str, allow_nan=False)
+    except ValueError as err:
+        raise ValueError(f"{path}: not written, the results hold a non-finite number ({err})") from None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
 
 

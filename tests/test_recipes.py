@@ -43,7 +43,7 @@ def test_recipe_none_keeps_the_tiny_defaults():
     cfg = compose_cfg(["dataset=flowers102", "recipe=none"])
     plain = compose_cfg([])
     assert cfg.recipe == "none" and cfg.backbone.name == "tiny_vit"
-    for key in ("ensemble_size", "sigma_init", "optimizer", "scheduler", "trainer"):
+    for key in ("ensemble_size", "sigma_init", "optimizer", "scheduler"):
         assert cfg[key] == plain[key], key
 
 

@@ -111,8 +111,10 @@ def test_checkpoint_written_and_resumable(tmp_path):
     run(cfg)
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.exists()
-    cfg = compose_cfg(["backbone=tiny_vit", f"ckpt_path={last}", "trainer.max_epochs=2"], tmp_path / "resumed")
-    assert run(cfg)["metrics"]["test/acc"] >= 0
+    cfg = compose_cfg(["backbone=tiny_vit", "callbacks=default", f"ckpt_path={last}", "trainer.max_epochs=2"],
+                      tmp_path / "resumed")  # fmt: skip
+    results = run(cfg)
+    assert results["resumed_from"] == str(last) and results["metrics"]["test/acc"] >= 0
 
 
 def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):

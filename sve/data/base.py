@@ -1,16 +1,22 @@
 """Data modules. Each knows its splits; the backbone supplies the tokenizer or the image preprocessing.
 
 ``run`` builds the backbone first and calls ``datamodule.attach(backbone)``; every batch is a dict with
-``labels`` plus ``pixel_values`` (images) or ``input_ids``/``attention_mask`` (text, padded per batch).
+``labels`` plus ``pixel_values`` (images) or ``input_ids``/``attention_mask`` (text, padded per batch), and
+``loss_scale`` (training) or ``valid`` (evaluation) from the samplers of ``sve.data.sampling``, which also
+decide what each process sees under DDP.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
+
+from sve.errors import InputError
+from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,8 @@ class ClassificationData(pl.LightningDataModule):
     """Common split handling: seeded subsets for CPU-sized runs and the three loaders.
 
     Args:
-        batch_size: per-device batch size (Table 7).
-        eval_batch_size: batch size for validation and test (default: ``batch_size``).
+        batch_size: the global batch size (Table 7), split across devices and accumulation steps.
+        eval_batch_size: global batch size for validation and test (default: ``batch_size``).
         train_size, val_size, test_size: optional subset sizes (seeded by ``subset_seed``).
         num_workers: DataLoader workers.
         ood: another data module whose test split is the out-of-distribution set (e.g. CIFAR-10 for
@@ -53,6 +59,10 @@ class ClassificationData(pl.LightningDataModule):
         ood: "ClassificationData | None" = None,
     ):
         super().__init__()
+        for key, value in {"batch_size": batch_size, "eval_batch_size": eval_batch_size or 1,
+                           "num_workers": num_workers + 1}.items():  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
         self.ood = ood
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -61,6 +71,12 @@ class ClassificationData(pl.LightningDataModule):
         self.num_workers = num_workers
         self.splits: dict[str, Dataset] = {}
         self.backbone = None
+        # Set by ``run`` (``distribute``) and by the checkpoint callback on resume.
+        self.world_size, self.rank, self.accumulate = 1, 0, 1
+        self.order_seed = 0  # seeds the training order; one value per fit (a sequential ensemble's rounds)
+        self.resume_position: tuple[int, int] | None = None  # (epoch, global batches done)
+        self.train_sampler: TrainBatchSampler | None = None
+        self.unsharded = False
 
     def attach(self, backbone) -> None:
         if backbone.modality != self.modality:
@@ -81,23 +97,62 @@ class ClassificationData(pl.LightningDataModule):
             return
         for split, dataset in self.load_splits().items():
             self.splits[split] = take_subset(dataset, self.sizes[split], self.subset_seed, split)
+            check_labels(self.splits[split], self.num_classes, f"{type(self).__name__} {split} split")
         log.info("%s: %s", type(self).__name__, {k: len(v) for k, v in self.splits.items()})
 
     def collate(self, examples: list) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def distribute(self, world_size: int, rank: int, accumulate: int = 1) -> None:
+        """Which share of every batch this process takes (``run`` calls it once the trainer exists)."""
+        self.world_size, self.rank, self.accumulate = world_size, rank, accumulate
+        if self.ood is not None:
+            self.ood.distribute(world_size, rank, accumulate)
+
+    def per_device_batch_size(self) -> int:
+        return -(-self.batch_size // (self.world_size * self.accumulate))
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
+        dataset = self.splits[split]
+        if split == "train":
+            sampler = TrainBatchSampler(len(dataset), self.batch_size, self.order_seed, self.world_size,
+                                        self.rank, self.accumulate, shuffle)  # fmt: skip
+            if self.resume_position is not None:
+                sampler.resume_at(*self.resume_position)
+                self.resume_position = None
+            self.train_sampler = sampler
+        else:
+            sampler = EvalBatchSampler(len(dataset), -(-self.eval_batch_size // self.world_size), self.world_size,
+                                       self.rank)  # fmt: skip
+        generator = torch.Generator().manual_seed(self.order_seed)  # worker seeds: not from the global RNG
         return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size if split == "train" else self.eval_batch_size,
-            shuffle=shuffle,
+            Keyed(dataset, self.order_seed),
+            batch_sampler=sampler,
             num_workers=self.num_workers,
-            collate_fn=self.collate,
+            collate_fn=KeyedCollate(self.collate),
             persistent_workers=self.num_workers > 0,
+            generator=generator,
         )
 
+    @contextmanager
+    def whole_training_split(self):
+        """Within it, ``train_dataloader()`` gives the whole training split to every process, in a fixed order
+        and the plain batch format: for work after training that all ranks must do alike (``after_fit``)."""
+        self.unsharded = True
+        try:
+            yield self
+        finally:
+            self.unsharded = False
+
     def train_dataloader(self) -> DataLoader:
+        if self.unsharded:
+            self.setup()
+            # Epoch 0's order on one device, augmentations seeded per example as in training.
+            order = TrainBatchSampler(len(self.splits["train"]), self.batch_size, self.order_seed).order(0)
+            return DataLoader(Keyed(self.splits["train"], self.order_seed), batch_size=self.batch_size,
+                              sampler=[(i, 0, 1.0) for i in order], num_workers=self.num_workers,
+                              collate_fn=KeyedCollate(self.collate, plain=True))  # fmt: skip
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -108,6 +163,18 @@ class ClassificationData(pl.LightningDataModule):
         if self.ood is None:
             return self._loader("test", shuffle=False)
         return [self._loader("test", shuffle=False), self.ood.test_dataloader()]
+
+
+def check_labels(dataset: Dataset, num_classes: int, what: str) -> None:
+    """Every label of an in-memory split (a list of examples whose second item is the label) is an integer in
+    [0, num_classes); other datasets are checked by their readers."""
+    if not isinstance(dataset, list):
+        return
+    for i, example in enumerate(dataset):
+        label = example[1]
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
+            raise InputError(f"{what}, example {i}: label {label!r} is not valid; expected an integer in "
+                             f"0..{num_classes - 1}")
 
 
 class TextClassificationData(ClassificationData):

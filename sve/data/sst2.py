@@ -15,16 +15,27 @@ from pathlib import Path
 import torch
 
 from sve.data.base import TextClassificationData
+from sve.errors import InputError
 
 LAYOUT = "a directory with train.tsv and dev.tsv (columns: sentence<TAB>label, with a header row)"
 
 
-def read_tsv(path: Path) -> list[tuple[str, int]]:
+def read_tsv(path: Path, num_classes: int = 2) -> list[tuple[str, int]]:
+    """(sentence, label) rows; any bad row is an error naming the file, the line and what is valid."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         if rows.fieldnames is None or not {"sentence", "label"} <= set(rows.fieldnames):
-            raise ValueError(f"{path}: expected a header with 'sentence' and 'label', got {rows.fieldnames}")
-        return [(r["sentence"], int(r["label"])) for r in rows]
+            raise InputError(f"{path}: expected a header with 'sentence' and 'label', got {rows.fieldnames}")
+        examples = []
+        for row in rows:
+            label = (row["label"] or "").strip()  # None when the row has fewer fields than the header
+            if not label.isdigit() or int(label) >= num_classes:
+                raise InputError(f"{path}, line {rows.line_num}: label {row['label']!r} is not valid; expected "
+                                 f"an integer in 0..{num_classes - 1} in the 'label' column")  # fmt: skip
+            examples.append((row["sentence"] or "", int(label)))
+    if not examples:
+        raise InputError(f"{path}: no rows after the header")
+    return examples
 
 
 class SST2Data(TextClassificationData):
@@ -46,7 +57,7 @@ class SST2Data(TextClassificationData):
             missing = [f for f in ("train.tsv", "dev.tsv") if not (root / f).exists()]
             if missing:
                 raise FileNotFoundError(f"dataset.root={self.root} lacks {missing}; expected {LAYOUT}")
-            return read_tsv(root / "train.tsv"), read_tsv(root / "dev.tsv")
+            return read_tsv(root / "train.tsv", self.num_classes), read_tsv(root / "dev.tsv", self.num_classes)
         try:
             import datasets
 
@@ -61,6 +72,9 @@ class SST2Data(TextClassificationData):
 
     def load_splits(self):
         train, dev = self._read()
+        if not isinstance(self.val_holdout, int) or not 0 < self.val_holdout < len(train):
+            raise InputError(f"dataset.val_holdout={self.val_holdout!r} is not valid: it must be an integer between 1 "
+                             f"and {len(train) - 1} (the training file has {len(train)} sentences)")  # fmt: skip
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
         val_idx, train_idx = order[: self.val_holdout], order[self.val_holdout :]
         return {"train": [train[i] for i in train_idx], "val": [train[i] for i in val_idx], "test": dev}

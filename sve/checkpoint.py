@@ -1,0 +1,218 @@
+"""Checkpoints that lose no work and resume exactly, holding only what training changed.
+
+``LastCheckpoint`` writes ``<run dir>/checkpoints/last.ckpt`` at every epoch end and every ``every_n_steps``
+optimiser steps, atomically (written beside it, then renamed), so a run killed at any moment leaves the
+previous complete checkpoint. Besides Lightning's own state (trainable weights, optimiser, scheduler, loop
+progress) it holds what exact resumption needs: the random states (torch, CUDA, numpy, Python), the data
+position (epoch, global batches done, the order seed) and the wall time so far.
+
+Lean: frozen parameters (``requires_grad=False``: SVE's U and V, frozen backbones) are rebuilt from the
+config, so the checkpoint keeps only trainable parameters, buffers and the methods' extra state, plus a
+fingerprint (shape, dtype, SHA-256) of every frozen tensor; loading onto a model whose frozen part differs is
+an error naming the tensors (``LeanCheckpointing``, mixed into the LightningModule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Checkpoint
+
+from sve.errors import InputError
+
+FILENAME = "last.ckpt"
+
+
+def random_states() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # numpy's state as tensors and ints, so the checkpoint loads with weights_only=True
+        "numpy": [(torch.from_numpy(v.copy()) if isinstance(v, np.ndarray) else v) for v in np.random.get_state()],
+        "python": random.getstate(),
+    }
+
+
+def set_random_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    np.random.set_state(tuple(v.numpy() if isinstance(v, torch.Tensor) else v for v in states["numpy"]))
+    python = states["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+
+
+class LastCheckpoint(Checkpoint):
+    """Writes ``dirpath/last.ckpt`` at every epoch end and every ``every_n_steps`` optimiser steps.
+
+    Args:
+        dirpath: the run's checkpoint directory.
+        every_n_steps: optimiser steps between mid-epoch checkpoints; null: epoch ends only.
+    """
+
+    def __init__(self, dirpath: str, every_n_steps: int | None = None):
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise ValueError(f"callbacks.checkpoint.every_n_steps={every_n_steps!r} is not valid; "
+                             "expected a positive integer or null")  # fmt: skip
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.started = time.perf_counter()
+        self.previous_seconds = 0.0  # wall time of earlier attempts of this run (restored from the checkpoint)
+        self.position: tuple[int, int] = (0, 0)
+        self.pending_random_states: dict | None = None
+        self.trainer: pl.Trainer | None = None
+        self.saved_step = -1
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / FILENAME
+
+    def elapsed(self) -> float:
+        return self.previous_seconds + time.perf_counter() - self.started
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.trainer = trainer
+
+    # What Lightning stores under checkpoint["callbacks"]["LastCheckpoint"].
+    def state_dict(self) -> dict:
+        datamodule = self.trainer.datamodule if self.trainer is not None else None
+        states = random_states()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # every rank has its own
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, states)
+            states = gathered
+        else:
+            states = [states]
+        return {
+            "position": self.position,
+            "order_seed": getattr(datamodule, "order_seed", 0),
+            "random_states": states,  # one per rank
+            "elapsed_seconds": self.elapsed(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        # Lightning restores callbacks before it builds the dataloaders: the sampler starts where training was.
+        self.previous_seconds = state["elapsed_seconds"]
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        states = state["random_states"]
+        if len(states) != (self.trainer.world_size if self.trainer is not None else 1):
+            warnings.warn(f"the checkpoint was written by {len(states)} process(es), this run has "
+                          f"{self.trainer.world_size}: training continues at the same global batch, but random "
+                          "numbers (dropout) differ from an uninterrupted run", stacklevel=2)  # fmt: skip
+        self.pending_random_states = states[rank % len(states)]
+        datamodule = self.trainer.datamodule if self.trainer is not None else None
+        if datamodule is not None:
+            datamodule.order_seed = state["order_seed"]
+            datamodule.resume_position = tuple(state["position"])
+
+    def _apply_random_states(self) -> None:
+        # At the first batch after resuming (or at the end of fitting when no batch is left), so whatever
+        # Lightning did while restoring draws no number that the uninterrupted run would not have drawn.
+        if self.pending_random_states is not None:
+            set_random_states(self.pending_random_states)
+            self.pending_random_states = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._apply_random_states()
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._apply_random_states()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # In global batches (optimiser steps), so the position means the same with any number of devices.
+        self.position = (trainer.current_epoch, (batch_idx + 1) // trainer.accumulate_grad_batches)
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        last_in_epoch = batch_idx + 1 >= trainer.num_training_batches  # the epoch-end checkpoint follows
+        if (self.every_n_steps and stepped and not last_in_epoch and trainer.global_step % self.every_n_steps == 0
+                and trainer.global_step != self.saved_step):  # fmt: skip
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # Runs after the module's own epoch-end hook (Lightning calls Checkpoint callbacks last), so epoch-end
+        # method state such as a checkpoint ensemble's snapshot is included.
+        self.position = (trainer.current_epoch, -(-trainer.num_training_batches // trainer.accumulate_grad_batches))
+        self.save(trainer)
+
+    def save(self, trainer) -> None:
+        for logger in trainer.loggers:  # the logs reach disk with the checkpoint: a resumed run continues them
+            logger.save()
+        tmp = self.path.with_name(f".{FILENAME}.tmp")
+        trainer.save_checkpoint(tmp)  # every rank takes part; rank 0 writes
+        if trainer.is_global_zero:
+            os.replace(tmp, self.path)
+        trainer.strategy.barrier("last_checkpoint")
+        self.saved_step = trainer.global_step
+
+
+def frozen_fingerprint(module: torch.nn.Module) -> dict[str, list]:
+    """(shape, dtype, SHA-256 of the bytes) of every frozen parameter, by state-dict name."""
+    fingerprint = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            data = p.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+            fingerprint[name] = [list(p.shape), str(p.dtype).removeprefix("torch."), hashlib.sha256(data).hexdigest()]
+    return fingerprint
+
+
+class LeanCheckpointing:
+    """LightningModule mix-in: checkpoints without frozen parameters, checked against the model on load."""
+
+    _fingerprint: tuple[frozenset, dict] | None = None
+
+    def frozen_fingerprint(self) -> dict[str, list]:
+        # Hashing a 7B backbone takes a while: once per set of frozen names (they do not change while frozen).
+        frozen = frozenset(n for n, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad)
+        if self._fingerprint is None or self._fingerprint[0] != frozen:
+            self._fingerprint = (frozen, frozen_fingerprint(self))
+        return self._fingerprint[1]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        fingerprint = self.frozen_fingerprint()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in fingerprint}
+        checkpoint["frozen_fingerprint"] = fingerprint
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("frozen_fingerprint")
+        if saved is None:  # a full checkpoint (e.g. written by plain Lightning): nothing to rebuild
+            return
+        current = self.frozen_fingerprint()
+        differ = sorted(n for n in set(saved) | set(current) if saved.get(n) != current.get(n))
+        if differ:
+            shown = ", ".join(f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
+                              for n in differ[:3])  # fmt: skip
+            raise InputError(
+                f"the checkpoint does not fit this model: {len(differ)} frozen tensor(s) differ, e.g. {shown}. "
+                "Frozen weights are not stored but rebuilt from the config: resume with the config the run started "
+                "with (its .hydra/config.yaml: same backbone, method, seed)"
+            )
+        state = self.state_dict()
+        checkpoint["state_dict"].update({k: state[k] for k in current})
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Loads a checkpoint file safely (``weights_only``), or fails with what is wrong with the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"ckpt_path={path}: no such file")
+    size = path.stat().st_size
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, random bytes, pickles of arbitrary objects, ...
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"ckpt_path={path} ({size} bytes) is not a readable checkpoint of this framework ({reason}). It may be "
+            "truncated, empty or another kind of file; checkpoints written here are complete (written, then "
+            "renamed). Pass another ckpt_path, or delete the file to start the run afresh."
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
+        raise InputError(f"ckpt_path={path} is a torch file but not a Lightning training checkpoint "
+                         "(no state_dict and loop state)")  # fmt: skip
+    return checkpoint

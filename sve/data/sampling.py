@@ -1,0 +1,156 @@
+"""Which examples each process sees and in what order: seeded, split across processes, resumable mid-epoch.
+
+Training. ``batch_size`` is the *global* batch of the recipe, whatever the hardware. Epoch e is a permutation
+seeded by (seed, e), cut into global batches; each global batch is split into ``world_size * accumulate``
+near-equal micro-batches and rank r takes micro-batches ``r*A .. r*A + A - 1``. A micro-batch carries
+``loss_scale = its size * world_size * A / global batch size``: DDP averages over ranks and Lightning over
+accumulation steps, so the optimiser sees the mean loss over the global batch, as on one device (the scale is
+1 except in a short last batch). A micro-batch that would be empty (a last batch smaller than
+``world_size * A``) holds one example with scale 0, so every rank still runs a step.
+
+Random augmentations of example i in epoch e draw from a generator seeded by (seed, e, i), not from the
+global one: the data are the same on any number of devices and workers, and prefetching a batch before a
+checkpoint does not shift the random numbers that dropout sees after it.
+
+Evaluation. Rank r takes examples r, r + N, r + 2N, ...; ranks with one example fewer get one padding example
+marked ``valid = False`` (never counted), so every rank runs the same number of batches and every example is
+counted exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+
+def split_sizes(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal contiguous sizes, the larger ones first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+class TrainBatchSampler(Sampler):
+    """Yields this rank's micro-batches as lists of ``(index, epoch, loss_scale)`` keys for ``Keyed``.
+
+    Args:
+        num_examples: size of the training split.
+        batch_size: the global batch.
+        seed: seeds the permutation of every epoch (with the epoch number).
+        world_size, rank: the processes sharing each global batch.
+        accumulate: micro-batches per rank and optimiser step (``trainer.accumulate_grad_batches``).
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, world_size: int = 1, rank: int = 0,
+                 accumulate: int = 1, shuffle: bool = True):  # fmt: skip
+        if num_examples < 1:
+            raise ValueError("the training split is empty")
+        self.n, self.batch_size, self.seed = num_examples, batch_size, seed
+        self.world_size, self.rank, self.accumulate, self.shuffle = world_size, rank, accumulate, shuffle
+        self.epoch = 0
+        self.resume: tuple[int, int] | None = None  # (epoch, global batches already done in it)
+        self.sampler = self  # Lightning calls set_epoch on ``batch_sampler.sampler`` at every epoch start
+
+    def set_epoch(self, epoch: int) -> None:  # called by Lightning at the start of every epoch
+        self.epoch = epoch
+
+    def resume_at(self, epoch: int, done: int) -> None:
+        """The next iteration over ``epoch`` skips its first ``done`` global batches (already trained on)."""
+        self.epoch, self.resume = epoch, (epoch, done)
+
+    def order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(hash((self.seed, epoch)) % 2**63)).tolist()
+
+    def micro_batches(self, epoch: int) -> list[list[tuple[int, int, float]]]:
+        parts, A = self.world_size * self.accumulate, self.accumulate
+        order, batches = self.order(epoch), []
+        for start in range(0, self.n, self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            bounds = np.cumsum([0, *split_sizes(len(chunk), parts)])
+            for part in range(self.rank * A, self.rank * A + A):
+                mine = chunk[bounds[part] : bounds[part + 1]]
+                scale = len(mine) * parts / len(chunk)
+                batches.append([(i, epoch, scale) for i in mine] or [(chunk[0], epoch, 0.0)])
+        return batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, float]]]:
+        epoch, skip = self.epoch, 0
+        if self.resume is not None and self.resume[0] == epoch:
+            skip = self.resume[1] * self.accumulate
+        self.resume = None
+        yield from self.micro_batches(epoch)[skip:]
+
+    def __len__(self) -> int:
+        return self.accumulate * -(-self.n // self.batch_size)
+
+
+class EvalBatchSampler(Sampler):
+    """Yields this rank's evaluation batches as lists of ``(index, valid)`` keys for ``Keyed``."""
+
+    def __init__(self, num_examples: int, batch_size: int, world_size: int = 1, rank: int = 0):
+        self.n, self.batch_size, self.world_size, self.rank = num_examples, batch_size, world_size, rank
+
+    def keys(self) -> list[tuple[int, bool]]:
+        mine = [(i, True) for i in range(self.rank, self.n, self.world_size)]
+        per_rank = -(-self.n // self.world_size)
+        return mine + [(mine[0][0] if mine else 0, False)] * (per_rank - len(mine))
+
+    def __iter__(self) -> Iterator[list[tuple[int, bool]]]:
+        keys = self.keys()
+        for start in range(0, len(keys), self.batch_size):
+            yield keys[start : start + self.batch_size]
+
+    def __len__(self) -> int:
+        return -(-(-(-self.n // self.world_size)) // self.batch_size)
+
+
+class Keyed(Dataset):
+    """``dataset[key]`` for the keys of the samplers above: returns ``(example, key)``.
+
+    Training keys ``(index, epoch, scale)`` draw the example's random augmentation from a generator seeded by
+    (seed, epoch, index); the global random states are left as they were.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int = 0):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        if len(key) == 2:  # evaluation: no randomness to control
+            return self.dataset[key[0]], key
+        index, epoch, _ = key
+        example_seed = hash((self.seed, epoch, index)) % 2**31
+        state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(example_seed)
+            random.seed(example_seed)
+            np.random.seed(example_seed)
+            try:
+                return self.dataset[index], key
+            finally:
+                random.setstate(state[0])
+                np.random.set_state(state[1])
+
+
+class KeyedCollate:
+    """Wraps a collate function: the batch also gets ``loss_scale`` (training) or ``valid`` (evaluation)."""
+
+    def __init__(self, collate, plain: bool = False):
+        self.collate, self.plain = collate, plain  # plain: the batch without the sampler's extra key
+
+    def __call__(self, items: list) -> dict:
+        examples, keys = zip(*items)
+        batch = self.collate(list(examples))
+        if self.plain:
+            return batch
+        if len(keys[0]) == 2:
+            batch["valid"] = torch.tensor([valid for _, valid in keys])
+        else:
+            batch["loss_scale"] = keys[0][2]
+        return batch

@@ -1,0 +1,103 @@
+"""Run directories that never collide: a unique name, and a lock held by the one live run writing there.
+
+Names end in ``run_id()``: the SLURM job id (``job<id>[_<array task>]``; a requeued job gets its own
+directory back and resumes from its checkpoint there), else a random suffix after the start time. The
+suffix is put into the environment, so processes that a run starts itself (Lightning's DDP ranks) agree on it;
+Hydra's submitit launcher copies the resolved value into its jobs (the resolver is cached), so a sweep's jobs
+agree on the sweep directory, and each job has its own subdirectory (job number, method, size, seed).
+
+``claim(dir)`` creates ``<dir>/.lock`` atomically (``O_EXCL``) for rank 0 and refuses to start while another
+live process holds it; a lock left by a dead process on this host, or by an earlier attempt of the same
+SLURM job, is taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from sve.errors import InputError
+
+LOCK = ".lock"
+
+
+def run_id(kind: str = "run") -> str:
+    """``job<SLURM id>`` for a run under SLURM, else ``<start time>_<6 random hex digits>`` (the same in child
+    ranks). A sweep's directory (``kind="sweep"``) always takes the second form: two sweeps submitted from one
+    SLURM allocation must not share it."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if job and kind == "run":
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"job{job}" + (f"_{task}" if task else "")
+    if "SVE_RUN_ID" not in os.environ:
+        os.environ["SVE_RUN_ID"] = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+    return os.environ["SVE_RUN_ID"]
+
+
+def global_rank() -> int:
+    for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def _holder() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(holder: dict) -> bool:
+    """True when the lock's holder cannot be running any more."""
+    if holder.get("slurm_job") and holder["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
+        return True  # an earlier attempt of this (requeued) job
+    return holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", -1)))
+
+
+@contextmanager
+def claim(directory: Path):
+    """Holds ``directory`` for this run (rank 0 only; other ranks belong to the run that holds it)."""
+    if global_rank() != 0:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = json.loads(lock.read_text() or "{}")
+            except (OSError, json.JSONDecodeError):
+                holder = {}
+            being_written = not holder and time.time() - lock.stat().st_mtime < 10  # created, not yet filled
+            if being_written or (holder and not _stale(holder)):
+                raise InputError(
+                    f"run directory {directory} is in use by another run ({holder}); pick another directory "
+                    f"(hydra.run.dir=...) or, if that run is gone, delete {lock}"
+                ) from None
+            lock.unlink(missing_ok=True)  # a dead run's lock
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(_holder(), f)
+        break
+    else:
+        raise RuntimeError(f"could not take {lock}: another run keeps creating it")
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)

@@ -1,0 +1,140 @@
+"""Checks before any work: every config value, then one training step's worth of the real model.
+
+``check_config`` names the key, the value and what is valid. ``probe`` runs one forward/backward on a real
+training batch and one evaluation forward, without changing the model or any random state, so a method that
+cannot run on the chosen backbone or data fails at start rather than after training; it also returns the
+trainable parameters that receive no gradient (under DDP these stop training, so ``run`` refuses them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from sve.errors import InputError
+
+# SVE's init multiplies each singular value by (1 + eps), eps ~ N(0, sigma_init^2); values pushed below zero
+# are clamped to zero, a fraction Phi(-1 / sigma_init) of them. Above this sigma_init it exceeds 1%.
+MAX_SIGMA_INIT = 0.43
+AGGREGATES = ("probs", "logits")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(ok: bool, key: str, value, valid: str) -> None:
+    if not ok:
+        raise InputError(f"{key}={value!r} is not valid; expected {valid}")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raises ``InputError`` naming the first invalid key."""
+    get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
+             "a positive integer, e.g. ensemble_size=4")  # fmt: skip
+    _require(_is_int(get("seed")), "seed", get("seed"), "an integer")
+    _require(get("aggregate") in AGGREGATES, "aggregate", get("aggregate"), f"one of {list(AGGREGATES)}")
+    for key in ("sigma_init", "method.sigma_init"):
+        if get(key) is not None:
+            _require(_number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT, key, get(key),
+                     f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
+                     "1% of the singular values to zero at init)")  # fmt: skip
+    _require(_number(get("optimizer.lr")) and get("optimizer.lr") > 0, "optimizer.lr", get("optimizer.lr"),
+             "a positive number")  # fmt: skip
+    if get("method.lr") is not None:
+        _require(_number(get("method.lr")) and get("method.lr") > 0, "method.lr", get("method.lr"),
+                 "a positive number or null")  # fmt: skip
+    for key in ("optimizer.weight_decay", "trainer.gradient_clip_val"):
+        if get(key) is not None:
+            _require(_number(get(key)) and get(key) >= 0, key, get(key), "a non-negative number or null")
+    max_epochs, max_steps = get("trainer.max_epochs"), get("trainer.max_steps")
+    _require(max_epochs is None or (_is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)),
+             "trainer.max_epochs", max_epochs, "a positive integer (or -1 with trainer.max_steps)")  # fmt: skip
+    _require(max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
+             "trainer.max_steps", max_steps, "a positive integer or -1")  # fmt: skip
+    accumulate = get("trainer.accumulate_grad_batches")
+    _require(accumulate is None or (_is_int(accumulate) and accumulate >= 1), "trainer.accumulate_grad_batches",
+             accumulate, "a positive integer")  # fmt: skip
+    for key in ("batch_size", "eval_batch_size", "train_size", "val_size", "test_size", "val_holdout",
+                "num_train", "num_val", "num_test", "max_length"):  # fmt: skip
+        value = get(f"dataset.{key}")
+        if value is not None or key == "batch_size":
+            _require(_is_int(value) and value >= 1, f"dataset.{key}", value,
+                     "a positive integer" + ("" if key == "batch_size" else " or null"))  # fmt: skip
+    workers = get("dataset.num_workers")
+    _require(workers is None or (_is_int(workers) and workers >= 0), "dataset.num_workers", workers,
+             "a non-negative integer")  # fmt: skip
+    every = get("callbacks.checkpoint.every_n_steps")
+    _require(every is None or (_is_int(every) and every >= 1), "callbacks.checkpoint.every_n_steps", every,
+             "a positive integer or null")  # fmt: skip
+    if get("ckpt_path") is not None:
+        _require(Path(str(get("ckpt_path"))).expanduser().is_file(), "ckpt_path", get("ckpt_path"),
+                 "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)")  # fmt: skip
+    check_wandb(cfg)
+
+
+def check_wandb(cfg: DictConfig) -> None:
+    """``logger=wandb`` online needs the network and a login; say how to run offline instead of hanging."""
+    logger = cfg.get("logger") or {}
+    if "WandbLogger" not in str(logger.get("_target_", "")) or logger.get("offline"):
+        return
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    hint = ("; without network use logger.offline=true (logs go to <run dir>/wandb; upload later with "
+            "`wandb sync`) or logger=csv")  # fmt: skip
+    try:
+        socket.create_connection(("api.wandb.ai", 443), timeout=5).close()
+    except OSError as err:
+        raise InputError(f"logger=wandb cannot reach api.wandb.ai ({err}){hint}") from None
+    netrc = Path("~/.netrc").expanduser()
+    if not os.environ.get("WANDB_API_KEY") and not (netrc.is_file() and "api.wandb.ai" in netrc.read_text()):
+        raise InputError(f"logger=wandb needs a login (WANDB_API_KEY or `wandb login`){hint}")
+
+
+@torch.no_grad()
+def _restore(saved: dict[str, torch.Tensor], module: torch.nn.Module) -> None:
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if name in saved and isinstance(tensor, torch.Tensor):
+            tensor.copy_(saved[name])
+
+
+def probe(module, datamodule) -> list[str]:
+    """One training forward/backward and one evaluation forward on a real training batch; the model, its
+    gradients and every random state are as before. Returns the names of trainable parameters without a
+    gradient."""
+    batch = next(iter(datamodule.train_dataloader()))
+    batch.pop("loss_scale", None)
+    batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    saved = {k: v.detach().clone() for k, v in module.state_dict().items()  # e.g. BatchNorm statistics
+             if isinstance(v, torch.Tensor)}  # (method extra state is not touched by a forward)
+    trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    grads = {n: p.grad for n, p in trainable.items()}
+    was_training = module.training
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            for p in trainable.values():
+                p.grad = None
+            module.train()
+            logits = module.method(dict(batch))
+            module.method.loss(logits, batch["labels"]).backward()
+            unused = [n for n, p in trainable.items() if p.grad is None]
+            module.eval()
+            with torch.no_grad():
+                module.method(dict(batch))
+        finally:
+            for n, p in trainable.items():
+                p.grad = grads[n]
+            _restore(saved, module)
+            module.train(was_training)
+    return unused

@@ -1,0 +1,28 @@
+"""Runs several configs one after another in one process group: ``python -m tests.ddp_runner OUT_DIR
+'overrides of run 1' 'overrides of run 2' ...`` writes OUT_DIR/<i>/results.json (or error.txt).
+
+With ``trainer=ddp_sim`` Lightning starts the second rank by running this same command again, so both ranks
+go through the same list in step; a run that fails (on every rank alike) is recorded and the next one starts.
+"""
+
+import shlex
+import sys
+import traceback
+from pathlib import Path
+
+from sve.run import run
+from tests.conftest import compose_cfg
+
+
+def main(out_dir: str, runs: list[str]) -> None:
+    for i, overrides in enumerate(runs):
+        run_dir = Path(out_dir) / str(i)
+        try:
+            run(compose_cfg(shlex.split(overrides), run_dir))
+        except Exception as err:  # noqa: BLE001 - recorded for the test to read
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "error.txt").write_text(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

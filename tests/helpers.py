@@ -1,0 +1,29 @@
+"""Callbacks that tests add to real runs from the command line (``+callbacks.NAME._target_=tests.helpers.X``)."""
+
+import time
+
+import pytorch_lightning as pl
+
+
+class Pace(pl.Callback):
+    """Sleeps after every training batch, so a test can kill the run mid-epoch; changes no number."""
+
+    def __init__(self, seconds: float = 0.2):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
+
+
+class Trace(pl.Callback):
+    """Debug: appends step, labels, parameter sum and RNG digest per batch to ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import torch
+        s = sum(float(p.double().sum()) for p in pl_module.parameters() if p.requires_grad)
+        r = float(torch.get_rng_state().double().sum())
+        with open(self.path, "a") as f:
+            f.write(f"{trainer.global_step} {batch_idx} {batch['labels'].tolist()} {s:.10f} {r}\n")

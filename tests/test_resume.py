@@ -1,0 +1,93 @@
+"""No lost work: checkpoints during training, written atomically, holding only trainable state; a run killed
+mid-epoch and started again in its directory ends exactly as if it had never been interrupted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from sve.checkpoint import read_checkpoint
+from sve.run import run
+from tests.conftest import ROOT, compose_cfg
+
+# 6 steps per epoch, 3 epochs, a checkpoint every step; dropout, so random states matter as well as weights.
+RUN = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "trainer=cpu",
+       "trainer.max_epochs=3", "callbacks=default", "callbacks.checkpoint.every_n_steps=1",
+       "+backbone.model_kwargs.drop_rate=0.2", "dataset.num_train=48", "dataset.num_val=8", "dataset.num_test=32",
+       "trainer.log_every_n_steps=1"]  # fmt: skip
+
+
+def train(run_dir, *extra: str, wait: bool = True):
+    cmd = [sys.executable, "train.py", *RUN, f"hydra.run.dir={run_dir}", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, out[-3000:]
+    return proc
+
+
+def test_killed_run_resumes_exactly(tmp_path):
+    whole = tmp_path / "whole"
+    train(whole)
+    killed = tmp_path / "killed"
+    proc = train(killed, "+callbacks.pace._target_=tests.helpers.Pace", wait=False)  # slow enough to kill
+    last = killed / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 300
+    while not (last.exists() and torch.load(last, weights_only=True)["global_step"] >= 8):  # epoch 2, batch 3
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    epoch, done = torch.load(last, weights_only=True)["callbacks"]["LastCheckpoint"]["position"]
+    assert 0 < done < 6, "killed mid-epoch"
+    assert not (killed / "results.json").exists()
+
+    train(killed)  # the same command: it finds its checkpoint and goes on
+    a, b = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
+    assert b["resumed_from"] == str(last)
+    metrics = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
+    assert metrics(a) == metrics(b)  # to the last digit
+    # One continuous log: the first attempt's steps are still there, the resumed ones follow.
+    log = (killed / "csv" / "version_0" / "metrics.csv").read_text()
+    steps = {int(line.split(",")[2]) for line in log.splitlines()[1:] if line.split(",")[2]}
+    assert {0, 1, 2, 17} <= steps
+    assert b["wall_time_s"] > a["wall_time_s"] * 0.5  # counts the killed attempt's time too
+
+
+def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_path):
+    cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
+                       "trainer.limit_train_batches=5"], tmp_path)  # fmt: skip
+    results = run(cfg)
+    checkpoint = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert checkpoint["global_step"] == 5  # epoch end, after the step checkpoints at 2 and 4
+    saved = checkpoint["state_dict"]
+    parameters = sum(v.numel() for k, v in saved.items() if "singular_values" in k or ".bias" in k or "heads" in k)
+    assert parameters >= results["parameters"]["trainable"]
+    frozen = checkpoint["frozen_fingerprint"]
+    assert frozen and not set(frozen) & set(saved)  # U, V and frozen weights: only their fingerprint
+    assert any(name.endswith(".U") or name.endswith(".V") for name in frozen) or len(frozen) > 10
+    assert not list((tmp_path / "checkpoints").glob(".*tmp"))  # written, then renamed
+
+    # Resuming onto a different frozen part (another seed draws another random backbone) fails clearly.
+    cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2", "seed=1",
+                       f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"], tmp_path / "other")  # fmt: skip
+    with pytest.raises(ValueError, match="frozen tensor.*differ.*config the run started with"):
+        run(cfg)
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip", bytes(range(256)) * 4])
+def test_unreadable_checkpoint_is_a_clear_error(content, tmp_path):
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=r"bad.ckpt \(\d+ bytes\) is not a readable checkpoint") as err:
+        run(compose_cfg([f"ckpt_path={path}"], tmp_path / "run"))
+    assert "weights_only=False" not in str(err.value)
+    torch.save({"something": 1}, path)
+    with pytest.raises(ValueError, match="not a Lightning training checkpoint"):
+        run(compose_cfg([f"ckpt_path={path}"], tmp_path / "run2"))

@@ -1,0 +1,159 @@
+"""No wrong numbers: unique locked run directories, divergence and non-finite metrics as errors, every config
+value and data file checked before work, sweeps that survive and list their failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from sve.errors import InputError
+from sve.results import write_json
+from sve.run import run
+from tests.conftest import ROOT, compose_cfg
+
+TINY = ["backbone=tiny_vit", "dataset=synthetic_image"]
+
+
+def test_runs_started_together_get_their_own_directories(tmp_path):
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer=debug", "callbacks=none"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, proc.stdout.read()[-2000:]
+    written = sorted(tmp_path.glob("outputs/synthetic_image/sve/tiny_vit/*/results.json"))
+    assert len(written) == 2, written  # two directories, two results
+    assert not list(tmp_path.rglob(".lock"))  # released at the end
+
+
+def test_a_directory_held_by_a_live_run_is_refused_and_a_dead_runs_lock_taken_over(tmp_path):
+    lock = tmp_path / ".lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))  # this process: alive
+    with pytest.raises(InputError, match="in use by another run"):
+        run(compose_cfg(TINY, tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    run(compose_cfg(TINY, tmp_path))
+    assert (tmp_path / "results.json").exists() and not lock.exists()
+
+
+def test_a_finished_run_is_skipped(tmp_path):
+    first = run(compose_cfg(TINY, tmp_path))
+    stamp = (tmp_path / "results.json").stat().st_mtime_ns
+    assert run(compose_cfg(TINY, tmp_path))["wall_time_s"] == first["wall_time_s"]
+    assert (tmp_path / "results.json").stat().st_mtime_ns == stamp
+
+
+def test_divergence_stops_the_run_and_writes_no_results(tmp_path):
+    cfg = compose_cfg([*TINY, "method=single", "method.lr=1e6", "trainer.limit_train_batches=10",
+                       "trainer.gradient_clip_val=null"], tmp_path)  # fmt: skip
+    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step \d+ .*last finite loss: \S+ at step \d+"):
+        run(cfg)
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_non_finite_numbers_never_reach_results_json(tmp_path):
+    with pytest.raises(ValueError, match="non-finite"):
+        write_json(tmp_path / "results.json", {"metrics": {"test/nll": math.nan}})
+    assert not list(tmp_path.iterdir())
+    write_json(tmp_path / "results.json", {"metrics": {"test/nll": 0.5}})
+    assert json.loads((tmp_path / "results.json").read_text())["metrics"]["test/nll"] == 0.5
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("ensemble_size=abc", "ensemble_size='abc' is not valid; expected a positive integer"),
+    ("ensemble_size=0", "ensemble_size=0 is not valid"),
+    ("sigma_init=0.6", r"sigma_init=0.6 is not valid; expected a number in \[0, 0.43\)"),
+    ("optimizer.lr=-1", "optimizer.lr=-1 is not valid"),
+    ("dataset.batch_size=0", "dataset.batch_size=0 is not valid"),
+    ("trainer.max_epochs=0", "trainer.max_epochs=0 is not valid"),
+    ("aggregate=vote", "aggregate='vote' is not valid"),
+    ("ckpt_path=/nonexistent.ckpt", "ckpt_path='/nonexistent.ckpt' is not valid"),
+])  # fmt: skip
+def test_invalid_config_values_are_named_before_work(override, message, tmp_path):
+    with pytest.raises(InputError, match=message):
+        run(compose_cfg([*TINY, override], tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_command_line_error_is_a_message_not_a_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "train.py", "ensemble_size=abc", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0
+    assert "ensemble_size='abc' is not valid" in done.stderr and "Traceback" not in done.stderr
+
+
+def sst2_dir(tmp_path, train_rows: list[str], dev_rows=("a fine film\t1",)):
+    root = tmp_path / "sst2"
+    root.mkdir()
+    (root / "train.tsv").write_text("\n".join(["sentence\tlabel", *train_rows]) + "\n")
+    (root / "dev.tsv").write_text("\n".join(["sentence\tlabel", *dev_rows]) + "\n")
+    return root
+
+
+GOOD = ["a good movie\t1", "a bad plot\t0", "great\t1", "dull\t0"]
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    (GOOD + ["fine\tpositive"], r"train.tsv, line 6: label 'positive' is not valid; expected an integer in 0..1"),
+    (GOOD[:2] + ["no label at all"], r"train.tsv, line 4: label None is not valid"),
+    (GOOD + ["too high\t2"], r"train.tsv, line 6: label '2' is not valid"),
+])  # fmt: skip
+def test_bad_tsv_rows_name_file_and_line_before_training(rows, message, tmp_path):
+    cfg = compose_cfg(["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, rows)}",
+                       "dataset.val_holdout=1"], tmp_path / "run")  # fmt: skip
+    with pytest.raises(InputError, match=message):
+        run(cfg)
+    assert not (tmp_path / "run" / "csv").exists()  # no training started
+
+
+def test_validation_holdout_as_large_as_the_training_file(tmp_path):
+    cfg = compose_cfg(["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, GOOD)}",
+                       "dataset.val_holdout=4"], tmp_path / "run")  # fmt: skip
+    with pytest.raises(ValueError, match=r"dataset.val_holdout=4 is not valid: .* between 1 and 3 .* 4 sentences"):
+        run(cfg)
+
+
+def test_wandb_without_network_says_how_to_log_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("unreachable")))
+    with pytest.raises(InputError, match="logger.offline=true"):
+        run(compose_cfg([*TINY, "logger=wandb"], tmp_path))
+
+
+def test_a_method_that_cannot_run_on_the_backbone_fails_at_start(tmp_path):
+    cfg = compose_cfg(["backbone=resnet20_cifar", "backbone.pretrained=false", "dataset=synthetic_image",
+                       "method=mc_dropout"], tmp_path)  # fmt: skip
+    with pytest.raises(Exception, match="no dropout site"):  # raised while building, wrapped by Hydra
+        run(cfg)
+    assert not (tmp_path / "csv").exists()
+
+
+def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_rerun(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", "sigma_init=0.01,0.9", *TINY, "trainer=debug", "callbacks=none",
+           f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    states = {r["run"]: r for r in summary["runs"]}
+    assert states["0_sve_m4_seed0"]["state"] == "finished"
+    assert states["1_sve_m4_seed0"]["state"] == "failed" and "sigma_init=0.9" in states["1_sve_m4_seed0"]["error"]
+    stamp = (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1 and "has finished, skipping" in again.stdout + again.stderr
+    assert (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns == stamp
+
+
+def test_slurm_launcher_config_composes(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    done = subprocess.run([sys.executable, "train.py", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                           "hydra.launcher.gpus_per_node=4", "--cfg", "hydra"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SlurmLauncher" in done.stdout and "partition: gpu" in done.stdout
+    assert "gpus_per_node: 4" in done.stdout and "tasks_per_node: ${.gpus_per_node}" in done.stdout
