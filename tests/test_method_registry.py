@@ -70,15 +70,6 @@ def noise_off(method: str) -> list[str]:
     return [f"method.{k}=0.0" for k in ("sigma_init", "dropout") if k in keys]
 
 
-def finish_training(m, datamodule) -> None:
-    """The after-training hooks a run calls, so evaluation uses snapshots / posterior samples."""
-    for _ in range(2):
-        m.on_train_epoch_end(None)
-    while m.next_round():
-        pass
-    m.after_fit(datamodule)
-
-
 @pytest.mark.parametrize("method, family", rows())
 def test_method_row(method, family):
     """All of the module docstring's checks on one (method, backbone family) pair."""
