@@ -44,7 +44,8 @@ def test_killed_run_resumes_exactly(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    epoch, done = torch.load(last, weights_only=True)["callbacks"]["LastCheckpoint"]["position"]
+    state = torch.load(last, weights_only=True)["callbacks"]["LastCheckpoint"]
+    (epoch, done), elapsed_before = state["position"], state["elapsed_seconds"]
     assert 0 < done < 6, "killed mid-epoch"
     assert not (killed / "results.json").exists()
 
@@ -57,7 +58,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     log = (killed / "csv" / "version_0" / "metrics.csv").read_text()
     steps = {int(line.split(",")[2]) for line in log.splitlines()[1:] if line.split(",")[2]}
     assert {0, 1, 2, 17} <= steps
-    assert b["wall_time_s"] > a["wall_time_s"] * 0.5  # counts the killed attempt's time too
+    assert b["wall_time_s"] > elapsed_before > 0  # counts the killed attempt's time too (no timing guess)
 
 
 def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_path):
