@@ -116,8 +116,11 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
         datamodule.order_seed += 1  # each round its own data order (restored from checkpoints of that round)
         trainer = make_trainer(cfg, logger, callbacks)
         trainer.fit(module, datamodule=datamodule)
+    module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU; a posterior fits here
     with datamodule.whole_training_split():  # every rank fits the same thing on the same data
         method.after_fit(datamodule)
+    if checkpoint is not None:  # the final state, posterior included: a rerun or re-evaluation needs no refit
+        checkpoint.save(trainer)
     trainer.test(module, datamodule=datamodule, verbose=False)
 
     results = {

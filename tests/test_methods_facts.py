@@ -161,6 +161,31 @@ def test_laplace_predictive_approaches_map_as_prior_precision_grows(method):
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3, gaps
 
 
+@pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la"])
+def test_laplace_posterior_travels_in_the_state_dict(method, tmp_path):
+    # The posterior is method state: saved (weights-only loadable) and restored, it samples the same members,
+    # and after_fit on the restored method keeps it rather than fitting a new one.
+    m, batch, _, dm = make(method, "method.marglik_steps=3", "method.num_samples=4")
+    _train(m, list(dm.train_dataloader()))
+    m.after_fit(dm)
+    torch.save(m.state_dict(), tmp_path / "state.pt")
+    fresh, *_ = make(method, "method.marglik_steps=3", "method.num_samples=4")
+    assert fresh.laplace is None
+    fresh.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert fresh.laplace is not None  # restored by loading alone
+    restored = fresh.laplace
+    fresh.after_fit(dm)
+    assert fresh.laplace is restored  # kept, not refitted
+    assert float(fresh.laplace.prior_precision) == float(m.laplace.prior_precision)
+    m.eval(), fresh.eval()
+    with torch.no_grad():
+        torch.manual_seed(3)
+        expected = m(batch)
+        torch.manual_seed(3)
+        torch.testing.assert_close(fresh(batch), expected)
+    assert expected.shape[0] == 4
+
+
 def test_blob_samples_vary_and_kl_is_finite_and_non_negative():
     m, batch, _, _ = make("blob")
     kl = m.kl()

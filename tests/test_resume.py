@@ -92,3 +92,22 @@ def test_unreadable_checkpoint_is_a_clear_error(content, tmp_path):
     torch.save({"something": 1}, path)
     with pytest.raises(ValueError, match="not a Lightning training checkpoint"):
         run(compose_cfg([f"ckpt_path={path}"], tmp_path / "run2"))
+
+
+def test_rerun_of_a_finished_laplace_run_reuses_its_posterior(tmp_path):
+    # The last checkpoint is written again after after_fit, posterior included: running the same directory
+    # again (results.json deleted, e.g. a crash in testing) restores it instead of fitting another one, and
+    # samples the same predictive.
+    overrides = ["backbone=tiny_bert", "dataset=synthetic_text", "method=bayes_lora_llla", "method.marglik_steps=3",
+                 "callbacks=default", "trainer.limit_train_batches=3"]  # fmt: skip
+    first = run(compose_cfg(overrides, tmp_path))
+    checkpoint = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    laplace = [v for k, v in checkpoint["state_dict"].items() if k.endswith("_extra_state") and v.get("laplace")]
+    assert len(laplace) == 1 and laplace[0]["laplace"]["cls_name"] == "KronLaplace"
+    (tmp_path / "results.json").unlink()
+    # 40 marginal-likelihood steps would give another prior precision than 3, had it been refitted.
+    second = run(compose_cfg([*overrides, "method.marglik_steps=40"], tmp_path))
+    assert second["resumed_from"] == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert second["method_report"]["prior_precision"] == first["method_report"]["prior_precision"]
+    drop = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
+    assert drop(second) == drop(first)

@@ -83,11 +83,30 @@ class BayesLoRA(SingleLoRA):
             return super().forward(batch)
 
     def after_fit(self, datamodule) -> None:
-        device = "cuda" if torch.cuda.is_available() else self.heads.weight.device
-        self.to(device).eval()
-        self.laplace = self.fit_laplace(datamodule.train_dataloader())
+        if self.laplace is not None:  # restored with the checkpoint of a run that had fitted it
+            log.info("%s: posterior restored from the checkpoint, not refitted", type(self).__name__)
+            return
+        self.eval()  # on the device the module trains on (the heads' device)
+        self.laplace = self.fit_laplace(datamodule.train_dataloader(), datamodule.batch_size)
         log.info("%s: prior precision %.4g (marginal likelihood)", type(self).__name__,
                  float(self.laplace.prior_precision))
+
+    # The posterior is part of the method's state, so a checkpoint written after the fit carries it: a resumed
+    # or re-evaluated run samples from the same posterior instead of fitting a new one.
+    def get_extra_state(self) -> dict:
+        if self.laplace is None:
+            return {}
+        state = dict(self.laplace.state_dict())
+        state["likelihood"] = str(state["likelihood"])  # plain types only: checkpoints load with weights_only
+        return {"laplace": state}
+
+    def set_extra_state(self, state: dict) -> None:
+        if not state.get("laplace"):
+            self.laplace = None
+            return
+        laplace = self.empty_laplace()
+        laplace.load_state_dict(state["laplace"])
+        self.laplace = laplace
 
     def report(self) -> dict:
         facts = {**super().report(), "num_samples": self.num_samples}
@@ -96,7 +115,11 @@ class BayesLoRA(SingleLoRA):
                          laplace_parameters=int(self.laplace.n_params))
         return facts
 
-    def fit_laplace(self, loader: DataLoader):  # pragma: no cover - abstract
+    def fit_laplace(self, loader: DataLoader, batch_size: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def empty_laplace(self):  # pragma: no cover - abstract
+        """An unfitted posterior object of the right kind and size, to load a saved state into."""
         raise NotImplementedError
 
     def posterior_samples(self, S: int):  # pragma: no cover - abstract
@@ -111,15 +134,19 @@ class BayesLoRALLLA(BayesLoRA):
     def features(self, batch: dict) -> Tensor:
         return self.backbone(to_device(batch, self.heads.weight.device))  # (B, D)
 
-    def fit_laplace(self, loader: DataLoader):
-        feats, labels = zip(*[(self.features(b), b["labels"]) for b in loader])
+    def empty_laplace(self) -> KronLaplace:
         head = nn.Linear(self.heads.weight.shape[2], self.num_classes).to(self.heads.weight.device)
-        with torch.no_grad():
+        with torch.no_grad():  # the MAP head: the posterior's mean
             head.weight.copy_(self.heads.weight[0])
             head.bias.copy_(self.heads.bias[0])
-        data = TensorDataset(torch.cat(feats).to(head.weight.dtype), torch.cat(labels).to(head.weight.device))
-        la = KronLaplace(nn.Sequential(head), "classification", prior_precision=self.init_prior_precision)
-        la.fit(DataLoader(data, batch_size=loader.batch_size or 32))
+        return KronLaplace(nn.Sequential(head), "classification", prior_precision=self.init_prior_precision)
+
+    def fit_laplace(self, loader: DataLoader, batch_size: int):
+        feats, labels = zip(*[(self.features(b), b["labels"]) for b in loader])
+        la = self.empty_laplace()
+        device = self.heads.weight.device
+        data = TensorDataset(torch.cat(feats).to(self.heads.weight.dtype), torch.cat(labels).to(device))
+        la.fit(DataLoader(data, batch_size=batch_size))  # the recipe's batch (a loader's may be a sampler's)
         la.optimize_prior_precision(method="marglik", n_steps=self.marglik_steps)
         return la
 
@@ -147,17 +174,27 @@ class BayesLoRALA(BayesLoRA):
 
     layer_types = LINEAR_TYPES
 
-    def fit_laplace(self, loader: DataLoader):
+    @contextmanager
+    def lora_only(self) -> Iterator[None]:
+        """The posterior covers the LoRA factors only: the head is frozen while laplace-torch looks."""
         trainable = [p for p in self.heads.parameters() if p.requires_grad]
-        for p in trainable:  # the posterior covers the LoRA factors only
+        for p in trainable:
             p.requires_grad_(False)
         try:
-            la = LoRAKronLaplace(_MAPLogits(self), "classification", backend=LoRAKFAC,
-                                 prior_precision=self.init_prior_precision)
-            la.fit(loader)
+            yield
         finally:
             for p in trainable:
                 p.requires_grad_(True)
+
+    def empty_laplace(self) -> LoRAKronLaplace:
+        with self.lora_only():
+            return LoRAKronLaplace(_MAPLogits(self), "classification", backend=LoRAKFAC,
+                                   prior_precision=self.init_prior_precision)  # fmt: skip
+
+    def fit_laplace(self, loader: DataLoader, batch_size: int):
+        la = self.empty_laplace()
+        with self.lora_only():
+            la.fit(loader)
         la.optimize_prior_precision(method="marglik", n_steps=self.marglik_steps)
         return la
 
