@@ -22,11 +22,11 @@ test: ## Run the default test suite (offline, CPU; under 10 minutes on 2 cores)
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
-sst2-cpu: ## SVE (M=4) and the single baseline on SST-2 with MiniLM, CPU-sized; writes results/sst2_minilm_cpu/
-	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 callbacks=none \
-		hydra.run.dir=results/sst2_minilm_cpu/sve
-	$(PYTHON) train.py experiment=sst2_minilm_cpu method=single callbacks=none \
-		hydra.run.dir=results/sst2_minilm_cpu/single
+sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into results/sst2_minilm_cpu/ (finished runs are skipped; ARGS=skip_finished=false reruns)
+	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 \
+		hydra.run.dir=results/sst2_minilm_cpu/sve $(ARGS)
+	$(PYTHON) train.py experiment=sst2_minilm_cpu method=single \
+		hydra.run.dir=results/sst2_minilm_cpu/single $(ARGS)
 
 # --- The paper's tables and figures (README: "Reproducing the paper") ---
 # Each target trains the runs its configs/tables/<name>.yaml needs (skipping those whose results.json exists),

@@ -27,3 +27,20 @@ class Trace(pl.Callback):
         r = float(torch.get_rng_state().double().sum())
         with open(self.path, "a") as f:
             f.write(f"{trainer.global_step} {batch_idx} {batch['labels'].tolist()} {s:.10f} {r}\n")
+
+
+class Crash(pl.Callback):
+    """Raises after the ``after_batches``-th training batch of this process (counted across fits, e.g. the
+    rounds of a sequential ensemble), once: the marker file makes the next attempt run through."""
+
+    def __init__(self, after_batches: int, marker: str):
+        self.after_batches = after_batches
+        self.marker = marker
+        self.seen = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import pathlib
+        self.seen += 1
+        if self.seen == self.after_batches and not pathlib.Path(self.marker).exists():
+            pathlib.Path(self.marker).touch()
+            raise RuntimeError(f"simulated crash after {self.seen} training batches")

@@ -50,6 +50,9 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
         assert ddp["hardware"]["devices"] == 2 and ddp["hardware"]["per_device_batch_size"] == 4
         assert metrics["test/examples"] == 21, method  # each test example once: no padding duplicates
         assert all(math.isfinite(v) for k, v in metrics.items() if isinstance(v, float)), method
+        if method.startswith("bayes_lora"):  # after training, every rank fits the posterior on the whole split
+            alone = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["method_report"]
+            assert ddp["method_report"]["prior_precision"] == pytest.approx(alone["prior_precision"], rel=1e-4)
         if method in STOCHASTIC:
             continue
         single = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["metrics"]

@@ -111,3 +111,28 @@ def test_rerun_of_a_finished_laplace_run_reuses_its_posterior(tmp_path):
     assert second["method_report"]["prior_precision"] == first["method_report"]["prior_precision"]
     drop = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
     assert drop(second) == drop(first)
+
+
+@pytest.mark.parametrize(("method", "crash_after"), [
+    ("checkpoint_ensemble", 7),  # epoch 3 of 3, after two epoch-end snapshots
+    ("deep_ensemble", 8),  # sequential: round 2 (one member per round), its second epoch
+])  # fmt: skip
+def test_method_state_survives_a_crash(method, crash_after, tmp_path):
+    # Snapshots and ensemble rounds live in the checkpoint: a run that crashes and is started again in its
+    # directory ends with the members, and the metrics, of the run that never crashed.
+    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", f"method={method}", "ensemble_size=2",
+                 "trainer=cpu", "trainer.max_epochs=3", "callbacks=default", "callbacks.checkpoint.every_n_steps=1",
+                 "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=16", "dataset.batch_size=8"]
+    if method == "deep_ensemble":
+        overrides += ["method.mode=sequential", "method.chunk_size=1"]
+    whole = run(compose_cfg(overrides, tmp_path / "whole"))
+    crash = [f"+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={crash_after}",
+             f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))
+    assert not (tmp_path / "crashed_run" / "results.json").exists()
+    resumed = run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))  # the marker: no second crash
+    assert resumed["resumed_from"] is not None
+    assert resumed["num_members"] == whole["num_members"] == 2
+    drop = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
+    assert drop(resumed) == drop(whole)

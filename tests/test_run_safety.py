@@ -157,3 +157,25 @@ def test_slurm_launcher_config_composes(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "SlurmLauncher" in done.stdout and "partition: gpu" in done.stdout
     assert "gpus_per_node: 4" in done.stdout and "tasks_per_node: ${.gpus_per_node}" in done.stdout
+
+
+def test_a_slurm_job_has_one_directory_and_a_requeued_job_takes_its_own_lock_back(tmp_path, monkeypatch):
+    from sve.rundir import claim, run_id
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
+    assert run_id() == "job4242"  # the same name on every node and after a requeue: the checkpoint is found
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert run_id() == "job77_3"
+    assert run_id("sweep") != run_id() and not run_id("sweep").startswith("job")  # sweeps never share
+    # The first attempt died on another node, holding the lock; the requeued attempt (same job) takes it.
+    (tmp_path / ".lock").write_text(json.dumps({"host": "node-that-died", "pid": 1, "slurm_job": "4242"}))
+    with claim(tmp_path):
+        assert json.loads((tmp_path / ".lock").read_text())["slurm_job"] == "4242"
+    # Another job's lock on another host is respected.
+    (tmp_path / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job": "9999"}))
+    with pytest.raises(InputError, match="in use by another run"):
+        with claim(tmp_path):
+            pass
