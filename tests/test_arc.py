@@ -45,10 +45,11 @@ def test_arc_challenge_reads_its_own_local_files(tmp_path):
 
 
 def test_prompt_letters_and_digit_labels():
-    prompt, label, count = to_example(QUESTIONS[0])
+    prompt, label, count, stem, options = to_example(QUESTIONS[0])
     assert prompt == "Question: Which is a liquid?\nA. ice\nB. water\nC. steam\nAnswer:"
     assert (label, count) == (1, 3)
-    assert to_example(QUESTIONS[1])[1:] == (2, 4) and to_example(QUESTIONS[2])[1:] == (4, 5)
+    assert stem == "Question: Which is a liquid?\nAnswer:" and options == ("ice", "water", "steam")  # cloze form
+    assert to_example(QUESTIONS[1])[1:3] == (2, 4) and to_example(QUESTIONS[2])[1:3] == (4, 5)
     with pytest.raises(ValueError, match="answerKey"):
         to_example(dict(QUESTIONS[1], answerKey="E"))
 
@@ -94,6 +95,53 @@ def test_member_logits_are_the_lm_letter_logits_at_init(tmp_path):
     assert torch.allclose(member_logits.softmax(-1)[:, ~mask], torch.zeros(1))
 
 
+def test_cloze_member_logits_are_option_log_likelihoods_at_init(tmp_path):
+    """Cloze: member logits = mean log-probability of each option's tokens after the stem, computed here one
+    unpadded sequence at a time straight from the LM; absent options get -inf."""
+    _write_arc(tmp_path, copies=1)
+    backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
+    data = ARCEasyData(root=str(tmp_path), batch_size=3, scoring="cloze")
+    data.attach(backbone)
+    examples = data.load_splits()["test"]
+    batch = data.collate(examples)
+    assert batch["input_ids"].shape[:2] == (3, 5) and backbone.feature_dim == 5
+    tok, lm = backbone.tokenizer, backbone.model
+    expected = torch.zeros(3, 5)
+    with torch.no_grad():
+        for b, (_, _, count, stem, options) in enumerate(examples):
+            context = tok(stem)["input_ids"]
+            for c in range(count):
+                option = tok(" " + options[c], add_special_tokens=False)["input_ids"]
+                logits = lm(input_ids=torch.tensor([context + option])).logits[0].log_softmax(-1)
+                expected[b, c] = sum(logits[len(context) + i - 1, t] for i, t in enumerate(option)) / len(option)
+        method = SVE(backbone, ensemble_size=2, num_classes=5, sigma_init=0.0).eval()
+        member_logits = method(batch)
+    mask = batch["choice_mask"]
+    assert member_logits.shape == (2, 3, 5) and torch.isinf(member_logits[:, ~mask]).all()
+    for m in range(2):
+        torch.testing.assert_close(member_logits[m][mask], expected[mask], atol=1e-4, rtol=1e-4)
+    assert method.head_init.startswith("pretrained")  # the identity head: logits are the scores
+
+
+def test_cloze_needs_a_scoring_backbone_and_a_known_mode(tmp_path):
+    with pytest.raises(ValueError, match=r"dataset.scoring='vote' is not valid; choose one of \['letters', 'cloze'\]"):
+        ARCEasyData(root=str(tmp_path), scoring="vote")
+    plain = instantiate(compose_cfg(["backbone=tiny_llama"]).backbone)  # no option scoring
+    with pytest.raises(ValueError, match="dataset.scoring=cloze needs a causal-LM backbone"):
+        ARCEasyData(root=str(tmp_path), scoring="cloze").attach(plain)
+
+
+@pytest.mark.parametrize("method", ["sve", "lora_ensemble"])
+def test_cloze_training_run_on_fake_arc(method, tmp_path):
+    _write_arc(tmp_path / "arc")
+    cfg = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'arc'}", f"method={method}",
+                                         "dataset.scoring=cloze", "ensemble_size=2", "dataset.batch_size=4"],
+                      tmp_path / "out")  # fmt: skip
+    results = run(cfg)
+    assert results["num_members"] == 2 and 0 <= results["metrics"]["test/acc"] <= 1
+    assert results["method_report"]["fell_back_to_one_member_at_a_time"] is None  # the member layout holds
+
+
 def test_initial_head_only_when_letters_match_classes():
     backbone = instantiate(compose_cfg(TINY_CHOICE_LLM).backbone)
     assert backbone.initial_head("arc_easy", 5) is None  # no dataset has declared answer letters
@@ -114,8 +162,9 @@ def test_real_arc_easy_splits_parse():
     splits = ARCEasyData(root=str(root)).load_splits()
     assert [len(splits[s]) for s in ("train", "val", "test")] == [2251, 570, 2376]  # Table 8
     for split in splits.values():
-        assert all(2 < count <= 5 and 0 <= label < count for _, label, count in split)
-        assert {count for _, _, count in split} >= {4, 5}
+        assert all(2 < count <= 5 and 0 <= label < count and len(options) == count
+                   for _, label, count, _, options in split)  # fmt: skip
+        assert {e[2] for e in split} >= {4, 5}
 
 
 def test_failed_hub_download_names_key_and_layout(monkeypatch):

@@ -17,6 +17,13 @@ member logits keep the (M, B, C) layout with C = 5.
 Options are always shown as A, B, C, ... in their stored order, whatever the dataset's labels (ARC uses
 ``A-E`` for most questions and ``1-5`` for some); the target is the position of ``answerKey`` among them.
 
+``scoring: cloze`` is the other common way to ask a small LM (the "cloze" form of multiple-choice evaluation):
+no options in the prompt; each option's text is appended to ``Question: ...\nAnswer:`` and scored by the
+mean log-probability of its tokens. Small models answer letter prompts at chance level but rank option texts
+well above it. The batch then holds one sequence per option, ``input_ids`` (B, 5, T) with ``option_mask``
+(B, 5, T) marking the option's tokens; the backbone turns them into five scores per question, which a head
+initialised as the identity maps to the logits (``sve.backbones.choice_lm``), so the layout stays (M, B, 5).
+
 Local layout (``dataset.root``): ``ARC-Easy-{train,validation,test}.jsonl``, one JSON object per line with
 ``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``; the file prefix is ``hub_config``
 (``ARC-Challenge-*.jsonl`` with ``dataset=arc_challenge``, or any ARC-format set named by ``hub_config``). Without ``root`` the splits come
@@ -33,6 +40,7 @@ import torch
 from sve.data.base import TextClassificationData
 
 LETTERS = ("A", "B", "C", "D", "E")
+SCORINGS = ("letters", "cloze")
 SPLITS = {"train": "train", "val": "validation", "test": "test"}
 LAYOUT = (
     "{hub_config}-{{train,validation,test}}.jsonl (JSON lines with question, choices{{text,label}}, answerKey; "
@@ -40,8 +48,8 @@ LAYOUT = (
 )
 
 
-def to_example(row: dict) -> tuple[str, int, int]:
-    """(prompt, index of the answer, number of options) from one ARC record."""
+def to_example(row: dict) -> tuple[str, int, int, str, tuple[str, ...]]:
+    """(lettered prompt, index of the answer, number of options, cloze stem, option texts) from one record."""
     texts, labels = row["choices"]["text"], [str(label) for label in row["choices"]["label"]]
     if not 2 <= len(texts) <= len(LETTERS):
         raise ValueError(f"question {row.get('id')} has {len(texts)} options; at most {len(LETTERS)} are supported")
@@ -49,10 +57,11 @@ def to_example(row: dict) -> tuple[str, int, int]:
     if answer not in labels:
         raise ValueError(f"question {row.get('id')}: answerKey {answer!r} is not among the labels {labels}")
     options = "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, texts))
-    return f"Question: {row['question']}\n{options}\nAnswer:", labels.index(answer), len(texts)
+    stem = f"Question: {row['question']}\nAnswer:"
+    return f"Question: {row['question']}\n{options}\nAnswer:", labels.index(answer), len(texts), stem, tuple(texts)
 
 
-def read_jsonl(path: Path) -> list[tuple[str, int, int]]:
+def read_jsonl(path: Path) -> list[tuple]:
     with open(path, encoding="utf-8") as f:
         return [to_example(json.loads(line)) for line in f if line.strip()]
 
@@ -62,6 +71,8 @@ class ARCEasyData(TextClassificationData):
     root: local directory (see module docstring); None loads ``allenai/ai2_arc`` with ``datasets``.
     hub_name, hub_config: the hub dataset (``ARC-Challenge`` works the same way).
     max_length: truncation length in tokens (Table 7: 512); ARC prompts are far shorter.
+    scoring: ``letters`` (the paper's setting: the logits of the option letters) or ``cloze`` (each option's
+        text scored by its mean token log-probability; module docstring).
     """
 
     num_classes = len(LETTERS)
@@ -73,16 +84,26 @@ class ARCEasyData(TextClassificationData):
         hub_name: str = "allenai/ai2_arc",
         hub_config: str = "ARC-Easy",
         max_length: int = 512,
+        scoring: str = "letters",
         **kwargs,
     ):
         super().__init__(max_length=max_length, **kwargs)
+        if scoring not in SCORINGS:
+            raise ValueError(f"dataset.scoring={scoring!r} is not valid; choose one of {list(SCORINGS)}")
+        self.scoring = scoring
         self.root = root
         self.hub_name, self.hub_config = hub_name, hub_config
 
     def attach(self, backbone) -> None:
         super().attach(backbone)
+        if self.scoring == "cloze":
+            if not hasattr(backbone, "score_options"):
+                raise ValueError(f"dataset.scoring=cloze needs a causal-LM backbone that scores option texts "
+                                 f"(sve.backbones.ChoiceCausalLMBackbone: smollm2_135m, llama2_7b), not "
+                                 f"{type(backbone).__name__}")  # fmt: skip
+            backbone.score_options(len(LETTERS))  # features: one score per option; the head starts as identity
         # The causal-LM backbone turns these into its initial head (lm_head rows of the letter tokens).
-        if hasattr(backbone, "answer_tokens"):
+        elif hasattr(backbone, "answer_tokens"):
             backbone.answer_tokens = list(LETTERS)
 
     def load_splits(self):
@@ -109,8 +130,10 @@ class ARCEasyData(TextClassificationData):
             ) from err
         return {s: [to_example(row) for row in ds[name]] for s, name in SPLITS.items()}
 
-    def collate(self, examples: list[tuple[str, int, int]]) -> dict:
-        prompts, labels, counts = zip(*examples)
+    def collate(self, examples: list[tuple]) -> dict:
+        if self.scoring == "cloze":
+            return self.collate_cloze(examples)
+        prompts, labels, counts = zip(*(e[:3] for e in examples))
         tokenizer = self.backbone.tokenizer
         side, tokenizer.truncation_side = tokenizer.truncation_side, "left"  # never cut off "Answer:"
         try:
@@ -118,8 +141,39 @@ class ARCEasyData(TextClassificationData):
         finally:
             tokenizer.truncation_side = side
         # (B, 5): True for the options a question has.
-        batch["choice_mask"] = torch.arange(self.num_classes)[None] < torch.tensor(counts)[:, None]
+        batch["choice_mask"] = choice_mask(counts, self.num_classes)
         return batch
 
+    def collate_cloze(self, examples: list[tuple]) -> dict:
+        """One right-padded sequence per (question, option slot): the stem's tokens, then the option's; a slot
+        the question lacks holds the stem alone (no option token, masked by ``choice_mask``)."""
+        tokenizer = self.backbone.tokenizer
+        rows, marks = [], []
+        for _, _, count, stem, options in examples:
+            context = tokenizer(stem)["input_ids"]
+            for slot in range(self.num_classes):
+                option = tokenizer(" " + options[slot], add_special_tokens=False)["input_ids"] if slot < count else []
+                option = option[: self.max_length - 1]
+                kept = context[-(self.max_length - len(option)):]  # cut the question from the left, never the option
+                rows.append(kept + option)
+                marks.append([0] * len(kept) + [1] * len(option))
+        width = max(map(len, rows))
+        pad = tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows]).reshape(len(examples), self.num_classes, width)
+        attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]).reshape(ids.shape)
+        option_mask = torch.tensor([m + [0] * (width - len(m)) for m in marks]).reshape(ids.shape).bool()
+        return {
+            "input_ids": ids,
+            "attention_mask": attention,
+            "option_mask": option_mask,
+            "labels": torch.tensor([e[1] for e in examples], dtype=torch.long),
+            "choice_mask": choice_mask([e[2] for e in examples], self.num_classes),
+        }
 
-__all__ = ["ARCEasyData", "to_example", "LETTERS"]
+
+def choice_mask(counts, num_classes: int) -> torch.Tensor:
+    """(B, C): True for the options a question has."""
+    return torch.arange(num_classes)[None] < torch.tensor(counts)[:, None]
+
+
+__all__ = ["ARCEasyData", "to_example", "LETTERS", "SCORINGS"]
