@@ -104,7 +104,7 @@ def test_cloze_member_logits_are_option_log_likelihoods_at_init(tmp_path):
     data.attach(backbone)
     examples = data.load_splits()["test"]
     batch = data.collate(examples)
-    assert batch["input_ids"].shape[:2] == (3, 5) and backbone.feature_dim == 5
+    assert batch["option_ids"].shape[:2] == (3, 5) and backbone.feature_dim == 5
     tok, lm = backbone.tokenizer, backbone.model
     expected = torch.zeros(3, 5)
     with torch.no_grad():
@@ -116,10 +116,13 @@ def test_cloze_member_logits_are_option_log_likelihoods_at_init(tmp_path):
                 expected[b, c] = sum(logits[len(context) + i - 1, t] for i, t in enumerate(option)) / len(option)
         method = SVE(backbone, ensemble_size=2, num_classes=5, sigma_init=0.0).eval()
         member_logits = method(batch)
+        backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        method.train()  # checkpointed training runs each option as one full sequence
+        full_sequences = method(batch)
     mask = batch["choice_mask"]
     assert member_logits.shape == (2, 3, 5) and torch.isinf(member_logits[:, ~mask]).all()
-    for m in range(2):
-        torch.testing.assert_close(member_logits[m][mask], expected[mask], atol=1e-4, rtol=1e-4)
+    for logits in (*member_logits, *full_sequences):
+        torch.testing.assert_close(logits[mask], expected[mask], atol=1e-4, rtol=1e-4)
     assert method.head_init.startswith("pretrained")  # the identity head: logits are the scores
 
 

@@ -71,34 +71,52 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         batch = super().probe_batch()
         if self.num_options is None:
             return batch
-        C, (ids, mask) = self.num_options, (batch["input_ids"], batch["attention_mask"])
-        option_mask = torch.zeros_like(mask, dtype=torch.bool)
-        option_mask[:, -2:] = True  # the probe text's last two tokens stand for an option
-        expand = lambda t: t.unsqueeze(1).expand(-1, C, -1).contiguous()  # noqa: E731
-        return {"input_ids": expand(ids), "attention_mask": expand(mask), "option_mask": expand(option_mask)}
+        ids = batch["input_ids"][:, -2:]  # the probe text's last two tokens stand for every option
+        expand = lambda t: t.unsqueeze(1).expand(-1, self.num_options, -1).contiguous()  # noqa: E731
+        return {**batch, "option_ids": expand(ids), "option_mask": expand(torch.ones_like(ids))}
 
     def forward(self, batch: dict) -> Tensor:
-        if "option_mask" not in batch:
+        if "option_ids" not in batch:
             return super().forward(batch)
         return self.option_scores(batch)
 
     def option_scores(self, batch: dict) -> Tensor:
-        """(N, C) mean log-probability of each option's tokens; 0 for a slot without option tokens."""
-        ids, mask, option = batch["input_ids"], batch["attention_mask"], batch["option_mask"]
-        N, C, T = ids.shape
-        rows = expected_rows()  # the member-major batch grows by the C option sequences of each question
-        with member_rows(rows * C) if rows is not None else nullcontext():
-            hidden = self.model.base_model(input_ids=ids.reshape(N * C, T),
-                                           attention_mask=mask.reshape(N * C, T)).last_hidden_state
-        # Token t is predicted at position t - 1: only those positions go through lm_head (the vocabulary
-        # is large; options are a few tokens).
-        targets = option.reshape(N * C, T)[:, 1:]
-        predicted = self.model.get_output_embeddings()(hidden[:, :-1][targets])  # (P, V)
-        log_probs = predicted.float().log_softmax(-1).gather(-1, ids.reshape(N * C, T)[:, 1:][targets][:, None])
-        seq = torch.arange(N * C, device=ids.device)[:, None].expand(-1, T - 1)[targets]  # owner of each token
-        total = torch.zeros(N * C, device=ids.device).index_add_(0, seq, log_probs.squeeze(-1))
-        count = targets.sum(1).clamp_min(1)
-        return (total / count).reshape(N, C)
+        """(N, C) mean log-probability of each option's tokens after its stem; 0 for an empty slot.
+
+        The stem runs once and its keys and values are shared by the C continuations (about 3x fewer tokens
+        than C full sequences on ARC). Gradient checkpointing in training disables Hugging Face's cache, so
+        there each option runs as one full sequence (stem, then option), which gives the same scores."""
+        stem, stem_mask = batch["input_ids"], batch["attention_mask"]
+        option, option_mask = batch["option_ids"], batch["option_mask"]
+        (N, C, L), S = option.shape, stem.shape[1]
+        option, option_mask = option.reshape(N * C, L), option_mask.reshape(N * C, L)
+        rows = expected_rows()  # the member-major batch grows by the C continuations of each stem
+        continuations = member_rows(rows * C) if rows is not None else nullcontext()
+        base = self.model.base_model
+        stem_length = stem_mask.sum(1)  # the stems are right-padded
+        repeat = lambda t: t.repeat_interleave(C, dim=0)  # noqa: E731 - stem n -> its C rows, member-major kept
+        mask = torch.cat([repeat(stem_mask), option_mask], 1)  # the stem's padding is masked out
+        if self.model.is_gradient_checkpointing and self.training:
+            with continuations:
+                hidden = base(input_ids=torch.cat([repeat(stem), option], 1), attention_mask=mask,
+                              position_ids=(mask.cumsum(1) - 1).clamp_min(0)).last_hidden_state  # fmt: skip
+            last_stem, continued = hidden[torch.arange(N * C), repeat(stem_length) - 1], hidden[:, S:]
+        else:
+            out = base(input_ids=stem, attention_mask=stem_mask, use_cache=True)
+            out.past_key_values.batch_repeat_interleave(C)
+            positions = repeat(stem_length)[:, None] + torch.arange(L, device=stem.device)
+            with continuations:
+                continued = base(input_ids=option, attention_mask=mask, position_ids=positions,
+                                 past_key_values=out.past_key_values).last_hidden_state  # fmt: skip
+            last_stem = repeat(out.last_hidden_state[torch.arange(N), stem_length - 1])
+        # Option token l is predicted at the position before it: the stem's last token for l = 0. Only those
+        # positions go through lm_head (the vocabulary is large; options are a few tokens).
+        predicting = torch.cat([last_stem[:, None], continued[:, :-1]], 1)[option_mask.bool()]  # (P, D)
+        log_probs = self.model.get_output_embeddings()(predicting).float().log_softmax(-1)
+        log_probs = log_probs.gather(-1, option[option_mask.bool()][:, None]).squeeze(-1)
+        owner = torch.arange(N * C, device=stem.device)[:, None].expand(-1, L)[option_mask.bool()]
+        total = torch.zeros(N * C, device=stem.device, dtype=log_probs.dtype).index_add_(0, owner, log_probs)
+        return (total / option_mask.sum(1).clamp_min(1)).reshape(N, C)
 
     @torch.no_grad()
     def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:

@@ -20,9 +20,9 @@ Options are always shown as A, B, C, ... in their stored order, whatever the dat
 ``scoring: cloze`` is the other common way to ask a small LM (the "cloze" form of multiple-choice evaluation):
 no options in the prompt; each option's text is appended to ``Question: ...\nAnswer:`` and scored by the
 mean log-probability of its tokens. Small models answer letter prompts at chance level but rank option texts
-well above it. The batch then holds one sequence per option, ``input_ids`` (B, 5, T) with ``option_mask``
-(B, 5, T) marking the option's tokens; the backbone turns them into five scores per question, which a head
-initialised as the identity maps to the logits (``sve.backbones.choice_lm``), so the layout stays (M, B, 5).
+well above it. The batch then holds the stems and, separately, the option texts (``option_ids`` (B, 5, L));
+the backbone turns them into five scores per question, which a head initialised as the identity maps to the
+logits (``sve.backbones.choice_lm``), so the layout stays (M, B, 5).
 
 Local layout (``dataset.root``): ``ARC-Easy-{train,validation,test}.jsonl``, one JSON object per line with
 ``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``; the file prefix is ``hub_config``
@@ -145,27 +145,26 @@ class ARCEasyData(TextClassificationData):
         return batch
 
     def collate_cloze(self, examples: list[tuple]) -> dict:
-        """One right-padded sequence per (question, option slot): the stem's tokens, then the option's; a slot
-        the question lacks holds the stem alone (no option token, masked by ``choice_mask``)."""
-        tokenizer = self.backbone.tokenizer
-        rows, marks = [], []
-        for _, _, count, stem, options in examples:
-            context = tokenizer(stem)["input_ids"]
-            for slot in range(self.num_classes):
-                option = tokenizer(" " + options[slot], add_special_tokens=False)["input_ids"] if slot < count else []
-                option = option[: self.max_length - 1]
-                kept = context[-(self.max_length - len(option)):]  # cut the question from the left, never the option
-                rows.append(kept + option)
-                marks.append([0] * len(kept) + [1] * len(option))
-        width = max(map(len, rows))
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows]).reshape(len(examples), self.num_classes, width)
-        attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]).reshape(ids.shape)
-        option_mask = torch.tensor([m + [0] * (width - len(m)) for m in marks]).reshape(ids.shape).bool()
+        """The stems, right-padded: ``input_ids``/``attention_mask`` (B, S); each question's option texts,
+        right-padded: ``option_ids``/``option_mask`` (B, 5, L), all zeros in the slots a question lacks. The
+        backbone runs each stem once and its options as continuations (``sve.backbones.choice_lm``)."""
+        tokenizer, pad = self.backbone.tokenizer, self.backbone.tokenizer.pad_token_id
+        stems, options = [], []
+        for _, _, count, stem, texts in examples:
+            slots = [tokenizer(" " + texts[c], add_special_tokens=False)["input_ids"] if c < count else []
+                     for c in range(self.num_classes)]  # fmt: skip
+            longest = min(max(map(len, slots)), self.max_length - 1)
+            options.append([o[:longest] for o in slots])
+            stems.append(tokenizer(stem)["input_ids"][-(self.max_length - longest):])  # cut the question's start
+        S, L = max(map(len, stems)), max(len(o) for slots in options for o in slots)
+        padded = lambda rows, width: torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # noqa: E731
+        present = lambda rows, width: torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # noqa: E731
+        flat = [o for slots in options for o in slots]
         return {
-            "input_ids": ids,
-            "attention_mask": attention,
-            "option_mask": option_mask,
+            "input_ids": padded(stems, S),
+            "attention_mask": present(stems, S),
+            "option_ids": padded(flat, L).reshape(len(examples), self.num_classes, L),
+            "option_mask": present(flat, L).reshape(len(examples), self.num_classes, L),
             "labels": torch.tensor([e[1] for e in examples], dtype=torch.long),
             "choice_mask": choice_mask([e[2] for e in examples], self.num_classes),
         }
