@@ -50,10 +50,22 @@ figureB: ## Figs. 4-6 (Appendix B): singular values' change per member (Oxford P
 $(PAPER_TARGETS):
 	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS) $(ARGS)
 
+# --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
+# (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
+# skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
+MINI_PARTS := mini-table2 mini-figure2 mini-table3
+
+mini: $(MINI_PARTS) ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
+mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
+mini-figure2: ## Mini Fig. 2: SST-2 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
+mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and SVE at M=1,2,4, LoRA-Ensemble
+$(MINI_PARTS):
+	$(PYTHON) scripts/sweep.py $(subst -,_,$@) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
+
 tables: ## Rebuild every table and figure from the results that exist, no training (SMOKE=1: results/smoke/)
 	$(PYTHON) scripts/build_tables.py $(TABLE_ARGS)
 
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables $(PAPER_TARGETS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables mini $(PAPER_TARGETS) $(MINI_PARTS)

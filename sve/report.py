@@ -145,7 +145,8 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     root = Path(root)
     for path in sorted(root.rglob("results.json")):
-        if path.relative_to(root).parts[0] == SMOKE:
+        parts = path.relative_to(root).parts
+        if parts[0] == SMOKE or "tune" in parts[:-1]:  # smoke runs; tuning runs (the chosen one is copied)
             continue
         try:
             results = json.loads(path.read_text())
@@ -248,8 +249,24 @@ def read_paper(path: Path) -> dict[tuple, dict[str, str]]:
     return {(r["experiment"], r["method"], r["members"]): r for r in rows}
 
 
-def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric]) -> dict:
+def paper_numbers(spec: DictConfig, with_paper: bool) -> tuple[dict, str | None]:
+    """The paper's rows for a table (``paper``: one CSV or a list, the first file's row winning) and the
+    files' names as shown under it; nothing when the table has no paper column."""
+    names = spec.get("paper") if with_paper else None
+    paths = [REPO / n for n in ([names] if isinstance(names, str) else list(names or []))]
+    paper: dict = {}
+    for path in (p for p in paths if p.exists()):
+        paper = {**read_paper(path), **paper}
+    return paper, (", ".join(_shown(p) for p in paths if p.exists()) or None) if paper else None
+
+
+def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric],
+                any_members: bool = False) -> dict:
+    """The paper's cells of one row; ``any_members``: failing an exact match, the paper's row of the method
+    whatever its member count (a miniature compared with the paper's setting, e.g. M = 4 against M = 8)."""
     row = paper.get((experiment, method, str(members))) or paper.get((experiment, method, ""))
+    if row is None and any_members:
+        row = next((r for (e, m, _), r in paper.items() if (e, m) == (experiment, method)), None)
     if row is None:
         return {}
     cells = {}
@@ -264,8 +281,7 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
     """The cells of a table from the runs found; absent runs become "–" and are listed."""
     metrics = [METRICS[k] for k in spec.metrics]
     seeds = list(spec.seeds)
-    paper_path = REPO / spec.paper if with_paper and spec.get("paper") else None
-    paper = read_paper(paper_path) if paper_path and paper_path.exists() else {}
+    paper, paper_source = paper_numbers(spec, with_paper)
     blocks, missing = [], []
     for experiment, title in spec.experiments.items():
         rows = []
@@ -282,11 +298,15 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
             for m in metrics:
                 values = [v for v in (r.metric(m.key) for r in used) if v is not None]
                 cells[m.key] = aggregate(values, m, len(seeds))
-            rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
+            # A miniature names the paper's experiment it stands for (paper_as: {ours: the paper's}).
+            paper_experiment = (spec.get("paper_as") or {}).get(experiment)
+            shown = paper_cells(paper, paper_experiment or experiment, method, members, metrics,
+                                any_members=paper_experiment is not None)  # fmt: skip
+            rows.append(Row(method, members, cells, shown))
         mark_best(rows, metrics)
         blocks.append(Block(experiment, title, rows))
     return Table(spec.name, spec.title, metrics, blocks, seeds, missing, list(spec.get("notes") or []),
-                 _shown(paper_path) if paper else None)  # fmt: skip
+                 paper_source)
 
 
 # --- Table 5: cost from results/bench/table5.json ----------------------------------------------------------
@@ -322,8 +342,7 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
     bench_path = root / spec.bench
     measured = cost_runs(json.loads(bench_path.read_text())) if bench_path.exists() else {}
     metrics = [METRICS[k] for k in spec.metrics]
-    paper_path = REPO / spec.paper if with_paper and spec.get("paper") else None
-    paper = read_paper(paper_path) if paper_path and paper_path.exists() else {}
+    paper, paper_source = paper_numbers(spec, with_paper)
     (experiment, title), = spec.experiments.items()
     rows, missing = [], []
     for row_spec in spec.rows:
@@ -335,7 +354,7 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
         rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
     mark_best(rows, metrics)
     return Table(spec.name, spec.title, metrics, [Block(experiment, title, rows)], [], missing,
-                 list(spec.get("notes") or []), _shown(paper_path) if paper else None)  # fmt: skip
+                 list(spec.get("notes") or []), paper_source)
 
 
 # --- building ---------------------------------------------------------------------------------------------

@@ -121,6 +121,8 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
         method.after_fit(datamodule)
     if checkpoint is not None:  # the final state, posterior included: a rerun or re-evaluation needs no refit
         checkpoint.save(trainer)
+    # The final model (posterior and snapshots included) on the validation split: what tuning may look at.
+    validation = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     trainer.test(module, datamodule=datamodule, verbose=False)
 
     results = {
@@ -134,6 +136,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
         "experiment": cfg.get("experiment_name"),
         "aggregate": cfg.aggregate,
         "metrics": module.test_results,
+        "validation": {k: float(v) for k, v in validation.items()},  # the only metrics tuning may use
         "units": {f"test/{k}": v for k, v in UNITS.items()},
         "parameters": {
             **method.parameter_counts(),

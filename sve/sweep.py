@@ -10,12 +10,19 @@ that directory, output in ``train.log`` there); smoke runs compose the same conf
 ``sve.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: failures are
 summarised at the end and the exit status is 1. A run whose recorded member count differs from its row's
 counts as failed, since its cell would stay empty.
+
+A table may tune one hyper-parameter per row on the validation split (``tune:`` in its definition, e.g. the
+learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; the
+value with the best validation metric (results.json ``validation``; never a test metric) is written to
+``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
+(same config, same seed), so it is copied to its seed directory rather than trained twice.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from sve.report import REPO, build, load_spec, members_of, results_root, run_dir, table_names
+from sve.report import METRICS, REPO, build, load_spec, members_of, results_root, run_dir, table_names
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
 SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
@@ -40,9 +47,11 @@ class Job:
     seed: int
     overrides: list[str]
     dir: Path
+    tuning: str | None = None  # "key=value" of a tuning run
 
     def __str__(self) -> str:
-        return f"{self.experiment} {self.method} M={self.members} seed {self.seed}"
+        return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
+            f" ({self.tuning}, tuning)" if self.tuning else "")
 
 
 def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
@@ -57,6 +66,46 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                              *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
                 out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory))
     return list(out.values())
+
+
+# --- tuning on the validation split ------------------------------------------------------------------------
+
+
+def tuning_jobs(spec, job: Job) -> list[Job]:
+    """One run per grid value of ``spec.tune`` at its seed, for the row of ``job``."""
+    tune = spec.tune
+    row_dir = job.dir.parent
+    return [Job(job.experiment, job.method, job.members, int(tune.seed), [*job.overrides[:-1], f"{tune.key}={value}",
+                f"seed={tune.seed}"], row_dir / "tune" / f"{tune.key}_{value}", tuning=f"{tune.key}={value}")
+            for value in tune.grid]  # fmt: skip
+
+
+def choose(spec, row_dir: Path, tuned: list[tuple[Job, dict | None]]) -> dict:
+    """The grid value with the best validation metric (``tuned``: each grid run and its results or None);
+    written to ``<row dir>/tuned.json``."""
+    tune = spec.tune
+    metric = METRICS[tune.metric]
+    scores = {}
+    for job, results in tuned:
+        value = (results or {}).get("validation", {}).get(f"val/{tune.metric}")
+        if value is not None:
+            scores[job.tuning.split("=", 1)[1]] = float(value)
+    if not scores:
+        raise RuntimeError(f"no tuning run of {row_dir} finished with a validation {tune.metric}")
+    best = (max if metric.higher_is_better else min)(scores, key=scores.get)
+    choice = {"key": tune.key, "value": best, "metric": f"val/{tune.metric}", "scores": scores,
+              "grid": [str(v) for v in tune.grid], "seed": int(tune.seed),
+              "note": "chosen on the validation split only; every seed of this row uses it"}  # fmt: skip
+    row_dir.mkdir(parents=True, exist_ok=True)
+    (row_dir / "tuned.json").write_text(json.dumps(choice, indent=2) + "\n")
+    return choice
+
+
+def reuse_tuning_run(source: Path, target: Path) -> dict:
+    """The chosen grid value's run is the tuning seed's run: copied (checkpoints left out), not retrained."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("checkpoints", ".lock"), dirs_exist_ok=True)
+    (target / "REUSED.txt").write_text(f"copied from {source}: the tuning run with the chosen value is this seed's run\n")
+    return json.loads((target / "results.json").read_text())
 
 
 def run_in_process(job: Job) -> dict:
@@ -88,19 +137,20 @@ def run_subprocess(job: Job) -> dict:
 
 def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
           extra: list[str] = ()) -> list[str]:
-    """Runs the table's missing runs; returns one line per failure."""
+    """Runs the table's missing runs (tuning first where the table tunes); returns one line per failure."""
     spec = load_spec(name, smoke)
     root = results_root(smoke, root)
     todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
     if spec.kind == "cost":
         print(f"{name}: measured, not trained; building from {root / spec.bench} if it exists")
-    failures = []
-    for i, job in enumerate(todo, 1):
-        prefix = f"[{i:>{len(str(len(todo)))}}/{len(todo)}] {job}"
+    failures: list[str] = []
+    width = len(str(len(todo)))
+
+    def attempt(job: Job, prefix: str) -> dict | None:
         done = job.dir / "results.json"
         if dry_run:
             print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
-            continue
+            return json.loads(done.read_text()) if done.exists() else None
         start = time.perf_counter()
         try:
             if done.exists():
@@ -110,13 +160,58 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
                 status = f"trained in {time.perf_counter() - start:.1f} s"
             if members_of(results) != job.members:
                 raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
-            print(f"{prefix}: {status}, acc {results['metrics']['test/acc']:.3f}", flush=True)
+            shown = results.get("validation", {}).get(f"val/{spec.tune.metric}") if job.tuning else None
+            print(f"{prefix}: {status}, " + (f"val {spec.tune.metric} {shown:.4f}" if shown is not None else
+                                             f"acc {results['metrics']['test/acc']:.3f}"), flush=True)  # fmt: skip
+            return results
         except Exception as err:  # noqa: BLE001 - one failing run must not stop the sweep
             print(f"{prefix}: FAILED: {err}", flush=True)
-            (job.dir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
+            job.dir.mkdir(parents=True, exist_ok=True)
             (job.dir / "error.txt").write_text(traceback.format_exc())
             failures.append(f"{job} ({job.dir}): {err}")
+            return None
+
+    chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content
+    for i, job in enumerate(todo, 1):
+        prefix = f"[{i:>{width}}/{len(todo)}] {job}"
+        if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
+            row_dir = job.dir.parent
+            if row_dir not in chosen:
+                chosen[row_dir] = tune_row(spec, job, row_dir, attempt, dry_run, failures)
+            choice = chosen[row_dir]
+            if choice is None:
+                if not dry_run:
+                    failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
+                continue
+            job.overrides.insert(-1, f"{choice['key']}={choice['value']}")
+            source = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
+            if job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() and not dry_run:
+                if (source / "results.json").exists():
+                    reuse_tuning_run(source, job.dir)
+        attempt(job, prefix)
     return failures
+
+
+def smoke_skips_tuning(spec, smoke: bool) -> bool:
+    return smoke and not (spec.get("smoke") or {}).get("tune")
+
+
+def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
+    """Runs (or finds) the row's grid and returns its choice; None when it cannot be made yet."""
+    if (row_dir / "tuned.json").exists():
+        return json.loads((row_dir / "tuned.json").read_text())
+    grid = tuning_jobs(spec, job)
+    tuned = [(g, attempt(g, f"  tune {g}")) for g in grid]
+    if dry_run:
+        return {"key": spec.tune.key, "value": "<best on validation>"}
+    try:
+        choice = choose(spec, row_dir, tuned)
+    except RuntimeError as err:
+        failures.append(str(err))
+        return None
+    print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']} "
+          f"(validation {spec.tune.metric}: {choice['scores']})", flush=True)  # fmt: skip
+    return choice
 
 
 def main(argv: list[str] | None = None) -> int:

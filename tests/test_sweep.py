@@ -21,7 +21,7 @@ def test_smoke_target_end_to_end(name, tmp_path):
         table = (root / "tables" / f"{name}.md").read_text()
         assert "Missing runs: none." in table and "| – |" not in table
     if spec.kind == "figure2":
-        assert (root / "figures" / "figure2.png").stat().st_size > 0
+        assert (root / "figures" / f"{name}.png").stat().st_size > 0
     if spec.kind == "figureB":  # the SVE run wrote singular_values.npz through the sweep's callback
         assert (root / "figures" / "figure4_qkv.png").stat().st_size > 0
     if spec.kind in ("figure3", "cost"):
@@ -84,3 +84,32 @@ def test_dry_run_lists_commands_with_stable_directories(tmp_path, capsys):
     job = sweep.jobs(load_spec("table2"), tmp_path, smoke=False)[-1]
     assert job.dir == tmp_path / "runs" / "sst2_bert" / "sve_m8" / "seed2"
     assert "ensemble_size=8" in job.overrides and "trainer=debug" not in job.overrides
+
+
+def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkeypatch):
+    # Fake runs whose validation NLL is lowest at lr 0.01 and whose *test* accuracy is best at 0.001: the
+    # choice follows validation only; the chosen tuning run becomes seed 0's run, seed 1 trains with it.
+    trained = []
+
+    def fake_run(job):
+        lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
+        trained.append((job.seed, lr, job.tuning))
+        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": 1,
+                   "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5},
+                   "validation": {"val/nll": 0.2 if lr == "0.01" else 0.4}}  # fmt: skip
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        return results
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
+    choice = json.loads((row / "tuned.json").read_text())
+    assert (choice["value"], choice["metric"]) == ("0.01", "val/nll")
+    assert [t for t in trained if t[2] is None] == [(1, "0.01", None)] * 2  # single, sve: seed 1
+    assert (row / "seed0" / "REUSED.txt").exists()
+    assert json.loads((row / "seed0" / "results.json").read_text())["validation"]["val/nll"] == 0.2
+    trained.clear()
+    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert trained == []  # a rerun finds every run and every choice
