@@ -82,6 +82,9 @@ class EnsembleMethod(nn.Module):
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
+        refit_after_loading: ``after_fit`` builds state that no checkpoint holds (a laplace-torch
+            posterior), so evaluating from a checkpoint runs it again (``sve.evaluate``). Everything else
+            ``after_fit`` does must live in the state dict (``get_extra_state``).
 
     Args:
         members_at_once: ``all``, or how many members run per backbone pass (see the module docstring).
@@ -95,6 +98,7 @@ class EnsembleMethod(nn.Module):
     stochastic: bool = False
     equals_base_at_init: bool = True
     layer_types: tuple[type, ...] = ADAPTABLE_TYPES
+    refit_after_loading: bool = False
 
     def __init__(self, backbone: Backbone, ensemble_size: int, num_classes: int, lr: float | None = None,
                  members_at_once: int | str = "all", target_modules: list[str] | None = None,

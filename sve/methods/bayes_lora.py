@@ -60,6 +60,7 @@ class BayesLoRA(SingleLoRA):
     """
 
     shared_head = True
+    refit_after_loading = True  # the posterior is a laplace-torch object, not part of the state dict
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, num_samples: int = 10,
                  prior_precision: float = 1.0, marglik_steps: int = 100, **kwargs):
