@@ -119,6 +119,8 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         """Gathers every process's share; each example once (no DDP padding), in dataset order."""
+        if not self._collected:
+            raise RuntimeError("no test batch ran (trainer.limit_test_batches=0?): nothing to evaluate")
         logits, labels, valid, index = zip(*self._collected)
         logits = torch.cat(logits, dim=1)  # (M, n, C): this process's n examples, padding included
         labels, valid, index = torch.cat(labels), torch.cat(valid).to(torch.uint8), torch.cat(index)

@@ -151,3 +151,13 @@ def test_large_files_are_stored_as_float16(tmp_path):
     huge = Predictions(logits * 1e4, found.labels, found.index)  # beyond float16's range: kept in float32
     write_predictions(tmp_path / "huge.npz", huge, "probs", float16_above_mb=0)
     assert read_predictions(tmp_path / "huge.npz")["member_logits"].dtype == np.float32
+
+
+def test_predictions_can_be_switched_off_and_the_threshold_is_checked(tmp_path):
+    saved = run(compose_cfg(["method=sve", "ensemble_size=2", "predictions.save=false", *TINY], tmp_path))
+    assert "predictions" not in saved and not (tmp_path / "predictions").exists()
+    assert len(saved["metrics"]["test/member_acc"]) == 2  # the numbers are there all the same
+    from sve.errors import InputError
+
+    with pytest.raises(InputError, match="predictions.float16_above_mb=-1"):
+        run(compose_cfg(["predictions.float16_above_mb=-1", *TINY], tmp_path / "bad"))
