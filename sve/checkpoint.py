@@ -4,7 +4,8 @@
 optimiser steps, atomically (written beside it, then renamed), so a run killed at any moment leaves the
 previous complete checkpoint. Besides Lightning's own state (trainable weights, optimiser, scheduler, loop
 progress) it holds what exact resumption needs: the random states (torch, CUDA, numpy, Python), the data
-position (epoch, global batches done, the order seed) and the wall time so far.
+position (epoch, global batches done, the order seed) and the wall time so far. When training is over, ``run``
+writes ``final.ckpt`` beside it (``save_final``): the model as it is tested, for ``evaluate.py``.
 
 Lean: frozen parameters (``requires_grad=False``: SVE's U and V, frozen backbones) are rebuilt from the
 config, so the checkpoint keeps only trainable parameters, buffers and the methods' extra state, plus a
@@ -29,6 +30,7 @@ from pytorch_lightning.callbacks import Checkpoint
 from sve.errors import InputError
 
 FILENAME = "last.ckpt"
+FINAL = "final.ckpt"
 
 
 def random_states() -> dict:
@@ -144,12 +146,29 @@ class LastCheckpoint(Checkpoint):
     def save(self, trainer) -> None:
         for logger in trainer.loggers:  # the logs reach disk with the checkpoint: a resumed run continues them
             logger.save()
-        tmp = self.path.with_name(f".{FILENAME}.tmp")
-        trainer.save_checkpoint(tmp)  # every rank takes part; rank 0 writes
-        if trainer.is_global_zero:
-            os.replace(tmp, self.path)
-        trainer.strategy.barrier("last_checkpoint")
+        save_atomically(trainer, self.path)
         self.saved_step = trainer.global_step
+
+
+def save_atomically(trainer, path: Path, weights_only: bool = False) -> None:
+    """``trainer.save_checkpoint`` to a file beside ``path``, then renamed: never a half-written checkpoint.
+    Every rank takes part; rank 0 writes."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    trainer.save_checkpoint(tmp, weights_only=weights_only)
+    if trainer.is_global_zero:
+        os.replace(tmp, path)
+    trainer.strategy.barrier(f"save {path.name}")
+
+
+def save_final(trainer, dirpath: str | Path) -> Path:
+    """``dirpath/final.ckpt``: the model as it is tested, after every round of training and ``after_fit``
+    (a checkpoint ensemble's snapshots in use, a sequential deep ensemble's stored members), which
+    ``last.ckpt`` (written at the last epoch end) is not. Weights and method state only (no optimiser),
+    lean like every checkpoint here; ``evaluate.py`` loads it."""
+    path = Path(dirpath) / FINAL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_atomically(trainer, path, weights_only=True)
+    return path
 
 
 def frozen_fingerprint(module: torch.nn.Module) -> dict[str, list]:

@@ -64,7 +64,7 @@ def figure2(table: Table, out_dir: Path) -> list[Path]:
             cells = [block.rows[i].cells.get(metric.key) for block in table.blocks]
             _line(ax, xs, cells, _label(row.method, row.members))
         ax.set_xticks(xs, [block.title for block in table.blocks])
-        ax.set_title(f"{metric.label} {'↑' if metric.higher_is_better else '↓'}")
+        ax.set_title(f"{metric.label} {metric.arrow}".strip())
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")
     fig.suptitle(table.title, fontsize=10)
@@ -131,7 +131,7 @@ def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
             _line(ax, severities, by_metric[key], _label(method, members))
         metric = METRICS[key]
         ax.set_xlabel("shift intensity (severity)")
-        ax.set_title(f"{metric.label} {'↑' if metric.higher_is_better else '↓'}")
+        ax.set_title(f"{metric.label} {metric.arrow}".strip())
         ax.set_xticks(severities)
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")

@@ -13,6 +13,7 @@ layout with M = number of samples at evaluation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -99,4 +100,15 @@ def predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
     raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
-__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive"]
+def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
+    """The log of ``predictive`` (B, C), computed without taking the log of a rounded probability: for
+    ``probs`` it is logsumexp over members of the members' log-softmax, minus log M. Float64."""
+    logits = logits.double()
+    if aggregate == "probs":
+        return torch.logsumexp(logits.log_softmax(dim=-1), dim=0) - math.log(logits.shape[0])
+    if aggregate == "logits":
+        return logits.mean(dim=0).log_softmax(dim=-1)
+    raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
+
+
+__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive", "log_predictive"]

@@ -9,6 +9,10 @@ ECE (Eq. 9-11, Guo et al. 2017): the confidence of a prediction is its maximum p
 bins with right-closed edges ((m-1)/15, m/15], so a confidence of exactly 1.0 falls into the last bin and a
 confidence on an inner edge into the lower bin. Predicted label = first index of the maximum (ties go to the
 lower class index, as numpy's and torch's argmax).
+
+Beyond the paper (extra columns, never replacing the above), from the member logits of a whole evaluation
+set (``score``): per-member accuracy, ECE, NLL and Brier; member disagreement and mutual information (below);
+and the reliability-diagram bins of the ECE.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.utilities import dim_zero_cat
+
+from sve.members import predictive
 
 NLL_EPS = 1e-12  # probabilities are clamped here before the log, so one zero-probability label is finite
 
@@ -86,15 +92,23 @@ class ExpectedCalibrationError(Metric):
         gap = (self.bin_correct - self.bin_confidence).abs()  # |B|*|acc(B) - conf(B)| per bin
         return gap.sum() / n
 
+    def bins(self) -> dict[str, list]:
+        """The reliability diagram: per bin the example count, mean confidence and accuracy (None for an empty
+        bin: a mean over nothing, and JSON has no NaN)."""
+        count = [int(c) for c in self.bin_count.tolist()]
+        mean = lambda sums: [s / c if c else None for s, c in zip(sums.tolist(), count)]  # noqa: E731
+        return {"count": count, "confidence": mean(self.bin_confidence), "accuracy": mean(self.bin_correct)}
 
-def classification_metrics(n_bins: int = 15) -> MetricCollection:
-    """The metric set reported for every run, keyed as in ``results.json``."""
+
+def classification_metrics(n_bins: int = 15, **kwargs) -> MetricCollection:
+    """The metric set reported for every run, keyed as in ``results.json``; ``kwargs`` go to every metric
+    (``sync_on_compute=False`` where each process already holds the whole set)."""
     return MetricCollection(
         {
-            "acc": Accuracy(),
-            "ece": ExpectedCalibrationError(n_bins=n_bins),
-            "nll": NegativeLogLikelihood(),
-            "brier": BrierScore(),
+            "acc": Accuracy(**kwargs),
+            "ece": ExpectedCalibrationError(n_bins=n_bins, **kwargs),
+            "nll": NegativeLogLikelihood(**kwargs),
+            "brier": BrierScore(**kwargs),
         }
     )
 
@@ -107,7 +121,58 @@ UNITS = {
     "ood_auroc": "fraction in [0, 1]; in-distribution = positive, score = max probability",
     "ood_auprc": "fraction in [0, 1]; in-distribution = positive",
     "ood_fpr95": "fraction of OOD inputs accepted at 95% in-distribution recall",
+    "disagreement": "fraction in [0, 1] of (member, example) pairs whose argmax differs from the predictive's",
+    "mutual_information": "nats per example: predictive entropy minus mean member entropy",
+    "temperature": "T > 0 fitted on the validation split; calibrated probabilities = softmax(log p / T)",
+    "ts_acc": "as acc, after temperature scaling",
+    "ts_ece": "as ece, after temperature scaling",
+    "ts_nll": "as nll, after temperature scaling",
 }
+
+
+def entropy(probs: Tensor) -> Tensor:
+    """Shannon entropy in nats over the last axis, with 0 log 0 = 0."""
+    return -torch.special.xlogy(probs, probs).sum(-1)
+
+
+def mutual_information(member_logits: Tensor) -> float:
+    """The epistemic part of the predictive entropy (Depeweg et al., 2018), in nats, averaged over examples:
+    I = H(mean_m p_m) - mean_m H(p_m), with p_m the softmax of member m. It is zero when the members agree
+    and at most log M. Always from the mean of member probabilities, whatever the run's ``aggregate``."""
+    member_probs = member_logits.double().softmax(-1)  # (M, N, C)
+    return float((entropy(member_probs.mean(0)) - entropy(member_probs).mean(0)).mean())
+
+
+def disagreement(member_logits: Tensor, probs: Tensor) -> float:
+    """Fraction of (member, example) pairs in which the member's argmax differs from that of the ensemble
+    predictive ``probs`` (N, C): the mean over members of each member's disagreement with the ensemble's
+    decision. Zero for one member or when every member predicts the ensemble's class."""
+    return float((member_logits.argmax(-1) != probs.argmax(-1)).double().mean())
+
+
+def predictive_metrics(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[str, float]:
+    """``classification_metrics`` of probabilities (N, C) that this process holds in full."""
+    metrics = classification_metrics(n_bins, sync_on_compute=False)
+    metrics.update(probs, labels)
+    return {k: float(v) for k, v in metrics.compute().items()}
+
+
+def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 15) -> dict:
+    """Every metric of one evaluation set from its member logits (M, N, C) and labels (N,): the predictive's
+    ``acc``, ``ece``, ``nll``, ``brier``; per member ``member_acc`` etc. (lists of length M); ``disagreement``,
+    ``mutual_information``; and ``reliability`` (the ECE's bins). Each process must hold the whole set."""
+    labels = labels.long()
+    probs = predictive(member_logits, aggregate)
+    overall = classification_metrics(n_bins, sync_on_compute=False)
+    overall.update(probs, labels)
+    out = {k: float(v) for k, v in overall.compute().items()}
+    out["reliability"] = overall["ece"].bins()
+    for member in member_logits:
+        for k, v in predictive_metrics(member.double().softmax(-1), labels, n_bins).items():
+            out.setdefault(f"member_{k}", []).append(v)
+    out["disagreement"] = disagreement(member_logits, probs)
+    out["mutual_information"] = mutual_information(member_logits)
+    return out
 
 
 class OODDetection(Metric):

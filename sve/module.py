@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytorch_lightning as pl
 import torch
@@ -13,11 +12,21 @@ from torch import Tensor
 from sve.checkpoint import LeanCheckpointing
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
-from sve.metrics import Accuracy, OODDetection, classification_metrics
+from sve.metrics import classification_metrics
+
+
+@dataclass
+class Predictions:
+    """One evaluation set's member logits (M, N, C) float32, labels (N,) and dataset positions (N,)."""
+
+    member_logits: Tensor
+    labels: Tensor
+    index: Tensor
 
 
 class EnsembleModule(LeanCheckpointing, pl.LightningModule):
-    """Trains with the mean member loss and evaluates the ensemble predictive.
+    """Trains with the mean member loss, validates the ensemble predictive, and at test collects the member
+    logits of one evaluation set (``predictions``), which ``sve.evaluation`` saves and scores.
 
     A non-finite training loss stops the run with an error naming the step and the last finite loss (decided
     alike on every rank); checkpoints hold only trainable state (``sve.checkpoint.LeanCheckpointing``).
@@ -44,12 +53,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         self.scheduler_factory = scheduler
         self.aggregate = aggregate
         self.val_metrics = classification_metrics().clone(prefix="val/")
-        self.test_metrics = classification_metrics().clone(prefix="test/")
-        self.member_accuracy = torch.nn.ModuleList(Accuracy() for _ in range(method.ensemble_size))
-        self.ood_detection = OODDetection()
-        self._saw_ood = False
-        self.num_members: int | None = None  # set by the test loop
-        self.test_results: dict[str, float] = {}
+        self.predictions: Predictions | None = None  # of the last evaluation set (trainer.test)
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
 
     def forward(self, batch: dict) -> Tensor:
@@ -83,63 +87,52 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
     def on_train_epoch_end(self) -> None:
         self.method.on_train_epoch_end(self)
 
-    def _evaluate(self, batch: dict, metrics) -> tuple[Tensor, Tensor]:
-        """Member logits (M, B', C) and labels of the batch's real examples (not the DDP padding)."""
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
         valid = batch.pop("valid", None)
+        batch.pop("index", None)
         logits = check_member_logits(self.method(batch))
         labels = batch["labels"]
         if valid is not None:
             logits, labels = logits[:, valid], labels[valid]
         if labels.numel():
-            metrics.update(predictive(logits, self.aggregate), labels)
-        return logits, labels
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics)
+            self.val_metrics.update(predictive(logits, self.aggregate), labels)
 
     def on_validation_epoch_end(self) -> None:
         self.log_dict({k: v.float() for k, v in self.val_metrics.compute().items()}, prog_bar=True)
         self.val_metrics.reset()
 
+    # ----- test: one evaluation set per trainer.test call (sve.evaluation scores it) -----------------------------
     def on_test_epoch_start(self) -> None:
-        self._test_start = time.perf_counter()
-        self.test_examples = torch.zeros((), dtype=torch.long, device=self.device)
+        self._collected: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.predictions: Predictions | None = None
 
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if dataloader_idx == 1:  # the OOD set: only the confidence score matters
-            self._saw_ood = True
-            valid = batch.pop("valid", None)
-            probs = predictive(self.method(batch), self.aggregate)
-            self.ood_detection.update(probs if valid is None else probs[valid], in_distribution=False)
-            return
-        logits, labels = self._evaluate(batch, self.test_metrics)
-        self.num_members = logits.shape[0]  # members or samples that produced the predictive
-        self.test_examples += labels.numel()
-        if not labels.numel():
-            return
-        self.ood_detection.update(predictive(logits, self.aggregate), in_distribution=True)
-        for member, metric in zip(logits, self.member_accuracy):  # only members the method produced
-            metric.update(member.double().softmax(-1), labels)
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        valid = batch.pop("valid", torch.ones_like(batch["labels"], dtype=torch.bool))
+        index = batch.pop("index", torch.arange(batch["labels"].shape[0]))
+        logits = check_member_logits(self.method(batch))
+        if self._collected and logits.shape[0] != self._collected[0][0].shape[0]:
+            raise RuntimeError(f"{type(self.method).__name__} returned {logits.shape[0]} members in one test batch "
+                               f"and {self._collected[0][0].shape[0]} in another")  # fmt: skip
+        # float32 holds bf16 and float16 logits exactly; kept on the device until the gather
+        self._collected.append((logits.detach().float(), batch["labels"], valid.to(logits.device),
+                                index.to(logits.device)))  # fmt: skip
 
     def on_test_epoch_end(self) -> None:
-        results = {k: float(v) for k, v in self.test_metrics.compute().items()}
-        members = [float(m.compute()) for m in self.member_accuracy if m.update_called]
-        if members:
-            results["test/member_acc"] = members
-        if self._saw_ood:
-            results.update({f"test/ood_{k}": float(v) for k, v in self.ood_detection.compute().items()})
-        self.ood_detection.reset()
-        results["test/examples"] = int(self.trainer.strategy.reduce(self.test_examples, reduce_op="sum"))
-        results["test/seconds"] = time.perf_counter() - self._test_start
-        bad = [k for k, v in results.items() if not all(map(math.isfinite, v if isinstance(v, list) else [v]))]
-        if bad:
-            raise FloatingPointError(f"non-finite test metrics {bad}: {({k: results[k] for k in bad})}; "
-                                     "results.json is not written")  # fmt: skip
-        self.log_dict({k: v for k, v in results.items() if isinstance(v, float)})
-        self.test_results = results
-        self.test_metrics.reset()
-        for m in self.member_accuracy:
-            m.reset()
+        """Gathers every process's share; each example once (no DDP padding), in dataset order."""
+        if not self._collected:
+            raise RuntimeError("no test batch ran (trainer.limit_test_batches=0?): nothing to evaluate")
+        logits, labels, valid, index = zip(*self._collected)
+        logits = torch.cat(logits, dim=1)  # (M, n, C): this process's n examples, padding included
+        labels, valid, index = torch.cat(labels), torch.cat(valid).to(torch.uint8), torch.cat(index)
+        if self.trainer.world_size > 1:  # every rank ran the same number of equal batches: equal shapes
+            logits, labels, valid, index = (self.all_gather(t) for t in (logits, labels, valid, index))
+            logits = logits.permute(1, 0, 2, 3).flatten(1, 2)  # (W, M, n, C) -> (M, W*n, C)
+            labels, valid, index = labels.flatten(), valid.flatten(), index.flatten()
+        valid = valid.bool()
+        order = index[valid].argsort()
+        self.predictions = Predictions(logits[:, valid][:, order].cpu(), labels[valid][order].cpu(),
+                                       index[valid][order].cpu())  # fmt: skip
+        self._collected = []
 
     def configure_optimizers(self):
         # Methods may train at their own learning rate (Appendix C.3): method.lr overrides the recipe's.

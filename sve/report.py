@@ -42,9 +42,13 @@ SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never 
 class Metric:
     key: str  # results.json metrics key without the "test/" prefix
     label: str
-    higher_is_better: bool
+    higher_is_better: bool | None  # None: a description, not a score (no best or second best)
     scale: float  # displayed value = stored value * scale (fractions are printed in %, as the paper does)
     digits: int
+
+    @property
+    def arrow(self) -> str:
+        return {True: "↑", False: "↓", None: ""}[self.higher_is_better]
 
 
 METRICS = {
@@ -63,6 +67,13 @@ METRICS = {
         Metric("infer_memory_overhead_pct", "Infer. memory overhead (%)", False, 1, 1),
         Metric("infer_gflops", "Infer. GFLOPs", False, 1, 1),
         Metric("infer_ms", "Infer. time (ms)", False, 1, 1),
+        # Beyond the paper (sve.evaluation), for tables that list them beside the paper's columns.
+        Metric("ts_acc", "TS Acc (%)", True, 100, 1),
+        Metric("ts_ece", "TS ECE (%)", False, 100, 1),
+        Metric("ts_nll", "TS NLL", False, 1, 2),
+        Metric("temperature", "T", None, 1, 2),
+        Metric("disagreement", "Disagr. (%)", None, 100, 1),
+        Metric("mutual_information", "MI (nats)", None, 1, 3),
     )
 }
 
@@ -229,8 +240,11 @@ class Table:
 
 
 def mark_best(rows: list[Row], metrics: list[Metric]) -> None:
-    """Bold (best) and underline (second best) per column, on the values as displayed (ties share a mark)."""
+    """Bold (best) and underline (second best) per column, on the values as displayed (ties share a mark);
+    none in a column without a direction."""
     for metric in metrics:
+        if metric.higher_is_better is None:
+            continue
         cells = [row.cells.get(metric.key) for row in rows]
         shown = sorted({round(c.mean, metric.digits) for c in cells if c}, reverse=metric.higher_is_better)
         for cell in filter(None, cells):

@@ -1,8 +1,10 @@
 """``run(cfg) -> results``: what ``train.py`` and the tests call. Checks the config, builds backbone, data,
 method, module and trainer from it, trains (resuming from the run directory's checkpoint when it has one),
-tests, and writes ``results.json`` to the run directory, which no other live run may use at the same time.
+runs the method's post-training step, writes ``checkpoints/final.ckpt`` (when the run keeps checkpoints),
+evaluates on every evaluation set (``sve.evaluation``: predictions under ``predictions/``, metrics, shift),
+and writes ``results.json`` to the run directory, which no other live run may use at the same time.
 
-Under DDP every rank runs all of this; only rank 0 writes results.json."""
+Under DDP every rank runs all of this; only rank 0 writes files."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
 from sve.backbones.hf import package_path
-from sve.checkpoint import LastCheckpoint, read_checkpoint
+from sve.checkpoint import LastCheckpoint, read_checkpoint, save_final
+from sve.evaluation import evaluate
 from sve.metrics import UNITS
 from sve.module import EnsembleModule
 from sve.singular_values import save_singular_values
@@ -77,6 +80,12 @@ def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | Non
     return None if path is None else str(path)
 
 
+def prediction_options(cfg: DictConfig) -> dict:
+    """How predictions are saved (``predictions`` in configs/train.yaml; defaults for configs without it)."""
+    options = cfg.get("predictions") or {}
+    return {"save": bool(options.get("save", True)), "float16_above_mb": float(options.get("float16_above_mb", 256))}
+
+
 def run(cfg: DictConfig) -> dict:
     """Trains, tests and writes ``results.json``; a run directory that already has one is skipped."""
     start = time.perf_counter()
@@ -119,25 +128,24 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
     module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU; a posterior fits here
     with datamodule.whole_training_split():  # every rank fits the same thing on the same data
         method.after_fit(datamodule)
-    if checkpoint is not None:  # the final state, posterior included: a rerun or re-evaluation needs no refit
-        checkpoint.save(trainer)
-    # The final model (posterior and snapshots included) on the validation split: what tuning may look at.
-    validation = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-    trainer.test(module, datamodule=datamodule, verbose=False)
+    if checkpoint is not None:
+        checkpoint.save(trainer)  # last.ckpt with the final state (a posterior): a rerun of this run refits nothing
+        save_final(trainer, checkpoint.dirpath)  # weights and method state only, for evaluate.py
+    evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
 
     results = {
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,
         "dataset": cfg.dataset.name,
         "ensemble_size": method.ensemble_size,
-        "num_members": module.num_members,  # members or samples that produced the predictive (test set)
+        "num_members": evaluation["num_members"],  # members or samples that produced the predictive
         "seed": int(cfg.seed),
         "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
         "experiment": cfg.get("experiment_name"),
         "aggregate": cfg.aggregate,
-        "metrics": module.test_results,
-        "validation": {k: float(v) for k, v in validation.items()},  # the only metrics tuning may use
+        "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
         "units": {f"test/{k}": v for k, v in UNITS.items()},
+        **{k: evaluation[k] for k in ("predictions", "reliability", "shift") if k in evaluation},
         "parameters": {
             **method.parameter_counts(),
             "backbone": getattr(method, "base_parameter_count", None),

@@ -13,7 +13,7 @@ counts as failed, since its cell would stay empty.
 
 A table may tune one hyper-parameter per row on the validation split (``tune:`` in its definition, e.g. the
 learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; the
-value with the best validation metric (results.json ``validation``; never a test metric) is written to
+value with the best validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written to
 ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
 (same config, same seed), so it is copied to its seed directory rather than trained twice.
 """
@@ -87,7 +87,7 @@ def choose(spec, row_dir: Path, tuned: list[tuple[Job, dict | None]]) -> dict:
     metric = METRICS[tune.metric]
     scores = {}
     for job, results in tuned:
-        value = (results or {}).get("validation", {}).get(f"val/{tune.metric}")
+        value = (results or {}).get("metrics", {}).get(f"val/{tune.metric}")
         if value is not None:
             scores[job.tuning.split("=", 1)[1]] = float(value)
     if not scores:
@@ -160,7 +160,7 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
                 status = f"trained in {time.perf_counter() - start:.1f} s"
             if members_of(results) != job.members:
                 raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
-            shown = results.get("validation", {}).get(f"val/{spec.tune.metric}") if job.tuning else None
+            shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
             print(f"{prefix}: {status}, " + (f"val {spec.tune.metric} {shown:.4f}" if shown is not None else
                                              f"acc {results['metrics']['test/acc']:.3f}"), flush=True)  # fmt: skip
             return results

@@ -74,6 +74,9 @@ def check_config(cfg: DictConfig) -> None:
     workers = get("dataset.num_workers")
     _require(workers is None or (_is_int(workers) and workers >= 0), "dataset.num_workers", workers,
              "a non-negative integer")  # fmt: skip
+    above = get("predictions.float16_above_mb")
+    _require(above is None or (_number(above) and above >= 0), "predictions.float16_above_mb", above,
+             "a non-negative number of megabytes")  # fmt: skip
     every = get("callbacks.checkpoint.every_n_steps")
     _require(every is None or (_is_int(every) and every >= 1), "callbacks.checkpoint.every_n_steps", every,
              "a positive integer or null")  # fmt: skip

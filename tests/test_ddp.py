@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,7 +45,7 @@ def ddp_runs(tmp_path, runs: list[list[str]]) -> list[dict | str]:
 
 def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
     results = ddp_runs(tmp_path / "ddp", [overrides(m, "ddp_sim") for m in METHODS])
-    for method, ddp in zip(METHODS, results):
+    for i, (method, ddp) in enumerate(zip(METHODS, results)):
         assert isinstance(ddp, dict), f"{method} under DDP: {ddp}"
         metrics = ddp["metrics"]
         assert ddp["hardware"]["devices"] == 2 and ddp["hardware"]["per_device_batch_size"] == 4
@@ -53,10 +54,16 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
         if method.startswith("bayes_lora"):  # after training, every rank fits the posterior on the whole split
             alone = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["method_report"]
             assert ddp["method_report"]["prior_precision"] == pytest.approx(alone["prior_precision"], rel=1e-4)
+        # Rank 0 saved both ranks' examples, each once, in dataset order.
+        saved = np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")
+        assert saved["index"].tolist() == list(range(21)) and saved["member_logits"].shape[1] == 21, method
         if method in STOCHASTIC:
             continue
         single = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["metrics"]
         assert single["test/examples"] == 21
+        alone = np.load(tmp_path / "single" / method / "predictions" / "test.npz")
+        assert saved["labels"].tolist() == alone["labels"].tolist()
+        np.testing.assert_allclose(saved["member_logits"], alone["member_logits"], rtol=1e-4, atol=1e-5)
         assert metrics["test/acc"] == single["test/acc"], method
         assert metrics["test/member_acc"] == single["test/member_acc"], method
         for key in ("test/nll", "test/brier", "test/ece"):  # same optimisation; float sums in another order

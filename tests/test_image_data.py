@@ -20,7 +20,7 @@ from sve.data import (
     Flowers102Data,
     OxfordPetsData,
 )
-from sve.data.corruptions import CORRUPTIONS
+from sve.data.corruptions import CORRUPTIONS, Corrupter
 
 # What attach() reads from an image backbone: resolution and normalisation (ImageNet statistics).
 BACKBONE = SimpleNamespace(modality="image", image_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
@@ -170,27 +170,50 @@ def _fake_cifar100_c(root, n=3):
     np.save(root / "labels.npy", np.tile(np.arange(n) * 7, 5).astype(np.int64))
 
 
-def test_cifar100_c_release_layout_selects_corruptions_and_severities(tmp_path):
+def test_cifar100_c_release_gives_one_set_per_corruption_and_severity(tmp_path):
     _fake_cifar100(tmp_path / "c100")
     _fake_cifar100_c(tmp_path / "c100c")
     kw = dict(root=str(tmp_path / "c100"), download=False, val_holdout=2, corrupted_root=str(tmp_path / "c100c"))
     data = _loaded(CIFAR100CData(corruptions=["fog", "snow"], severities=[2, 5], **kw))
-    assert len(data.splits["test"]) == 2 * 2 * 3
-    assert [lbl for _, lbl in data.splits["test"]][:3] == [0, 7, 14]
-    every = _loaded(CIFAR100CData(corruptions="all", severities="all", **kw))
-    assert len(every.splits["test"]) == 19 * 5 * 3
+    assert data.evaluation_sets() == ["val", "test", "shift/fog/2", "shift/fog/5", "shift/snow/2", "shift/snow/5"]
+    assert len(data.splits["test"]) == 10  # the clean CIFAR-100 test split (severity 0), not a pooled set
+    fog2 = data.shifted_test("fog", 2)
+    assert len(fog2) == 3 and [lbl for _, lbl in fog2] == [0, 7, 14]
     # Severity s is rows (s-1)*n .. s*n of the file.
-    one = _loaded(CIFAR100CData(corruptions="fog", severities=2, **kw))
     raw = np.load(tmp_path / "c100c" / "fog.npy")[3]
-    expected = one.test_transform(Image.fromarray(raw))
-    torch.testing.assert_close(one.splits["test"][0][0], expected)
+    torch.testing.assert_close(fog2[0][0], data.test_transform(Image.fromarray(raw)))
+    loader = data.evaluation_loader("shift/snow/5")
+    assert next(iter(loader))["pixel_values"].shape[1:] == (3, 16, 16) and len(loader.dataset) == 3
+    every = _loaded(CIFAR100CData(corruptions="all", severities="all", **kw))
+    assert len(every.evaluation_sets()) == 2 + 19 * 5
 
 
 def test_cifar100_c_generated_when_no_release(tmp_path):
     _fake_cifar100(tmp_path)
     data = _loaded(CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2,
                                  corruptions=["contrast"], severities=[1, 5]))  # fmt: skip
-    assert len(data.splits["test"]) == 2 * 10
+    assert data.evaluation_sets()[2:] == ["shift/contrast/1", "shift/contrast/5"]
+    clean, shifted = data.splits["test"], data.shifted_test("contrast", 5)
+    assert len(shifted) == len(clean) == 10
+    assert [y for _, y in shifted] == [y for _, y in clean]
+    assert not torch.equal(shifted[0][0], clean[0][0])
+
+
+def test_every_image_dataset_can_be_evaluated_under_shift(tmp_path):
+    """Shift sets come from the image base class: CIFAR-10, Fashion-MNIST, ... get them with dataset.corruptions;
+    each is the test split (the same test_size subset) through the corruption generator."""
+    _fake_cifar100(tmp_path)
+    plain = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2))
+    assert plain.evaluation_sets() == ["val", "test"]
+    data = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2, test_size=4,
+                                corruptions="gaussian_noise", severities=3, corruption_seed=5))  # fmt: skip
+    assert data.evaluation_sets() == ["val", "test", "shift/gaussian_noise/3"]
+    shifted = data.evaluation_loader("shift/gaussian_noise/3").dataset.dataset  # Keyed(Subset(...))
+    assert shifted.indices == data.splits["test"].indices  # the same 4 test images
+    raw, label = data.raw_test[shifted.indices[0]]
+    expected = data.test_transform(Corrupter("gaussian_noise", 3, seed=5)(raw.convert("RGB"), shifted.indices[0]))
+    torch.testing.assert_close(shifted[0][0], expected)
+    assert shifted[0][1] == label
 
 
 def test_cifar100_c_errors_name_the_key(tmp_path):

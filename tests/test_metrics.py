@@ -91,3 +91,89 @@ def test_predictive_mean_of_probabilities_vs_logits():
     assert p.dtype == torch.float64
     with pytest.raises(ValueError, match="probs"):
         predictive(logits, "median")
+
+
+# --- beyond the paper: member metrics, disagreement, mutual information, reliability -----------------------------
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def reference_mutual_information(member_logits: np.ndarray) -> float:
+    """Explicit loops over examples: H(mean p) - mean_m H(p_m)."""
+    p = softmax(member_logits)  # (M, N, C)
+    h = lambda q: -sum(x * np.log(x) for x in q if x > 0)  # noqa: E731
+    return float(np.mean([h(p[:, i].mean(0)) - np.mean([h(p[m, i]) for m in range(len(p))])
+                          for i in range(p.shape[1])]))  # fmt: skip
+
+
+def test_mutual_information_against_numpy_and_its_bounds():
+    from sve.metrics import mutual_information
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(5, 40, 6)) * 2
+    expected = reference_mutual_information(logits)
+    assert mutual_information(torch.from_numpy(logits)) == pytest.approx(expected, abs=1e-12)
+    agree = np.repeat(logits[:1], 5, axis=0)  # five identical members: no epistemic part
+    assert mutual_information(torch.from_numpy(agree)) == pytest.approx(0, abs=1e-12)
+    # Two confident members on different classes: the predictive is 50/50, each member certain: I = log 2.
+    apart = np.full((2, 3, 4), -1e4)
+    apart[0, :, 0] = apart[1, :, 1] = 0
+    assert mutual_information(torch.from_numpy(apart)) == pytest.approx(np.log(2), abs=1e-12)
+
+
+def test_disagreement_against_numpy():
+    from sve.metrics import disagreement
+
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(3, 50, 4))
+    probs = softmax(logits).mean(0)
+    expected = np.mean([[logits[m, i].argmax() != probs[i].argmax() for i in range(50)] for m in range(3)])
+    assert disagreement(torch.from_numpy(logits), torch.from_numpy(probs)) == pytest.approx(expected, abs=1e-15)
+    assert disagreement(torch.from_numpy(logits[:1]), torch.from_numpy(softmax(logits[0]))) == 0
+    # Hand-made: members predict classes (0, 1, 1) for example 0 and (2, 2, 2) for example 1; the ensemble
+    # says 1 and 2, so one of six (member, example) pairs disagrees.
+    hand = np.zeros((3, 2, 3))
+    for m, classes in enumerate([(0, 2), (1, 2), (1, 2)]):
+        for i, c in enumerate(classes):
+            hand[m, i, c] = 5.0
+    assert disagreement(torch.from_numpy(hand), torch.from_numpy(softmax(hand).mean(0))) == pytest.approx(1 / 6)
+
+
+@pytest.mark.parametrize("aggregate", ["probs", "logits"])
+def test_score_holds_every_member_and_the_ece_bins(aggregate):
+    from sve.metrics import score
+
+    rng = np.random.default_rng(3)
+    logits, labels = rng.normal(size=(4, 300, 7)) * 3, rng.integers(0, 7, 300)
+    got = score(torch.from_numpy(logits), torch.from_numpy(labels), aggregate)
+    probs = softmax(logits).mean(0) if aggregate == "probs" else softmax(logits.mean(0))
+    ref = reference(probs, labels)
+    for key in ("acc", "ece", "nll", "brier"):
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key
+        members = [reference(softmax(m), labels)[key] for m in logits]
+        assert got[f"member_{key}"] == pytest.approx(members, abs=1e-12), key
+    # Reliability bins: right-closed ((m-1)/15, m/15], counted and averaged with explicit loops.
+    bins = got["reliability"]
+    conf, correct = probs.max(1), probs.argmax(1) == labels
+    for m in range(15):
+        inside = [(m / 15 < c <= (m + 1) / 15) or (m == 0 and c == 0) for c in conf]
+        assert bins["count"][m] == sum(inside)
+        if sum(inside):
+            assert bins["confidence"][m] == pytest.approx(conf[inside].mean(), abs=1e-12)
+            assert bins["accuracy"][m] == pytest.approx(correct[inside].mean(), abs=1e-12)
+        else:
+            assert bins["confidence"][m] is None and bins["accuracy"][m] is None
+
+
+@pytest.mark.parametrize("aggregate", ["probs", "logits"])
+def test_log_predictive_is_the_log_of_the_predictive_without_underflow(aggregate):
+    from sve.members import log_predictive
+
+    rng = np.random.default_rng(4)
+    logits = torch.from_numpy(rng.normal(size=(3, 20, 5)) * 4)
+    torch.testing.assert_close(log_predictive(logits, aggregate).exp(), predictive(logits, aggregate))
+    far = torch.tensor([[[0.0, -2000.0]], [[0.0, -2000.0]]])  # exp(-2000) is 0 in float64; its log is not -inf
+    assert float(log_predictive(far, aggregate)[0, 1]) == pytest.approx(-2000.0)

@@ -117,6 +117,17 @@ def test_one_seed_has_no_std_and_lower_is_better_marks(tmp_path):
     assert "| SV-Ensemble | 4 | <u>40.0</u> | **10.0** | **1.00** |" in md
 
 
+def test_extra_columns_beside_the_papers_and_no_marks_without_a_direction(tmp_path):
+    root = tmp_path / "r"
+    write_run(root, "exp_a", "single", 1, 0, {"acc": 0.5, "ts_ece": 0.04, "mutual_information": 0.0})
+    write_run(root, "exp_a", "sve", 4, 0, {"acc": 0.4, "ts_ece": 0.02, "mutual_information": 0.1234})
+    spec = OmegaConf.merge(SPEC, {"seeds": [0], "metrics": ["acc", "ts_ece", "mutual_information"]})
+    md = render.to_markdown(metric_table(spec, load_runs(root), root, with_paper=False))
+    assert "| Method | M | Acc (%) ↑ | TS ECE (%) ↓ | MI (nats) |" in md
+    assert "| Single | 1 | **50.0** | <u>4.0</u> | 0.000 |" in md  # MI describes, it is not ranked
+    assert "| SV-Ensemble | 4 | <u>40.0</u> | **2.0** | 0.123 |" in md
+
+
 def test_members_come_from_num_members_then_samples_then_ensemble_size():
     assert members_of({"num_members": 7, "ensemble_size": 1}) == 7
     assert members_of({"ensemble_size": 1, "method_report": {"num_samples": 10}}) == 10

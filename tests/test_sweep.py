@@ -26,6 +26,9 @@ def test_smoke_target_end_to_end(name, tmp_path):
         assert (root / "figures" / "figure4_qkv.png").stat().st_size > 0
     if spec.kind in ("figure3", "cost"):
         assert (root / "tables" / f"{name}.md").exists()
+    if spec.kind == "figure3":  # the smoke runs evaluate every severity of two corruptions: nothing missing
+        assert (root / "figures" / "figure3.png").stat().st_size > 0
+        assert "Missing runs: none." in (root / "tables" / "figure3.md").read_text()
 
 
 def test_make_smoke_target_from_the_command_line(tmp_path):
@@ -95,8 +98,8 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
         lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
         trained.append((job.seed, lr, job.tuning))
         results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": 1,
-                   "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5},
-                   "validation": {"val/nll": 0.2 if lr == "0.01" else 0.4}}  # fmt: skip
+                   "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5,
+                                                              "val/nll": 0.2 if lr == "0.01" else 0.4}}  # fmt: skip
         job.dir.mkdir(parents=True, exist_ok=True)
         (job.dir / "results.json").write_text(json.dumps(results))
         return results
@@ -109,7 +112,7 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
     assert (choice["value"], choice["metric"]) == ("0.01", "val/nll")
     assert [t for t in trained if t[2] is None] == [(1, "0.01", None)] * 2  # single, sve: seed 1
     assert (row / "seed0" / "REUSED.txt").exists()
-    assert json.loads((row / "seed0" / "results.json").read_text())["validation"]["val/nll"] == 0.2
+    assert json.loads((row / "seed0" / "results.json").read_text())["metrics"]["val/nll"] == 0.2
     trained.clear()
     assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained == []  # a rerun finds every run and every choice

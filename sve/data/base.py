@@ -2,8 +2,12 @@
 
 ``run`` builds the backbone first and calls ``datamodule.attach(backbone)``; every batch is a dict with
 ``labels`` plus ``pixel_values`` (images) or ``input_ids``/``attention_mask`` (text, padded per batch), and
-``loss_scale`` (training) or ``valid`` (evaluation) from the samplers of ``sve.data.sampling``, which also
-decide what each process sees under DDP.
+``loss_scale`` (training) or ``valid`` and ``index`` (evaluation) from the samplers of ``sve.data.sampling``,
+which also decide what each process sees under DDP.
+
+A trained model is evaluated on named sets (``evaluation_sets``): ``val`` (temperature scaling is fitted on
+it), ``test``, ``ood`` when an OOD data module is attached, and for image data with ``corruptions`` set, the
+test split under each corruption and severity, ``shift/<corruption>/<severity>``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from sve.errors import InputError
+from sve.data.corruptions import CORRUPTIONS, SEVERITIES, choose
 from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
 
 log = logging.getLogger(__name__)
+SHIFT = "shift"  # evaluation sets shift/<corruption>/<severity>
 
 
 def take_subset(dataset: Dataset, size: int | None, seed: int, name: str) -> Dataset:
@@ -112,28 +118,23 @@ class ClassificationData(pl.LightningDataModule):
     def per_device_batch_size(self) -> int:
         return -(-self.batch_size // (self.world_size * self.accumulate))
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        self.setup()
-        dataset = self.splits[split]
-        if split == "train":
-            sampler = TrainBatchSampler(len(dataset), self.batch_size, self.order_seed, self.world_size,
-                                        self.rank, self.accumulate, shuffle)  # fmt: skip
-            if self.resume_position is not None:
-                sampler.resume_at(*self.resume_position)
-                self.resume_position = None
-            self.train_sampler = sampler
-        else:
-            sampler = EvalBatchSampler(len(dataset), -(-self.eval_batch_size // self.world_size), self.world_size,
-                                       self.rank)  # fmt: skip
+    def _loader(self, dataset: Dataset, sampler, persistent: bool = True) -> DataLoader:
         generator = torch.Generator().manual_seed(self.order_seed)  # worker seeds: not from the global RNG
         return DataLoader(
             Keyed(dataset, self.order_seed),
             batch_sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=KeyedCollate(self.collate),
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=persistent and self.num_workers > 0,
             generator=generator,
         )
+
+    def eval_loader(self, dataset: Dataset, persistent: bool = True) -> DataLoader:
+        """This process's share of ``dataset``, each example once over all processes (``valid`` marks the
+        padding); ``persistent=False`` for a loader used once, so its workers end with it."""
+        sampler = EvalBatchSampler(len(dataset), -(-self.eval_batch_size // self.world_size), self.world_size,
+                                   self.rank)  # fmt: skip
+        return self._loader(dataset, sampler, persistent)
 
     @contextmanager
     def whole_training_split(self):
@@ -153,16 +154,39 @@ class ClassificationData(pl.LightningDataModule):
             return DataLoader(Keyed(self.splits["train"], self.order_seed), batch_size=self.batch_size,
                               sampler=[(i, 0, 1.0) for i in order], num_workers=self.num_workers,
                               collate_fn=KeyedCollate(self.collate, plain=True))  # fmt: skip
-        return self._loader("train", shuffle=True)
+        self.setup()
+        sampler = TrainBatchSampler(len(self.splits["train"]), self.batch_size, self.order_seed, self.world_size,
+                                    self.rank, self.accumulate)  # fmt: skip
+        if self.resume_position is not None:
+            sampler.resume_at(*self.resume_position)
+            self.resume_position = None
+        self.train_sampler = sampler
+        return self._loader(self.splits["train"], sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        self.setup()
+        return self.eval_loader(self.splits["val"])
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """The test split, followed by the OOD set's test split when ``ood`` is given."""
+        self.setup()
         if self.ood is None:
-            return self._loader("test", shuffle=False)
-        return [self._loader("test", shuffle=False), self.ood.test_dataloader()]
+            return self.eval_loader(self.splits["test"])
+        return [self.eval_loader(self.splits["test"]), self.ood.test_dataloader()]
+
+    def evaluation_sets(self) -> list[str]:
+        """The sets a trained model is evaluated on, in order (see the module docstring)."""
+        return ["val", "test"] + (["ood"] if self.ood is not None else [])
+
+    def evaluation_loader(self, name: str) -> DataLoader:
+        """A one-use loader of the evaluation set ``name``."""
+        self.setup()
+        if name == "ood" and self.ood is not None:
+            self.ood.setup()
+            return self.ood.eval_loader(self.ood.splits["test"], persistent=False)
+        if name not in ("val", "test"):
+            raise ValueError(f"{type(self).__name__} has no evaluation set {name!r}; it has {self.evaluation_sets()}")
+        return self.eval_loader(self.splits[name], persistent=False)
 
 
 def check_labels(dataset: Dataset, num_classes: int, what: str) -> None:
@@ -203,9 +227,45 @@ class TextClassificationData(ClassificationData):
 
 
 class ImageClassificationData(ClassificationData):
-    """Examples are ``(image tensor, label)``; the transform is built from the backbone in ``attach``."""
+    """Examples are ``(image tensor, label)``; the transform is built from the backbone in ``attach``.
+
+    Shift (Fig. 3): with ``corruptions`` set, a trained model is also evaluated on the test split under each
+    corruption and severity of ``sve.data.corruptions``, each a set of its own (``shift/<corruption>/<severity>``,
+    the same examples as ``test``: the same ``test_size`` subset); a subclass says how to corrupt its images
+    (``shifted_test``).
+
+    Args:
+        corruptions: a name, a list of names, ``all`` (the 19 of ``sve.data.corruptions.CORRUPTIONS``), or
+            None for no shift evaluation.
+        severities: an int, a list, or ``all`` (1 to 5).
+        corruption_seed: seed of the corruption generator (the same seed gives the same images).
+    """
 
     modality = "image"
+
+    def __init__(self, corruptions: str | list[str] | None = None, severities: int | list[int] | str = "all",
+                 corruption_seed: int = 0, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.corruptions = [] if corruptions is None else choose(corruptions, CORRUPTIONS, "corruptions")
+        self.severities = choose(severities, SEVERITIES, "severities")
+        self.corruption_seed = corruption_seed
+
+    def shifted_test(self, corruption: str, severity: int) -> Dataset:
+        """The whole test split (before ``test_size``) under one corruption at one severity."""
+        raise InputError(f"dataset {type(self).__name__} cannot make corrupted test sets; set dataset.corruptions=null")
+
+    def evaluation_sets(self) -> list[str]:
+        shifted = [f"{SHIFT}/{c}/{s}" for c in self.corruptions for s in self.severities]
+        return super().evaluation_sets() + shifted
+
+    def evaluation_loader(self, name: str) -> DataLoader:
+        if not name.startswith(f"{SHIFT}/"):
+            return super().evaluation_loader(name)
+        _, corruption, severity = name.split("/")
+        self.setup()
+        shifted = self.shifted_test(corruption, int(severity))
+        dataset = take_subset(shifted, self.sizes["test"], self.subset_seed, "test")  # the test split's examples
+        return self.eval_loader(dataset, persistent=False)
 
     def collate(self, examples: list) -> dict:
         images, labels = zip(*examples)

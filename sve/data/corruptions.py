@@ -252,6 +252,15 @@ def corrupt(image: Array | Image.Image, corruption: str, severity: int, seed: in
     return _to_uint8(FUNCTIONS[corruption](x.astype(np.float64) / 255, severity, rng))
 
 
+def choose(value, allowed: tuple, key: str) -> list:
+    """A config value (one entry, a list, or ``all``/None for every entry) as a list of allowed entries."""
+    values = list(allowed) if value in (None, "all") else [value] if isinstance(value, (str, int)) else list(value)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"dataset.{key} has unknown entries {bad}; choose from {list(allowed)}")
+    return values
+
+
 class Corrupter:
     """Callable ``(PIL image, index) -> PIL image`` for ``sve.data.vision.Transformed``."""
 
@@ -263,4 +272,4 @@ class Corrupter:
         return Image.fromarray(corrupt(image, self.corruption, self.severity, self.seed, index))
 
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "Corrupter"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "choose", "Corrupter"]

@@ -139,7 +139,8 @@ class Keyed(Dataset):
 
 
 class KeyedCollate:
-    """Wraps a collate function: the batch also gets ``loss_scale`` (training) or ``valid`` (evaluation)."""
+    """Wraps a collate function: the batch also gets ``loss_scale`` (training) or ``valid`` and ``index``, the
+    examples' positions in the dataset (evaluation: saved predictions are put back in dataset order)."""
 
     def __init__(self, collate, plain: bool = False):
         self.collate, self.plain = collate, plain  # plain: the batch without the sampler's extra key
@@ -151,6 +152,7 @@ class KeyedCollate:
             return batch
         if len(keys[0]) == 2:
             batch["valid"] = torch.tensor([valid for _, valid in keys])
+            batch["index"] = torch.tensor([index for index, _ in keys])
         else:
             batch["loss_scale"] = keys[0][2]
         return batch

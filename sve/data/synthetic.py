@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from PIL import Image
+from torch.utils.data import Dataset, TensorDataset
 
 from sve.data.base import ImageClassificationData, TextClassificationData
+from sve.data.corruptions import Corrupter
 
 
 def _split_sizes(num_train: int, num_val: int, num_test: int) -> dict[str, int]:
@@ -49,11 +52,32 @@ class SyntheticImageData(ImageClassificationData):
             labels = torch.arange(n) % self.num_classes
             images = prototypes[labels] + self.noise * torch.randn(n, 3, size, size, generator=g)
             splits[split] = TensorDataset(images, labels)
+        self.raw_test = splits["test"]  # before test_size: shifted_test corrupts the whole split
         return splits
 
     def collate(self, examples):
         images, labels = zip(*examples)
         return {"pixel_values": torch.stack(images), "labels": torch.stack(labels).long()}
+
+    def shifted_test(self, corruption: str, severity: int) -> Dataset:
+        """The test images through the corruption generator: mapped to 8-bit pixels by x / 6 + 1/2 (values
+        within 3 of zero, nearly all of them here, survive up to rounding), corrupted, and mapped back."""
+        self.setup()
+        return _Corrupted(self.raw_test, Corrupter(corruption, severity, self.corruption_seed))
+
+
+class _Corrupted(Dataset):
+    def __init__(self, dataset: Dataset, corrupt: Corrupter):
+        self.dataset, self.corrupt = dataset, corrupt
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        image, label = self.dataset[i]
+        pixels = ((image / 6 + 0.5).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()  # (H, W, 3)
+        corrupted = np.asarray(self.corrupt(Image.fromarray(pixels), i), dtype=np.float32) / 255
+        return (torch.from_numpy(corrupted).permute(2, 0, 1) - 0.5) * 6, label
 
 
 class SyntheticTextData(TextClassificationData):

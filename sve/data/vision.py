@@ -10,7 +10,8 @@ backbone's ``image_size``, ``mean`` and ``std`` (ImageNet statistics for the DIN
 
 Where a dataset has no official validation split, ``val_holdout`` training images are held out by
 ``subset_seed``. ``test_corruption``/``test_severity`` corrupt the test split with the generator of
-``sve.data.corruptions`` (e.g. CIFAR-10-C made on the fly).
+``sve.data.corruptions`` (e.g. CIFAR-10-C made on the fly); ``corruptions``/``severities`` instead evaluate on
+every corruption and severity as sets of their own, beside the clean test split (``ImageClassificationData``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import transforms as T
 
 from sve.data.base import ImageClassificationData
+from sve.data.corruptions import Corrupter
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,6 @@ class VisionData(ImageClassificationData):
         val_holdout: training images held out for validation where the dataset has no official split.
         test_corruption: corrupt the test split with this corruption (see ``sve.data.corruptions``).
         test_severity: its severity, 1 to 5.
-        corruption_seed: seed of the corruption generator (the same seed gives the same images).
     """
 
     name: str  # the config option name, used in error messages
@@ -98,7 +99,6 @@ class VisionData(ImageClassificationData):
         val_holdout: int | None = None,
         test_corruption: str | None = None,
         test_severity: int = 1,
-        corruption_seed: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -107,8 +107,8 @@ class VisionData(ImageClassificationData):
         self.val_holdout = val_holdout
         self.test_corruption = test_corruption
         self.test_severity = test_severity
-        self.corruption_seed = corruption_seed
         self.train_transform = self.test_transform = None
+        self.raw_test: Dataset | None = None  # the test images before any transform (set by load_splits)
 
     def attach(self, backbone) -> None:
         super().attach(backbone)
@@ -139,11 +139,15 @@ class VisionData(ImageClassificationData):
             raw["train"], raw["val"] = hold_out(raw["train"], self.val_holdout, self.subset_seed)
         corrupt = None
         if self.test_corruption:
-            from sve.data.corruptions import Corrupter
-
             corrupt = Corrupter(self.test_corruption, self.test_severity, self.corruption_seed)
+        self.raw_test = raw["test"]
         return {
             "train": Transformed(raw["train"], self.train_transform),
             "val": Transformed(raw["val"], self.test_transform),
             "test": Transformed(raw["test"], self.test_transform, corrupt),
         }
+
+    def shifted_test(self, corruption: str, severity: int) -> Dataset:
+        """The raw test images corrupted at their native size, then transformed as the clean test split."""
+        self.setup()
+        return Transformed(self.raw_test, self.test_transform, Corrupter(corruption, severity, self.corruption_seed))

@@ -82,6 +82,8 @@ class EnsembleMethod(nn.Module):
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
+        Whatever ``after_fit`` builds (a Laplace posterior, snapshots in use) must live in the state dict
+        (``get_extra_state``): checkpoints written after it carry it, and ``evaluate.py`` never refits.
 
     Args:
         members_at_once: ``all``, or how many members run per backbone pass (see the module docstring).

@@ -1,0 +1,159 @@
+"""A trained model on every evaluation set of its data module: saved predictions, then every number from them.
+
+``evaluate(trainer, module, datamodule, out_dir, ...)`` runs one ``trainer.test`` per set of
+``datamodule.evaluation_sets()`` (``val``, ``test``, ``ood``, ``shift/<corruption>/<severity>``). Each pass is
+seeded from the run's seed and the set's name, so a method whose members are samples (MC dropout, BLoB,
+Laplace) draws the same samples whenever the set is evaluated again (``evaluate.py``). Under DDP every rank
+holds the whole set after the module's gather and computes the same numbers; rank 0 writes.
+
+Saved predictions, ``<out_dir>/predictions/<set>.npz`` (``numpy.load``, no pickle):
+
+- ``member_logits`` (M, N, C): float32, or float16 when the float32 array would exceed ``float16_above_mb``
+  (half the disk; the metrics recomputed from it then agree to about 1e-3 instead of 1e-6). M is the members
+  or samples that produced the predictive.
+- ``labels`` (N,) int64; ``index`` (N,) int64, each example's position in the evaluated set (rows are in
+  that order; fewer than the set when ``trainer.limit_test_batches`` cut it);
+- ``aggregate``: the run's rule for the predictive (``sve.members.predictive``), also in results.json.
+
+What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.run``):
+
+- ``num_members``; ``predictions``: {set: path relative to the run directory};
+- ``metrics``: the test set's ``test/acc``, ``ece``, ``nll``, ``brier``; per member ``test/member_acc`` etc.
+  (lists of length M); ``test/disagreement``, ``test/mutual_information`` (``sve.metrics``); temperature
+  scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``, ``ts_ece``, ``ts_nll``;
+  ``sve.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``, ``ood_auprc``, ``ood_fpr95``;
+  ``test/examples``, ``test/seconds``;
+- ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
+- ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
+  ``by_severity`` {"0": the clean test set, "1".."5": the mean over corruptions of each metric at that
+  severity, as Fig. 3 plots it (Ovadia et al., 2019)}; ``pooled``: the metrics of all corrupted sets taken
+  as one (the single number CIFAR-100-C used to give; its ECE is not the mean of the per-set ECEs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sve.calibration import fit_temperature, temperature_scaled
+from sve.data.base import SHIFT
+from sve.members import log_predictive, predictive
+from sve.metrics import OODDetection, classification_metrics, predictive_metrics, score
+
+PREDICTIONS = "predictions"
+SHIFT_METRICS = ("acc", "ece", "nll", "brier")
+TEMPERATURE_METRICS = ("acc", "ece", "nll")  # ts_brier would be one more column nobody asked for
+
+
+def seed_pass(seed: int, name: str) -> None:
+    """Seeds every generator from the run's seed and the set's name (the same on every rank)."""
+    value = (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**32
+    torch.manual_seed(value)
+    np.random.seed(value)
+    random.seed(value)
+
+
+def write_predictions(path: Path, predictions, aggregate: str, float16_above_mb: float) -> None:
+    """One set's ``.npz`` (layout in the module docstring), written atomically."""
+    logits = predictions.member_logits.numpy()
+    finite = logits[np.isfinite(logits)]
+    fits_float16 = not finite.size or float(np.abs(finite).max()) <= float(np.finfo(np.float16).max)
+    if logits.nbytes > float16_above_mb * 2**20 and fits_float16:
+        logits = logits.astype(np.float16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        np.savez(f, member_logits=logits, labels=predictions.labels.numpy().astype(np.int64),
+                 index=predictions.index.numpy().astype(np.int64), aggregate=np.array(aggregate))  # fmt: skip
+    os.replace(tmp, path)
+
+
+def read_predictions(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def shift_record(by_corruption: dict[str, dict[str, dict]], clean: dict, pooled: dict) -> dict:
+    """Fig. 3's record from the per-set metrics (see the module docstring)."""
+    severities = sorted({s for per in by_corruption.values() for s in per}, key=int)
+    by_severity = {"0": {k: clean[k] for k in SHIFT_METRICS}}
+    for s in severities:
+        sets = [per[s] for per in by_corruption.values() if s in per]
+        by_severity[s] = {k: statistics.fmean(m[k] for m in sets) for k in SHIFT_METRICS}
+    return {"by_corruption": by_corruption, "by_severity": by_severity, "pooled": pooled}
+
+
+def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str = PREDICTIONS,
+             save: bool = True, float16_above_mb: float = 256.0) -> dict:
+    """Evaluates ``module`` on every set of ``datamodule``; returns the record of the module docstring.
+    Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0)."""
+    aggregate = module.aggregate
+    kept, paths, by_corruption, seconds, members = {}, {}, {}, {}, set()
+    pooled = classification_metrics(sync_on_compute=False)
+    for name in datamodule.evaluation_sets():
+        seed_pass(seed, name)
+        start = time.perf_counter()
+        trainer.test(module, dataloaders=datamodule.evaluation_loader(name), verbose=False)
+        seconds[name] = time.perf_counter() - start
+        found = module.predictions
+        members.add(found.member_logits.shape[0])
+        if save:
+            paths[name] = f"{save_to}/{name}.npz"
+            if trainer.is_global_zero:
+                write_predictions(Path(out_dir) / paths[name], found, aggregate, float16_above_mb)
+        if name.startswith(f"{SHIFT}/"):  # scored now and let go: 95 sets of CIFAR-100-C need not fit at once
+            _, corruption, severity = name.split("/")
+            probs = predictive(found.member_logits, aggregate)
+            metrics = predictive_metrics(probs, found.labels)
+            by_corruption.setdefault(corruption, {})[severity] = {k: metrics[k] for k in SHIFT_METRICS}
+            pooled.update(probs, found.labels)
+        else:
+            kept[name] = found
+    if len(members) != 1:
+        raise RuntimeError(f"the evaluation sets were predicted by different numbers of members: {sorted(members)}")
+
+    test = score(kept["test"].member_logits, kept["test"].labels, aggregate)
+    reliability = test.pop("reliability")
+    metrics = {f"test/{k}": v for k, v in test.items()}
+    val = kept["val"]
+    metrics.update({f"val/{k}": v for k, v in predictive_metrics(predictive(val.member_logits, aggregate),
+                                                                 val.labels).items()})  # fmt: skip
+    temperature = fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)
+    scaled = temperature_scaled(log_predictive(kept["test"].member_logits, aggregate), temperature)
+    metrics["test/temperature"] = temperature
+    scaled_metrics = predictive_metrics(scaled, kept["test"].labels)
+    metrics.update({f"test/ts_{k}": scaled_metrics[k] for k in TEMPERATURE_METRICS})
+    if "ood" in kept:
+        ood = OODDetection(sync_on_compute=False)
+        ood.update(predictive(kept["test"].member_logits, aggregate), in_distribution=True)
+        ood.update(predictive(kept["ood"].member_logits, aggregate), in_distribution=False)
+        metrics.update({f"test/ood_{k}": float(v) for k, v in ood.compute().items()})
+    metrics["test/examples"] = len(kept["test"].labels)
+    metrics["test/seconds"] = seconds["test"]
+    check_finite(metrics)
+
+    record = {"num_members": members.pop(), "metrics": metrics, "reliability": {"test": reliability}}
+    if save:
+        record["predictions"] = paths
+    if by_corruption:
+        pooled = {k: float(v) for k, v in pooled.compute().items()}
+        record["shift"] = shift_record(by_corruption, test, pooled)
+    for logger in trainer.loggers:
+        logger.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=trainer.global_step)
+        logger.save()
+    return record
+
+
+def check_finite(metrics: dict) -> None:
+    bad = [k for k, v in metrics.items() if not all(map(math.isfinite, v if isinstance(v, list) else [v]))]
+    if bad:
+        raise FloatingPointError(f"non-finite test metrics {bad}: {({k: metrics[k] for k in bad})}; "
+                                 "results.json is not written")  # fmt: skip

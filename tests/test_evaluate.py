@@ -1,0 +1,114 @@
+"""evaluate.py: a trained run evaluated again from checkpoints/final.ckpt gives the numbers of its results.json,
+on its own data or with overrides, writing beside the training results and never over them unless asked."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sve.errors import InputError
+from sve.evaluate import evaluate_run
+from sve.run import run
+from tests.conftest import ROOT, compose_cfg
+
+TINY = ["backbone=tiny_vit", "dataset=synthetic_image", "callbacks=default", "dataset.num_test=21"]
+TIMING = {"test/seconds"}
+
+
+@pytest.fixture(scope="module")
+def sve_run(tmp_path_factory):
+    """One trained SVE run (M=2) for the tests below; each gets a copy of its directory."""
+    directory = tmp_path_factory.mktemp("sve_run")
+    return directory, run(compose_cfg(["method=sve", "ensemble_size=2", *TINY], directory))
+
+
+@pytest.fixture
+def trained(sve_run, tmp_path):
+    shutil.copytree(sve_run[0], tmp_path, dirs_exist_ok=True)
+    return tmp_path, sve_run[1]
+
+
+def same_metrics(trained: dict, evaluated: dict, rel: float = 0.0) -> None:
+    assert set(trained) == set(evaluated)
+    for key in set(trained) - TIMING:
+        assert evaluated[key] == pytest.approx(trained[key], rel=rel, abs=0), key
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("sve", ["ensemble_size=2"]),
+    ("mc_dropout", ["method.num_samples=3"]),  # sampled members: each set's pass is seeded
+    ("checkpoint_ensemble", ["ensemble_size=2", "trainer.max_epochs=2"]),  # snapshots in use after after_fit
+    ("deep_ensemble", ["ensemble_size=2", "method.mode=sequential"]),  # the last round's members stored
+    ("bayes_lora_llla", ["method.marglik_steps=3"]),  # the posterior comes with the checkpoint
+])  # fmt: skip
+def test_evaluate_gives_the_training_metrics(method, extra, tmp_path):
+    trained = run(compose_cfg([f"method={method}", *extra, *TINY], tmp_path))
+    before = (tmp_path / "results.json").read_bytes()
+    evaluated = evaluate_run(tmp_path)
+    # Every method's state comes with the checkpoint (a posterior too): the same numbers to the last digit.
+    same_metrics(trained["metrics"], evaluated["metrics"], rel=0)
+    assert evaluated["num_members"] == trained["num_members"]
+    assert (tmp_path / "results.json").read_bytes() == before  # the training results stay as they were
+    written = json.loads((tmp_path / "evaluations" / "synthetic_image.json").read_text())
+    assert written["metrics"] == evaluated["metrics"]
+    again = np.load(tmp_path / written["predictions"]["test"])
+    assert written["predictions"]["test"] == "evaluations/synthetic_image/predictions/test.npz"
+    first = np.load(tmp_path / "predictions" / "test.npz")
+    np.testing.assert_array_equal(again["member_logits"], first["member_logits"])
+
+
+def test_evaluate_with_overrides_adds_shift_and_updates_results_when_asked(trained):
+    tmp_path, trained = trained
+    assert "shift" not in trained
+    evaluated = evaluate_run(tmp_path, ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"], name="shift")
+    assert list(evaluated["shift"]["by_severity"]) == ["0", "2", "4"]
+    assert evaluated["shift"]["by_severity"]["0"]["acc"] == trained["metrics"]["test/acc"]
+    assert (tmp_path / "evaluations" / "shift" / "predictions" / "shift" / "contrast" / "4.npz").exists()
+    assert "shift" not in json.loads((tmp_path / "results.json").read_text())
+
+    evaluate_run(tmp_path, ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"], update_results=True)
+    updated = json.loads((tmp_path / "results.json").read_text())
+    assert updated["shift"] == evaluated["shift"] and updated["method"] == "sve"  # training keys kept
+    assert updated["evaluated_by"]["overrides"] == ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"]
+    assert updated["predictions"]["shift/contrast/2"] == "predictions/shift/contrast/2.npz"
+
+
+def test_evaluate_on_another_dataset_option(trained):
+    tmp_path, _ = trained
+    # Another option of configs/dataset (composed afresh: the run's num_test=21 is gone), here the same
+    # generator with noisier images.
+    evaluated = evaluate_run(tmp_path, ["dataset=synthetic_image", "dataset.noise=3.0"], name="noisier")
+    assert evaluated["metrics"]["test/examples"] == 16  # the option's 32 test images, 2 debug batches of 8
+    assert evaluated["config"]["dataset"]["noise"] == 3.0 and evaluated["config"]["dataset"]["num_test"] == 32
+    assert (tmp_path / "evaluations" / "noisier.json").exists()
+
+
+def test_evaluate_errors_say_what_to_change(trained):
+    tmp_path, _ = trained
+    with pytest.raises(InputError, match="dataset.colour: not a key of the run's config"):
+        evaluate_run(tmp_path, ["dataset.colour=red"])
+    with pytest.raises(InputError, match="experiment=... cannot be changed"):
+        evaluate_run(tmp_path, ["experiment=sst2_bert"])
+    with pytest.raises(InputError, match="has 3 classes; the run was trained on synthetic_image with 4"):
+        evaluate_run(tmp_path, ["dataset.num_classes=3"])
+    with pytest.raises(InputError, match="frozen tensor"):  # another random backbone: not the trained model
+        evaluate_run(tmp_path, ["seed=5"])
+    bare = tmp_path / "bare"
+    run(compose_cfg(["method=sve", *TINY, "callbacks=none"], bare))
+    with pytest.raises(InputError, match="callbacks=none cannot be evaluated again"):
+        evaluate_run(bare)
+
+
+def test_evaluate_py_command_line(trained):
+    tmp_path, trained = trained
+    done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "name=cli"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"acc {100 * trained['metrics']['test/acc']:.2f}%" in done.stdout
+    same_metrics(trained["metrics"], json.loads((tmp_path / "evaluations" / "cli.json").read_text())["metrics"])
+    done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "trainer.colour=red"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: trainer.colour")
