@@ -53,12 +53,24 @@ $(PAPER_TARGETS):
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
-MINI_PARTS := mini-table2 mini-figure2 mini-table3
+MINI_PARTS := mini-table2 mini-figure2 mini-table3 mini-table1 mini-table4 mini-figure3
+CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 
 mini: $(MINI_PARTS) ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
+mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
+	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
+mini-budget: ## The single model's validation curve over SST-2 training-set sizes (how mini Table 2's budget was chosen)
+	$(PYTHON) scripts/mini_budget.py
 mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
 mini-figure2: ## Mini Fig. 2: SST-2 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
 mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and SVE at M=1,2,4, LoRA-Ensemble
+mini-table1: ## Mini Table 1: CIFAR-10 JPEG with ResNet-20, pretrained and from random weights, 6 methods
+mini-table4: ## Mini Table 4: OOD detection (Fashion-MNIST) with mini Table 1's pretrained runs
+mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini Table 1's pretrained runs
+mini-table1 mini-table4 mini-figure3: $(if $(SMOKE),,mini-data)
+mini-table3: $(if $(SMOKE),,mini-smollm2)
+mini-smollm2:
+	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
 	$(PYTHON) scripts/sweep.py $(subst -,_,$@) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 
@@ -68,4 +80,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables mini $(PAPER_TARGETS) $(MINI_PARTS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables mini mini-data mini-budget mini-smollm2 $(PAPER_TARGETS) $(MINI_PARTS)
