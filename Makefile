@@ -53,7 +53,7 @@ $(PAPER_TARGETS):
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
-MINI_PARTS := mini-table2 mini-figure2 mini-table3 mini-table1 mini-table4 mini-figure3
+MINI_PARTS := mini-table2 mini-figure2 mini-table3 mini-table1 mini-table4 mini-figure3 mini-figure2-vision
 CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 
 mini: $(MINI_PARTS) ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
@@ -67,7 +67,8 @@ mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and
 mini-table1: ## Mini Table 1: CIFAR-10 JPEG with ResNet-20, pretrained and from random weights, 6 methods
 mini-table4: ## Mini Table 4: OOD detection (Fashion-MNIST) with mini Table 1's pretrained runs
 mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini Table 1's pretrained runs
-mini-table1 mini-table4 mini-figure3: $(if $(SMOKE),,mini-data)
+mini-figure2-vision: ## Mini Fig. 2, vision: ResNet-20 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
+mini-table1 mini-table4 mini-figure3 mini-figure2-vision: $(if $(SMOKE),,mini-data)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
