@@ -17,6 +17,7 @@ warning naming the module: never a silently wrong result.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -247,6 +248,19 @@ def mask_choices(logits: Tensor, batch: dict) -> Tensor:
     if mask is None:
         return logits
     return logits.masked_fill(~mask.bool().unsqueeze(0), float("-inf"))
+
+
+def free_memory(device: torch.device | str) -> int:
+    """Bytes free on ``device``: the CUDA allocator's view, or the host's available memory for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -1,0 +1,95 @@
+"""How an SV layer's members compute in evaluation: the factored product or merged weights.
+
+Member m's weight is W_m = U diag(s_m) V^T (out x in', rank r). Training always runs the factored product
+x V diag(s_m) U^T: autograd then keeps activations of width r per member rather than M weight copies, and the
+gradient of s_m costs no (out x in') product. In evaluation (module in eval mode and no autograd graph being
+recorded) the merged weight is cheaper per token: N tokens of one member cost
+
+    factored   N r (in' + out)             (2 N d^2 for a square layer: twice a dense layer)
+    merged     N in' out  +  out r in'      (the second term: merging, once per member)
+
+so an SV layer can run its K members as one batched matmul over K merged weights (``torch.baddbmm``; a
+grouped convolution for ``SVConv2d``), exactly as K dense layers would. ``inference`` chooses:
+
+- ``factored``: the training path, always.
+- ``cached``: the merged weights of all M members are computed once and kept until the singular values (or
+  the factors) change; this costs M x the layer's weight in memory.
+- ``merged``: the weights of the members running now (a chunk of ``members_at_once``) are merged in every
+  forward and dropped after it; no copy outlives the call, so a large model never holds M merged copies.
+- ``auto``: per layer and per call, whichever of the two sides (cached or merged, as the method decides from
+  the memory it has; ``auto_cache``) and the factored path is faster by the rules below.
+
+The rules, measured on 2 CPU cores (``python scripts/bench.py --rule``; results/bench/rule.json):
+
+- *Cached weights* save FLOPs at any N, but read K (out x in') weights where the factored path reads one
+  U and one V for all members, so at a few tokens per member the memory traffic decides. The crossover
+  measured is 8 to 32 tokens per member for widths 384 to 3072 (K = 4 and 8); ``CACHED_MIN_TOKENS`` = 16.
+- *Merging per call* pays off when the FLOPs it saves on N tokens exceed the merge:
+  N (r (in' + out) - in' out) > out r in', i.e. N > d for a square layer of width d. The measured crossover
+  is about 1.5 times that (the merge's two passes over memory are slower per FLOP than the matmul), hence
+  ``MERGE_FACTOR`` = 1.5.
+
+Invalidation is by value identity, not by hooks: the cache is keyed by (data pointer, version counter,
+dtype, device, shape) of the singular values and of U and V. Every in-place change bumps PyTorch's version
+counter (optimiser steps, ``load_state_dict``, ``with torch.no_grad(): s[0, 0] = 1``), ``.to()`` changes the
+pointer, dtype or device, and a bank of stand-in values (``MemberLayer.use_bank``) is another tensor. The one
+write PyTorch does not count is through ``.data``; call ``clear_cache()`` after such an edit. Biases are read
+live on every call, never cached. The cache is dropped when the module enters training mode or moves.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+INFERENCE = ("auto", "factored", "cached", "merged")
+CACHED_MIN_TOKENS = 16
+MERGE_FACTOR = 1.5
+
+
+def check_inference(value: str, where: str = "inference") -> str:
+    """The value itself, or an error naming it and the valid choices."""
+    if value not in INFERENCE:
+        raise ValueError(f"{where}={value!r} is not valid; choose one of {list(INFERENCE)}")
+    return value
+
+
+def merged_is_faster(tokens: float, in_features: int, out_features: int, rank: int, cached: bool) -> bool:
+    """Whether ``tokens`` per member run faster with merged weights than factored (module docstring)."""
+    if cached:
+        return tokens >= CACHED_MIN_TOKENS
+    saved = rank * (in_features + out_features) - in_features * out_features  # FLOPs saved per token
+    return saved > 0 and tokens * saved > MERGE_FACTOR * out_features * rank * in_features
+
+
+def tensor_key(t: Tensor) -> tuple | None:
+    """What identifies the values of ``t`` without reading them; None for an inference-mode tensor, which
+    has no version counter (it is merged per call, never cached)."""
+    if t.is_inference():
+        return None
+    return t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)
+
+
+def member_slice(W: Tensor, members: list[int]) -> Tensor:
+    """Rows ``members`` of W (M, ...): a view for consecutive members (the usual chunks), else a copy."""
+    first = members[0]
+    if members == list(range(first, first + len(members))):
+        return W[first:first + len(members)]
+    return W[members]
+
+
+def merge_members(U: Tensor, s: Tensor, Vh: Tensor, dtype: torch.dtype) -> Tensor:
+    """(K, out, in') merged weights U diag(s_k) V^T for s (K, r), computed at least in float32 and stored in
+    ``dtype``, one member at a time (the temporary is one member's weight, not K)."""
+    compute = torch.promote_types(torch.float32, dtype)
+    U, Vh, s = U.to(compute), Vh.to(compute), s.to(compute)
+    if torch.is_grad_enabled() and s.requires_grad:  # differentiable (the rebuild formulation of the benchmark)
+        return torch.matmul(U * s[:, None, :], Vh).to(dtype)
+    W = torch.empty(s.shape[0], U.shape[0], Vh.shape[1], dtype=dtype, device=U.device)
+    for k in range(s.shape[0]):
+        W[k] = (U * s[k]) @ Vh
+    return W
+
+
+__all__ = ["INFERENCE", "CACHED_MIN_TOKENS", "MERGE_FACTOR", "check_inference", "merged_is_faster",
+           "tensor_key", "member_slice", "merge_members"]
