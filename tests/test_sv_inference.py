@@ -248,7 +248,7 @@ def test_whole_model_predictions_agree_across_modes_and_chunks(backbone, dataset
         torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5, msg=lambda e: f"{key}: {e}")
 
 
-def test_auto_caches_all_members_only_when_they_run_at_once():
+def test_auto_caches_all_members_only_when_they_fit_in_memory(monkeypatch):
     method, batch = _tiny_sve()
     method.eval()
     assert method.merged_cache is True and all(layer.auto_cache for layer in method.sv_layers())
@@ -256,6 +256,9 @@ def test_auto_caches_all_members_only_when_they_run_at_once():
         method(batch)
     method.train()
     assert sum(layer.cache_bytes() for layer in method.sv_layers()) == 0
+    need = method.merged_bytes()
+    assert need == sum(3 * l.out_features * l.in_features * 4 for l in method.sv_layers())
+    monkeypatch.setattr("sve.methods.sve.free_memory", lambda device: 2 * need - 1)  # M copies would not fit
     method.members_at_once = 1
     method.eval()
     assert method.merged_cache is False and not any(layer.auto_cache for layer in method.sv_layers())
@@ -263,8 +266,20 @@ def test_auto_caches_all_members_only_when_they_run_at_once():
         method(batch)
     assert sum(layer.cache_bytes() for layer in method.sv_layers()) == 0  # chunks never hold M copies
     report = method.report()
-    assert report["inference"] == "auto" and report["merged_cache"] is False
-    assert report["merged_cache_bytes"] == sum(3 * l.out_features * l.in_features * 4 for l in method.sv_layers())
+    assert report["inference"] == "auto" and report["merged_cache"] is False and report["merged_cache_bytes"] == need
+
+
+def test_members_at_once_auto_runs_few_examples_per_pass_in_cpu_evaluation():
+    method, batch = _tiny_sve()  # batch of 4
+    assert method.members_at_once == "auto"
+    method.train()
+    assert method.members_per_pass(batch, 3) == 3  # training: all members at once
+    method.eval()
+    assert method.members_per_pass(batch, 3) == 2  # 8 examples per pass: 2 members of 4
+    one = {k: v[:1] for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    assert method.members_per_pass(one, 3) == 3
+    with pytest.raises(ValueError, match="choose 'all', 'auto' or a positive integer"):
+        type(method)(method.backbone, 2, 2, members_at_once="some")
 
 
 def test_no_pretrained_weight_is_kept_beside_its_factors():

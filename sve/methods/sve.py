@@ -9,10 +9,12 @@ see ``sve.layers.sv_conv``), so SVE and SVF also apply to CNNs such as the CIFAR
 
 Evaluation runs the members with merged weights where that is faster (``inference``, see
 ``sve.layers.sv_inference``). With ``auto``, the method decides each time it enters evaluation whether the
-merged weights of all members may be cached: only when all members run at once (``members_at_once: all``)
-and M copies of the wrapped weights take at most half of the free memory of the device; otherwise the
-running chunk's weights are merged per call and dropped. The SVD is read from a disk cache when one is
-configured (``svd_cache``, see ``sve.svd_cache``).
+merged weights of all members may be cached: only when M copies of the wrapped weights take at most half of
+the free memory of the device; otherwise the running chunk's weights (``members_at_once``) are merged per
+call and dropped, so a model too large for M merged copies never holds them. With cached weights every
+member is a dense model, and ``members_at_once: auto`` (the config's default) runs them as such on the CPU,
+a few examples per pass. The SVD is read from a disk cache when one is configured (``svd_cache``, see
+``sve.svd_cache``).
 """
 
 from __future__ import annotations
@@ -86,13 +88,13 @@ class SVE(EnsembleMethod):
                     torch.float32)
 
     def plan_inference(self) -> None:
-        """``auto``: cache the merged weights of all members only when all members run at once and they take
-        at most half of the free memory of the device; otherwise merge each chunk's weights per call."""
+        """``auto``: cache the merged weights of all members only when they take at most half of the free
+        memory of the device; otherwise merge each chunk's weights per call."""
         if self.inference != "auto" or not self.sv_layers():
             return
         need = self.merged_bytes()
         device = self.sv_layers()[0].U.device
-        cache = self.members_at_once is None and need <= free_memory(device) / 2
+        cache = need <= free_memory(device) / 2
         if cache != self.merged_cache:
             log.info("%s inference: merged weights %s (%.0f MB for all members)", type(self).__name__,
                      "cached for all members" if cache else "merged per chunk of members", need / 2**20)
