@@ -2,29 +2,38 @@
 
     python scripts/bench.py [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 rule]
 
-Every number comes from ``sve.bench`` (interleaved repeats and paired medians for time, FlopCounterMode for
-FLOPs, live-tensor peaks for memory; see its docstring) on random weights of the real shapes. Parts:
+Every number comes from ``sve.bench`` (interleaved rounds and paired medians for time, FlopCounterMode for
+FLOPs, live-tensor peaks for memory; see its docstring) on random weights of the real shapes. On the CPU it
+runs one thread unless ``--threads`` says otherwise: on a machine shared with other jobs, multi-threaded
+small operators wait at thread barriers for a core that another process holds, and the times would measure
+those processes (an optimiser step of 20 parameters took 1.4 s with 2 threads against 0.17 s with one).
+
+Parts:
 
 - ``vit_s`` (ViT-S/16: width 384, 6 heads, MLP 1536, 197 tokens; M = 4) and ``bert_base`` (BERT-base: width
-  768, 12 heads, MLP 3072, sequence 128; M = 8): training step (batch ``--train-batch`` per member), and
-  evaluation at batch 16 per member and at batch 1, each as a ratio to M dense copies of the same backbone,
-  for Single, SVE (factored; merged, the default ``auto``; one member at a time), the rebuild formulation
-  (every member weight U diag(s_m) V^T materialised, with autograd, in every forward: a training reference),
-  LoRA-Ensemble and BatchEnsemble. M dense copies are measured as such in evaluation (a deep ensemble held in
-  memory); their training step is M x the Single step, which is the same work (M independent fine-tunes).
+  768, 12 heads, MLP 3072, sequence 128; M = 8): a training step (batch ``--train-batch`` per member) and
+  evaluation at batch 16 per member and at batch 1, each as a ratio to M dense copies of the same backbone
+  timed in the same round. Candidates: Single; SVE factored, SVE as configured by default (``inference`` and
+  ``members_at_once`` auto), SVE with all members batched, SVE one member at a time with weights merged per
+  call (no cache); the rebuild formulation (every member weight U diag(s_m) V^T materialised, with autograd,
+  in every forward: a training reference); LoRA-Ensemble and BatchEnsemble as configured. M dense copies
+  are measured as such in evaluation (a deep ensemble held in memory); their training step is M x the
+  Single step, the same work (M independent fine-tunes) without holding M copies and their Adam moments.
   ``--layers`` transformer blocks are used (default 1): every candidate repeats the same per-block work and
   differs from the others only inside the blocks, so the ratios of a stack of blocks are those of one block
-  (the shared patch/token embedding and head, well under 1% of a block's FLOPs, aside); ``--layers 12``
-  measures the full depth. The lean-memory table (weights of SVE with float32 and bfloat16 factors against
-  the single model, and the bfloat16 reconstruction error) always uses the full depth: it needs no timing.
-- ``table5``: Table 5's setting, BERT-base (12 layers), M = 8, batch 1, sequence 128, every method of
-  configs/tables/table5.yaml (``--table5-methods``) plus Single, each built alone (memory) and timed
-  interleaved with Single; writes table5.json for ``make table5`` (schema: ``sve.report.cost_runs``).
-- ``rule``: one SV layer of each of the two settings' shapes, factored against cached and per-call merged
+  (the shared patch/token embedding and the heads aside: under 1% of a block's FLOPs for ViT-S, more for
+  BERT's embedding lookup and its Adam step); ``--layers 12`` measures the full depth. The lean-memory
+  numbers (weights of SVE with float32 and bfloat16 factors against the single model, and the bfloat16
+  reconstruction error) always use the full depth: they need no timing.
+- ``table5``: Table 5's setting, BERT-base (12 layers), M = 8, batch 1, sequence 128: every method of
+  configs/tables/table5.yaml that runs without a long fit (``--table5-methods``), Single, and two SVE
+  variants beside the default (factored; factored with bfloat16 factors), each built alone (memory) and
+  timed interleaved with Single; writes table5.json for ``make table5`` (schema: ``sve.report.cost_runs``).
+- ``rule``: one SV layer of each shape of the two settings, factored against cached and per-call merged
   weights over the tokens per member: the measurements behind ``sve.layers.sv_inference``'s rule.
 
-Writes ``<out>/{vit_s,bert_base,table5,rule}.json`` and ``<out>/bench.md`` (shown in the README). ``--tiny``:
-tiny backbones, 1 repeat, for the tests.
+Writes ``<out>/{vit_s,bert_base,table5,rule}.json`` (with the command, commit and versions) and
+``<out>/bench.md`` (shown in the README). ``--tiny``: tiny backbones, 1 round, for the tests.
 """
 
 from __future__ import annotations
