@@ -10,7 +10,7 @@ from torch import nn
 
 from sve.errors import InputError
 from sve.layers import SVConv2d, SVLinear
-from sve.layers.sv_inference import CACHED_MIN_TOKENS, merged_is_faster
+from sve.layers.sv_inference import merged_is_faster
 from sve.members import repeat_members
 from sve.methods.sve import SVE
 from sve.run import instantiate
@@ -57,6 +57,16 @@ def test_linear_merged_equals_factored(shape, members, member_bias):
     expected = _run(sv, x, "factored", members)
     for mode in MODES:
         torch.testing.assert_close(_run(sv, x, mode, members), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_merged_weights_follow_autocast():
+    sv = _linear_layer(16, 16)
+    x = torch.randn(4 * 8, 16)
+    expected = _run(sv, x, "factored")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _run(sv, x, "cached")
+    assert sv._merged[1].dtype == torch.bfloat16 and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=5e-2, rtol=2e-2)
 
 
 def test_one_member_accepts_any_input_shape():
@@ -189,11 +199,12 @@ def test_no_merged_weights_in_training_or_under_autograd():
 
 def test_auto_rule_follows_tokens_per_member_and_width():
     d = 256
-    assert not merged_is_faster(CACHED_MIN_TOKENS - 1, d, d, d, cached=True)
-    assert merged_is_faster(CACHED_MIN_TOKENS, d, d, d, cached=True)
-    assert not merged_is_faster(d, d, d, d, cached=False)  # merging per call: pays only beyond ~1.5 d tokens
-    assert merged_is_faster(2 * d, d, d, d, cached=False)
-    assert not merged_is_faster(10**6, 4 * d, d, 8, cached=False)  # low rank: factored is cheaper per token
+    assert not merged_is_faster(15, d, d, d, cached=True) and merged_is_faster(16, d, d, d, cached=True)
+    assert not merged_is_faster(39, d, 4 * d, d, cached=True) and merged_is_faster(40, d, 4 * d, d, cached=True)
+    assert not merged_is_faster(1.25 * d, d, d, d, cached=False)  # merging per call pays beyond 1.25 d tokens
+    assert merged_is_faster(1.25 * d + 1, d, d, d, cached=False)
+    for cached in (True, False):  # low rank: factored is cheaper per token, whatever the tokens
+        assert not merged_is_faster(10**6, 4 * d, d, 8, cached=cached)
     sv = _linear_layer(64, 64)
     with torch.no_grad():
         sv.inference = "auto"

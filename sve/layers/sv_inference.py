@@ -19,15 +19,20 @@ grouped convolution for ``SVConv2d``), exactly as K dense layers would. ``infere
 - ``auto``: per layer and per call, whichever of the two sides (cached or merged, as the method decides from
   the memory it has; ``auto_cache``) and the factored path is faster by the rules below.
 
-The rules, measured on 2 CPU cores (``python scripts/bench.py --rule``; results/bench/rule.json):
+The rules, measured on the CPU (one thread; ``python scripts/bench.py --parts rule``, results/bench/rule.json).
+Per token, merged weights save the fraction f = 1 - in' out / (r (in' + out)) of the factored FLOPs: 1/2 for
+a square layer, 1/5 for a 4:1 MLP layer, nothing (f <= 0) for a low-rank one, which stays factored.
 
-- *Cached weights* save FLOPs at any N, but read K (out x in') weights where the factored path reads one
-  U and one V for all members, so at a few tokens per member the memory traffic decides. The crossover
-  measured is 8 to 32 tokens per member for widths 384 to 3072 (K = 4 and 8); ``CACHED_MIN_TOKENS`` = 16.
-- *Merging per call* pays off when the FLOPs it saves on N tokens exceed the merge:
-  N (r (in' + out) - in' out) > out r in', i.e. N > d for a square layer of width d. The measured crossover
-  is about 1.5 times that (the merge's two passes over memory are slower per FLOP than the matmul), hence
-  ``MERGE_FACTOR`` = 1.5.
+- *Cached weights* cost no merging, but K weight matrices are read where the factored path reads one U and
+  one V for all members, so at a few tokens per member the memory traffic decides: cached/factored time was
+  1.1-2.9 at N = 1-4, 0.77 (384 x 384) and 0.84 (768 x 768) at N = 16, where the 4:1 layers were still
+  slower (1.13, 1.29), and 0.58-0.92 for every shape at N = 64; from N = 256 it approaches the FLOP ratio
+  (0.48-0.51 square, 0.76-0.82 for 4:1). Rule: cache when N f >= ``CACHED_SAVED_TOKENS`` = 8 (N >= 16 for a
+  square layer, N >= 40 for a 4:1 one).
+- *Merging per call* pays off when the FLOPs saved on N tokens exceed the merge, N r (in' + out) f >
+  out r in' (N > d for a square layer of width d). Measured crossovers are 1.1 to 1.3 times that break-even
+  (384 x 384: between N = 256 and 1024; 768 x 768: 256-1024; 384 -> 1536: 1024-2048; 768 -> 3072 still 1.09x
+  slower at 2048, break-even 3072), hence ``MERGE_FACTOR`` = 1.25.
 
 Invalidation is by value identity, not by hooks: the cache is keyed by (data pointer, version counter,
 dtype, device, shape) of the singular values and of U and V. Every in-place change bumps PyTorch's version
@@ -43,8 +48,8 @@ import torch
 from torch import Tensor
 
 INFERENCE = ("auto", "factored", "cached", "merged")
-CACHED_MIN_TOKENS = 16
-MERGE_FACTOR = 1.0
+CACHED_SAVED_TOKENS = 8
+MERGE_FACTOR = 1.25
 
 
 def check_inference(value: str, where: str = "inference") -> str:
@@ -56,10 +61,13 @@ def check_inference(value: str, where: str = "inference") -> str:
 
 def merged_is_faster(tokens: float, in_features: int, out_features: int, rank: int, cached: bool) -> bool:
     """Whether ``tokens`` per member run faster with merged weights than factored (module docstring)."""
+    factored = rank * (in_features + out_features)  # FLOPs per token, factored
+    saved = factored - in_features * out_features  # FLOPs per token that merged weights save
+    if saved <= 0:
+        return False
     if cached:
-        return tokens >= CACHED_MIN_TOKENS
-    saved = rank * (in_features + out_features) - in_features * out_features  # FLOPs saved per token
-    return saved > 0 and tokens * saved > MERGE_FACTOR * out_features * rank * in_features
+        return tokens * saved / factored >= CACHED_SAVED_TOKENS
+    return tokens * saved > MERGE_FACTOR * out_features * rank * in_features
 
 
 def tensor_key(t: Tensor) -> tuple | None:
@@ -86,5 +94,5 @@ def merge_members(U: Tensor, s: Tensor, Vh: Tensor, dtype: torch.dtype) -> Tenso
     return torch.matmul(U.to(compute) * s.to(compute)[:, None, :], Vh.to(compute)).to(dtype)
 
 
-__all__ = ["INFERENCE", "CACHED_MIN_TOKENS", "MERGE_FACTOR", "check_inference", "merged_is_faster",
+__all__ = ["INFERENCE", "CACHED_SAVED_TOKENS", "MERGE_FACTOR", "check_inference", "merged_is_faster",
            "tensor_key", "member_slice", "merge_members"]

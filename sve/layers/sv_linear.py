@@ -122,7 +122,10 @@ class SVLinear(MemberLayer):
         path = self.path(x, len(members))
         if path == "factored":
             return self.factored(x, members)
-        return self.apply_merged(x, self.merged_weights(members, x.dtype, cache=path == "cached"), members)
+        # Under autocast the matmul runs in the autocast dtype: merge (and cache) in it, not cast on every call.
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return self.apply_merged(x, self.merged_weights(members, dtype, cache=path == "cached"), members)
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
         K, lead = len(members), x.shape[:-1]
