@@ -11,10 +11,10 @@ Members run in chunks (``members_at_once``): ``all`` stacks every member's copy 
 and runs the backbone once; ``k`` runs k members per pass with ``select``, so activation memory drops about
 M/k-fold; ``1`` works on any architecture whatever its internal layout. ``auto`` runs all members at once
 in training and on accelerators, and evaluates on the CPU with passes of at most ``CPU_EVAL_EXAMPLES``
-examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches,
-which cost up to 28% on 2 cores (ViT-S/16, M = 4, batch 16: all members 1.28x, one member 1.04x the time of 4
-dense forwards; BERT-base at batch 1, M = 8, where all 8 members make 8 examples, all at once is best,
-0.97x against 1.03x; scripts/bench.py). When a member layer reports that
+examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches
+(SVE at batch 16, one thread: all members at once 1.22x (ViT-S/16, M = 4) and 1.16x (BERT-base, M = 8) the
+time of M dense forwards, one member per pass 1.02x and 1.00x; at batch 1 the 8 members of BERT-base make 8
+examples and run at once, 0.96x; results/bench/). When a member layer reports that
 its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a
 warning naming the module: never a silently wrong result.
 """
