@@ -35,20 +35,25 @@ sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into results/
 SMOKE ?=
 ARGS ?=
 RESULTS ?=
-TABLE_ARGS := $(if $(SMOKE),--smoke,) $(if $(RESULTS),--results $(RESULTS),)
+MEASURE ?=
+TABLE_ARGS := $(if $(SMOKE),--smoke,) $(if $(RESULTS),--results $(RESULTS),) $(if $(MEASURE),--measure,)
 PAPER_TARGETS := table1 table2 table3 table4 table5 table6 figure2 figure3 figureB
 
 table1: ## Table 1: vision benchmarks, 4 datasets x 7 methods x 3 seeds (SMOKE=1: tiny, CPU)
 table2: ## Table 2: SST-2 with BERT-base, 8 methods x 3 seeds
 table3: ## Table 3: ARC-Easy with LLaMA-2-7B, 12 rows x 3 seeds
 table4: ## Table 4: OOD detection CIFAR-100 -> CIFAR-10 (Table 1's CIFAR-100 runs)
-table5: ## Table 5: cost relative to one model, from results/bench/table5.json (measured, not trained)
+table5: ## Table 5: cost relative to one model, measured by scripts/bench.py's table5 part when results/bench/table5.json is missing (MEASURE=1: again)
 table6: ## Table 6: SVE ensemble size M = 1..16 on ARC-Easy
 figure2: ## Fig. 2: CIFAR-100 metrics vs pretraining (random init, DINO, DINOv2)
 figure3: ## Fig. 3: CIFAR-100-C metrics vs shift severity 0-5
 figureB: ## Figs. 4-6 (Appendix B): singular values' change per member (Oxford Pets SVE run)
 $(PAPER_TARGETS):
 	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS) $(ARGS)
+
+BENCH_ARGS ?=
+bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, BERT-base), Table 5, inference rule -> results/bench/ (~10 min on 2 CPU cores)
+	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
 
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
@@ -81,4 +86,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables mini mini-data mini-budget mini-smollm2 $(PAPER_TARGETS) $(MINI_PARTS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 $(PAPER_TARGETS) $(MINI_PARTS)

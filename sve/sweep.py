@@ -135,14 +135,30 @@ def run_subprocess(job: Job) -> dict:
     return json.loads((job.dir / "results.json").read_text())
 
 
+def measure_costs(path: Path, smoke: bool) -> None:
+    """Runs the cost benchmark's Table 5 part (``scripts/bench.py --parts table5``) into ``path``'s folder:
+    minutes on a CPU for BERT-base; ``--tiny`` for a smoke run."""
+    command = [sys.executable, str(REPO / "scripts" / "bench.py"), "--parts", "table5", "--out", str(path.parent),
+               *(["--tiny"] if smoke else [])]
+    print(f"measuring: {' '.join(command[1:])}", flush=True)
+    subprocess.run(command, cwd=REPO, check=True)
+
+
 def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = ()) -> list[str]:
-    """Runs the table's missing runs (tuning first where the table tunes); returns one line per failure."""
+          extra: list[str] = (), measure: bool = False) -> list[str]:
+    """Runs the table's missing runs (tuning first where the table tunes); returns one line per failure. A
+    cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one."""
     spec = load_spec(name, smoke)
     root = results_root(smoke, root)
     todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
     if spec.kind == "cost":
-        print(f"{name}: measured, not trained; building from {root / spec.bench} if it exists")
+        bench = root / spec.bench
+        print(f"{name}: measured, not trained ({bench})")
+        if not dry_run and (measure or not bench.exists()):
+            try:
+                measure_costs(bench, smoke)
+            except subprocess.CalledProcessError as err:
+                return [f"the cost benchmark failed ({err})"]
     failures: list[str] = []
     width = len(str(len(todo)))
 
@@ -221,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
+    parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
     args = parser.parse_args(argv)
-    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides)
+    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides, args.measure)
     if args.dry_run:
         return 0
     for path in build(args.name, args.smoke, args.results):

@@ -17,11 +17,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError
+from sve.layers.sv_inference import INFERENCE
 
 # SVE's init multiplies each singular value by (1 + eps), eps ~ N(0, sigma_init^2); values pushed below zero
 # are clamped to zero, a fraction Phi(-1 / sigma_init) of them. Above this sigma_init it exceeds 1%.
 MAX_SIGMA_INIT = 0.43
 AGGREGATES = ("probs", "logits")
+FACTOR_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def _is_int(value) -> bool:
@@ -49,6 +51,12 @@ def check_config(cfg: DictConfig) -> None:
             _require(_number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT, key, get(key),
                      f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
                      "1% of the singular values to zero at init)")  # fmt: skip
+    if get("method.inference") is not None:
+        _require(get("method.inference") in INFERENCE, "method.inference", get("method.inference"),
+                 f"one of {list(INFERENCE)} (README: \"Fast inference and the benchmark\")")  # fmt: skip
+    if get("method.factor_dtype") is not None:
+        _require(get("method.factor_dtype") in FACTOR_DTYPES, "method.factor_dtype", get("method.factor_dtype"),
+                 f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}")  # fmt: skip
     _require(_number(get("optimizer.lr")) and get("optimizer.lr") > 0, "optimizer.lr", get("optimizer.lr"),
              "a positive number")  # fmt: skip
     if get("method.lr") is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -13,6 +15,10 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 SHARED = Path(os.environ.get("SVE_SHARED", ROOT.parent / "shared"))
+
+# Every run the tests start keeps its SVD cache (sve.svd_cache) in a directory of its own, never ~/.cache.
+os.environ["SVE_SVD_CACHE"] = tempfile.mkdtemp(prefix="sve-svd-test-")
+atexit.register(shutil.rmtree, os.environ["SVE_SVD_CACHE"], ignore_errors=True)
 
 
 def compose_cfg(overrides: list[str], tmp_path: Path | None = None):

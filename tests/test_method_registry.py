@@ -5,7 +5,8 @@ Each row asserts: the member layout; every trainable parameter receives a gradie
 unused parameter) and only trainable parameters change in a step; members equal the base model at init
 where the method promises it (``equals_base_at_init``, init noise off); for every member layer, on the
 activations it really sees, ``merge(m)`` == ``select(m)`` == block m of the batched forward, and ``weight``
-is the merged weight; the whole model with ``members_at_once=1`` equals the batched model.
+is the merged weight; the whole model with ``members_at_once=1`` equals the batched model; layers with a
+choice of evaluation path (SV layers: factored, cached or merged weights) give the same predictions on each.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def test_method_row(method, family):
     perturb(m)
     check_layers_merge_select_weight(m, batch)
     check_one_at_a_time_equals_batched(m, batch, method)
+    check_inference_paths_agree(m, batch, method)
 
 
 def bayes_steps(method: str) -> list[str]:
@@ -186,3 +188,18 @@ def check_one_at_a_time_equals_batched(m, batch, method) -> None:
         torch.manual_seed(1)
         one_by_one = m(batch)
     torch.testing.assert_close(one_by_one, batched, atol=1e-4, rtol=1e-4, msg=lambda e: f"{method}: {e}")
+
+
+def check_inference_paths_agree(m, batch, method) -> None:
+    layers = [x for x in m.modules() if isinstance(x, MemberLayer) and hasattr(x, "inference")]
+    if not layers:
+        return
+    m.eval()
+    outputs = {}
+    with torch.no_grad():
+        for mode in ("factored", "cached", "merged", "auto"):
+            for layer in layers:
+                layer.inference = mode
+            outputs[mode] = m(batch)
+    for mode, out in outputs.items():
+        torch.testing.assert_close(out, outputs["factored"], atol=1e-5, rtol=1e-5, msg=lambda e: f"{method} {mode}: {e}")

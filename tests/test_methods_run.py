@@ -30,6 +30,10 @@ def test_every_baseline_config_runs(method, tmp_path):
         assert report["num_samples"] == 10 and results["num_members"] == 10
     if method.startswith("bayes_lora"):
         assert report["prior_precision"] > 0
+    if method in ("sve", "svf"):  # the SVD's one-time cost and the cache's hits and misses
+        cache = report["svd_cache"]
+        assert cache["hits"] + cache["misses"] == report["wrapped_modules"] and report["svd_seconds"] > 0
+        assert report["inference"] == "auto" and report["merged_cache"] is True  # CPU: M copies fit
 
 
 def test_sequential_deep_ensemble_runs_one_fit_per_member(tmp_path):

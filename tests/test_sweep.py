@@ -27,8 +27,8 @@ def test_smoke_target_end_to_end(name, tmp_path):
     if spec.kind in ("figure3", "cost"):
         assert (root / "tables" / f"{name}.md").exists()
     if spec.kind == "figure3":  # the smoke runs evaluate every severity of two corruptions: nothing missing
-        assert (root / "figures" / "figure3.png").stat().st_size > 0
-        assert "Missing runs: none." in (root / "tables" / "figure3.md").read_text()
+        assert (root / "figures" / f"{name}.png").stat().st_size > 0
+        assert "Missing runs: none." in (root / "tables" / f"{name}.md").read_text()
 
 
 def test_make_smoke_target_from_the_command_line(tmp_path):

@@ -8,7 +8,9 @@ avoids materialising W per member:
     conv(x, W) = conv1x1(diag(s_m) conv(x, V^T as r kernels of shape (in, kh, kw)), U)
 
 i.e. a convolution with the r right singular vectors (same stride, padding, dilation), a per-member scaling
-of the r channels, and a 1x1 convolution with U. Groups > 1 and non-zero padding modes are not supported.
+of the r channels, and a 1x1 convolution with U. In evaluation the merged kernels of the K members run as one
+grouped convolution instead (``inference``, as for ``SVLinear``; N in the rules is the number of output
+positions per member). Groups > 1 and non-zero padding modes are not supported.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sve.layers.adapter import member_conv2d
 from sve.layers.member import check_layer
 from sve.layers.sv_linear import SVLinear, decompose
+from sve.svd_cache import SVDCache
 
 
 class SVConv2d(SVLinear):
@@ -37,12 +41,13 @@ class SVConv2d(SVLinear):
         member_bias: bool = True,
         svd_dtype: torch.dtype = torch.float64,
         factor_dtype: torch.dtype | None = None,
+        cache: SVDCache | None = None,
     ) -> "SVConv2d":
         check_layer(conv)  # groups=1, zero padding, numeric padding
-        U, s, Vh = decompose(conv, svd_dtype, factor_dtype)  # (out, r), (r,), (r, in*kh*kw)
+        U, s, Vh = decompose(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
         return cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
 
-    def forward_members(self, x: Tensor, members: list[int]) -> Tensor:
+    def factored(self, x: Tensor, members: list[int]) -> Tensor:
         K = len(members)
         kernel = self.Vh.reshape(self.rank, self.in_channels, *self.kernel_size).to(x.dtype)
         h = F.conv2d(x, kernel, None, self.stride, self.padding, self.dilation)  # (K*B, r, H', W')
@@ -52,11 +57,28 @@ class SVConv2d(SVLinear):
         y = self.add_bias(y.reshape(K, -1, *y.shape[-3:]), members, channel_dim=-3)
         return y.reshape(*x.shape[:-3], *y.shape[-3:])  # unbatched (C, H, W) inputs keep their shape
 
+    def apply_merged(self, x: Tensor, W: Tensor, members: list[int]) -> Tensor:
+        """Block k of x convolved with member k's merged kernel; W (K, out, in*kh*kw)."""
+        K = len(members)
+        kernels = W.reshape(K, self.out_features, self.in_channels, *self.kernel_size)
+        if K == 1:  # any input shape, unbatched included
+            b = self.bias_rows(members, x.dtype)
+            return F.conv2d(x, kernels[0], None if b is None else b[0], self.stride, self.padding, self.dilation)
+        y = member_conv2d(x, kernels, self)  # (K*B, out, H', W'), one grouped convolution
+        return self.add_bias(y.reshape(K, -1, *y.shape[-3:]), members, channel_dim=-3).reshape(y.shape)
+
+    def tokens_per_member(self, x: Tensor, K: int) -> float:
+        """Output positions per member: the rows each member's (out x in*kh*kw) matrix is applied to."""
+        positions = 1
+        for size, k, s, p, d in zip(x.shape[-2:], self.kernel_size, self.stride, self.padding, self.dilation):
+            positions *= max((size + 2 * p - d * (k - 1) - 1) // s + 1, 0)
+        return (x.shape[0] / K if x.dim() == 4 else 1) * positions
+
     def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_features}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding}, rank={self.rank}, ensemble_size={self.ensemble_size}, "
-            f"member_bias={self.bias_per_member}"
+            f"member_bias={self.bias_per_member}, inference={self.inference}"
         )
 
 

@@ -6,10 +6,11 @@ the M members owns a copy of the singular values, initialised multiplicatively (
 
     s_m = s * (1 + eps_m),   eps_m ~ N(0, sigma_init^2 I),
 
-and member m computes y = U diag(s_m) V^T x + b_m (Eq. 4). The product is evaluated factored,
+and member m computes y = U diag(s_m) V^T x + b_m (Eq. 4). In training the product is evaluated factored,
 ((x V) * s_m) U^T, so no (out x in) matrix is ever materialised per member: autograd then keeps only
 activations of width r = min(out, in) per member instead of M weight copies (this is what keeps the memory
-overhead at about 1%, Table 5).
+overhead at about 1%, Table 5). In evaluation the members may run with merged weights instead, cached or
+merged per call (``inference``; the rules and their measurements are in ``sve.layers.sv_inference``).
 
 Precision: the SVD is computed in float64 on the CPU/GPU holding the weight (``svd_dtype``), then U and V are
 cast to ``factor_dtype`` (default: the layer's own dtype). In float32 the reconstruction error
@@ -22,20 +23,29 @@ Members run through the protocol of ``sve.layers.member`` (selection, banks, lay
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.layers.member import MemberLayer, weight_matrix
+from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
+from sve.svd_cache import SVDCache
 
 
 def decompose(
-    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None
+    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None,
+    cache: SVDCache | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Thin SVD of ``weight_matrix(layer)`` computed in ``svd_dtype``: U (out, r) and Vh (r, in') cast to
-    ``factor_dtype`` (default: the layer's dtype), s (r,) kept in ``svd_dtype``."""
+    ``factor_dtype`` (default: the layer's dtype), s (r,) kept in ``svd_dtype``; read from ``cache`` when
+    it holds this weight's factors (``sve.svd_cache``)."""
     W = weight_matrix(layer).detach()
     factor_dtype = factor_dtype or W.dtype
-    U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)
-    return U.to(factor_dtype), s, Vh.to(factor_dtype)
+
+    def compute() -> tuple[Tensor, Tensor, Tensor]:
+        U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)
+        return U.to(factor_dtype), s, Vh.to(factor_dtype)
+
+    return compute() if cache is None else cache.factors(W, svd_dtype, factor_dtype, compute)
 
 
 class SVLinear(MemberLayer):
@@ -52,6 +62,12 @@ class SVLinear(MemberLayer):
         ensemble_size: number of members M.
         sigma_init: std of the multiplicative initial perturbation (Eq. 5); 0 gives M identical members.
         member_bias: train one bias per member (what the authors' public code does).
+
+    Attributes:
+        inference: ``auto``, ``factored``, ``cached`` or ``merged``: how members compute in evaluation
+            (``sve.layers.sv_inference``); training is always factored.
+        auto_cache: which merged form ``auto`` may use: cached weights of all members (True) or weights
+            merged per call for the running members only (False). The method sets it from its memory.
     """
 
     def __init__(self, base: nn.Module, U: Tensor, s: Tensor, Vh: Tensor, ensemble_size: int,
@@ -76,6 +92,9 @@ class SVLinear(MemberLayer):
         )  # (M, out)
         shared = None if bias is None or member_bias else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.shared_bias = shared  # (out,), frozen
+        self._merged: tuple[tuple, Tensor] | None = None  # (key, (M, out, in') weights); never in state_dict
+        self.inference = "auto"
+        self.auto_cache = True
 
     @classmethod
     def from_linear(
@@ -86,11 +105,13 @@ class SVLinear(MemberLayer):
         member_bias: bool = True,
         svd_dtype: torch.dtype = torch.float64,
         factor_dtype: torch.dtype | None = None,
+        cache: SVDCache | None = None,
     ) -> "SVLinear":
-        """Decomposes an nn.Linear (or HF Conv1D) weight with a thin SVD computed in ``svd_dtype``."""
+        """Decomposes an nn.Linear (or HF Conv1D) weight with a thin SVD computed in ``svd_dtype`` (or read
+        from ``cache``)."""
         if isinstance(layer, nn.Conv2d):
             raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
-        U, s, Vh = decompose(layer, svd_dtype, factor_dtype)  # (out, r), (r,), (r, in)
+        U, s, Vh = decompose(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
         return cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
 
     @property
@@ -98,19 +119,97 @@ class SVLinear(MemberLayer):
         return self.U.dtype
 
     def forward_members(self, x: Tensor, members: list[int]) -> Tensor:
+        path = self.path(x, len(members))
+        if path == "factored":
+            return self.factored(x, members)
+        # Under autocast the matmul runs in the autocast dtype: merge (and cache) in it, not cast on every call.
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return self.apply_merged(x, self.merged_weights(members, dtype, cache=path == "cached"), members)
+
+    def factored(self, x: Tensor, members: list[int]) -> Tensor:
         K, lead = len(members), x.shape[:-1]
         h = x.reshape(K, -1, self.in_features) @ self.Vh.t().to(x.dtype)  # (K, N, r)
         h = h * self.pick("singular_values", members).to(h.dtype).unsqueeze(1)  # scale member k's directions
         y = h @ self.U.t().to(h.dtype)  # (K, N, out)
         return self.add_bias(y, members, channel_dim=-1).reshape(*lead, self.out_features)
 
+    def apply_merged(self, x: Tensor, W: Tensor, members: list[int]) -> Tensor:
+        """Block k of x through member k's merged weight W[k] (K, out, in), all K in one batched matmul."""
+        K, b = len(members), self.bias_rows(members, x.dtype)  # b: (K, out) or None
+        if K == 1:  # any input shape
+            return F.linear(x, W[0], None if b is None else b[0])
+        xs = x.reshape(K, -1, self.in_features)  # (K, N, in)
+        Wt = W.transpose(1, 2)  # (K, in, out), a view: BLAS reads it transposed
+        y = torch.bmm(xs, Wt) if b is None else torch.baddbmm(b.unsqueeze(1), xs, Wt)  # (K, N, out)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    # ----- evaluation with merged weights (sve.layers.sv_inference) -------------------------------------------
+    def tokens_per_member(self, x: Tensor, K: int) -> float:
+        """Rows each member's weight is applied to in this call (N in the rules)."""
+        return x.numel() / (K * self.in_features)
+
+    def path(self, x: Tensor, K: int) -> str:
+        """``factored``, ``cached`` or ``merged`` for this call; merged weights never under autograd."""
+        if self.training or torch.is_grad_enabled() or self.inference == "factored":
+            return "factored"
+        if self.inference != "auto":
+            return self.inference
+        faster = merged_is_faster(self.tokens_per_member(x, K), self.in_features, self.out_features, self.rank,
+                                  cached=self.auto_cache)
+        return ("cached" if self.auto_cache else "merged") if faster else "factored"
+
+    def merged_weights(self, members: list[int], dtype: torch.dtype, cache: bool) -> Tensor:
+        """(K, out, in') merged weights of ``members``: from the cache of all members (rebuilt when a key
+        differs) or merged for these members only."""
+        s = self.member_tensor("singular_values")  # (M, r), or a bank's
+        keys = (tensor_key(s), tensor_key(self.U), tensor_key(self.Vh))
+        if not cache or None in keys:
+            return merge_members(self.U, self.pick("singular_values", members), self.Vh, dtype)
+        key = (*keys, dtype)
+        if self._merged is None or self._merged[0] != key:
+            self._merged = None  # free the stale copy before building the new one
+            self._merged = (key, merge_members(self.U, s, self.Vh, dtype))
+        return member_slice(self._merged[1], members)
+
+    @property
+    def inference(self) -> str:
+        return self._inference
+
+    @inference.setter
+    def inference(self, value: str) -> None:
+        if value != getattr(self, "_inference", None):
+            self._inference = check_inference(value, f"{self.module_name}.inference")
+            self.clear_cache()
+
+    def clear_cache(self) -> None:
+        """Drops the merged weights (needed only after a write through ``.data``, which PyTorch does not count)."""
+        self._merged = None
+
+    def cache_bytes(self) -> int:
+        return 0 if self._merged is None else self._merged[1].numel() * self._merged[1].element_size()
+
+    def train(self, mode: bool = True):
+        if mode:
+            self.clear_cache()  # no merged copy ever lives during training
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):
+        self.clear_cache()  # .to(), .cuda(), .half(): rebuilt on the new device or dtype when needed
+        return super()._apply(fn, recurse)
+
+    def bias_rows(self, members: list[int], dtype: torch.dtype) -> Tensor | None:
+        """(K, out) biases of ``members`` (the shared bias repeated), or None."""
+        if self.biases is not None:
+            return self.pick("biases", members).to(dtype)
+        if self.shared_bias is not None:
+            return self.shared_bias.to(dtype).expand(len(members), -1)
+        return None
+
     def add_bias(self, y: Tensor, members: list[int], channel_dim: int) -> Tensor:
         """Adds member k's bias to block k of y (K, ..., out, ...); the channel axis is ``channel_dim``."""
-        if self.biases is not None:
-            b = self.pick("biases", members).to(y.dtype)  # (K, out)
-        elif self.shared_bias is not None:
-            b = self.shared_bias.to(y.dtype).expand(len(members), -1)
-        else:
+        b = self.bias_rows(members, y.dtype)  # (K, out)
+        if b is None:
             return y
         trailing = -channel_dim - 1  # axes after the channel axis
         return y + b.reshape(len(members), *([1] * (y.dim() - 2 - trailing)), -1, *([1] * trailing))
@@ -132,7 +231,7 @@ class SVLinear(MemberLayer):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-            f"ensemble_size={self.ensemble_size}, member_bias={self.bias_per_member}"
+            f"ensemble_size={self.ensemble_size}, member_bias={self.bias_per_member}, inference={self.inference}"
         )
 
 

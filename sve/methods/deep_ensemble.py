@@ -63,7 +63,8 @@ class DeepEnsemble(EnsembleMethod):
         self.mode = choose_mode(backbone, M) if mode == "auto" else mode
         self.chunk_size = M if self.mode == "in_memory" else max(1, min(chunk_size, M))
         if self.mode == "sequential":  # evaluation loads one chunk of stored members per pass
-            self.members_at_once = min(self.members_at_once or self.chunk_size, self.chunk_size)
+            k = self.members_at_once if isinstance(self.members_at_once, int) else self.chunk_size
+            self.members_at_once = min(k, self.chunk_size)
         self.seed = torch.initial_seed()
         # Working copies: all M members in memory, or one chunk. Copy 0 is the backbone itself.
         self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])

@@ -1,0 +1,98 @@
+"""The cost benchmark: its memory and FLOP counters on exact cases, and scripts/bench.py end to end in its tiny
+setting (files and facts, never timings)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+from sve.bench import PeakTensorMemory, count_flops, paired_ratio, peak_memory, resident_bytes
+from sve.report import REPO, cost_runs
+
+FLOAT = 4
+
+
+def test_peak_memory_counts_live_activations_exactly():
+    lin = nn.Linear(100, 50)
+    x = torch.randn(20, 100)
+    with PeakTensorMemory() as m:
+        y = torch.tanh(lin(x))  # addmm output, then tanh output; tanh keeps its output for backward
+        assert m.now == 20 * 50 * FLOAT and m.peak == 2 * 20 * 50 * FLOAT
+        y.sum().backward()
+        del y
+    grads = (100 * 50 + 50) * FLOAT
+    assert m.now == grads  # activations and the loss are gone, the gradients stay
+    assert peak_memory(lambda: lin(x).sum(), torch.device("cpu")) == 20 * 50 * FLOAT + FLOAT  # output and sum
+
+
+def test_views_and_existing_tensors_cost_nothing():
+    W = torch.randn(64, 64)
+    with PeakTensorMemory() as m:
+        v = W.t()[:10]  # views of memory from before the step
+        flat = W[:10].reshape(-1)
+        assert m.peak == 0 and flat.numel() == 640
+        v.reshape(-1)  # not contiguous: a copy
+    assert m.peak == 640 * FLOAT and m.now == 0
+
+
+def test_resident_bytes_counts_each_storage_once():
+    a = nn.Linear(10, 10)
+    b = nn.Linear(10, 10)
+    b.weight = a.weight  # tied
+    model = nn.Sequential(a, b)
+    assert resident_bytes(model) == (100 + 10 + 10) * FLOAT
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 10)).sum().backward()
+    opt.step()
+    assert resident_bytes(model, opt.state) > 3 * resident_bytes(model)  # two Adam moments (+ step counts)
+
+
+def test_flops_and_paired_ratio():
+    lin = nn.Linear(30, 20, bias=False)
+    assert count_flops(lambda: lin(torch.randn(7, 30))) == 2 * 7 * 30 * 20
+    times = {"a": [2.0, 4.0, 6.0], "b": [1.0, 1.0, 2.0]}
+    assert paired_ratio(times, "a", "b") == 3.0
+
+
+def test_bench_script_tiny_writes_every_file(tmp_path):
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "vit_s", "table5",
+                           "rule", "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    vit = json.loads((out / "vit_s.json").read_text())
+    M = vit["setting"]["ensemble_size"]
+    for kind in ("train", "eval_b16", "eval_b1"):
+        rows = vit[kind]
+        assert rows["dense"]["ratio_to_dense"] == 1.0
+        for name, row in rows.items():
+            assert row["ms"] > 0 and row["flops"] > 0 and row["peak_bytes"] > 0, (kind, name)
+    # Facts, not timings: merged SVE does exactly the dense copies' FLOPs, factored more; rebuilding costs more
+    # than training factored; M dense copies are M single models.
+    e16 = vit["eval_b16"]
+    assert e16["sve"]["flops"] == e16["dense"]["flops"] == M * e16["single"]["flops"]
+    assert e16["sve_factored"]["flops"] > e16["dense"]["flops"]
+    assert vit["train"]["rebuild"]["flops"] > vit["train"]["sve"]["flops"]
+    assert vit["train"]["dense"]["derived"] == f"{M} x single"
+    lean = vit["lean_memory"]
+    assert lean["sve_bfloat16_bytes"] < lean["sve_float32_bytes"]
+    assert 1e-4 < lean["bf16_weight_error"]["max"] < 1e-2
+    assert {t["what"].split(",")[0] for t in vit["targets"]} == {"eval at batch 16 per member", "training step"}
+
+    table5 = json.loads((out / "table5.json").read_text())
+    assert {"single", "sve", "lora_ensemble", "batch_ensemble", "deep_ensemble", "mc_dropout"} <= set(table5["methods"])
+    costs = cost_runs(table5)  # the schema sve.report reads
+    assert all(math.isfinite(v) for row in costs.values() for v in row.values())
+    methods = table5["methods"]
+    assert methods["deep_ensemble"]["parameters"] == M * methods["single"]["parameters"]
+    assert costs["deep_ensemble"]["train_memory_overhead_pct"] == 100.0 * (M - 1)
+    assert methods["mc_dropout"]["members"] == M and methods["sve"]["members"] == M
+
+    rule = json.loads((out / "rule.json").read_text())
+    assert rule["crossovers"] and all("cached_from_tokens" in c for c in rule["crossovers"])
+    md = (out / "bench.md").read_text()
+    assert "### tiny ViT (test)" in md and "### Table 5 setting" in md and "### The inference rule" in md
+    assert not (out / "bert_base.json").exists()
