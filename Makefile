@@ -75,6 +75,8 @@ mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini 
 mini-figure2-vision: ## Mini Fig. 2, vision: ResNet-20 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
 mini-table1 mini-table4 mini-figure3 mini-figure2-vision: $(if $(SMOKE),,mini-data)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
+mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
+	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
@@ -86,4 +88,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 $(PAPER_TARGETS) $(MINI_PARTS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables $(PAPER_TARGETS) $(MINI_PARTS)

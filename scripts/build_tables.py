@@ -1,13 +1,14 @@
 """Rebuild tables and figures from the result files that exist, without training.
 
 ``python scripts/build_tables.py [table1 ...] [--smoke] [--no-paper] [--results DIR]``; no names: all of
-configs/tables/. Works on an empty results/ (every cell "–"). See sve/report.py.
+configs/tables/ that belong to the results root (the miniature's ``mini_*`` under results/mini/, the
+others under results/). Works on an empty results/ (every cell "–"). See sve/report.py.
 """
 
 import argparse
 from pathlib import Path
 
-from sve.report import build, table_names
+from sve.report import build, build_all, table_names
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -16,6 +17,9 @@ if __name__ == "__main__":
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     args = parser.parse_args()
-    for name in args.names or table_names():
-        for path in build(name, args.smoke, args.results, not args.no_paper):
-            print(f"wrote {path}")
+    if args.names:
+        written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
+    else:
+        written = build_all(args.smoke, args.results, not args.no_paper)
+    for path in written:
+        print(f"wrote {path}")

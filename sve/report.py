@@ -399,5 +399,12 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     return written
 
 
+MINI = "mini"  # the miniature's tables (configs/tables/mini_*.yaml) live under results/mini/, the rest under results/
+
+
 def build_all(smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:
-    return [path for name in table_names() for path in build(name, smoke, root, with_paper)]
+    """Every table of the results root: the paper's under ``results/``, the miniature's under
+    ``results/mini/`` (``make mini-tables``)."""
+    mini = Path(root or RESULTS).name == MINI
+    names = [n for n in table_names() if n.startswith(f"{MINI}_") == mini]
+    return [path for name in names for path in build(name, smoke, root, with_paper)]
