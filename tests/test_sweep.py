@@ -41,6 +41,13 @@ def test_make_smoke_target_from_the_command_line(tmp_path):
     assert (tmp_path / "smoke" / "tables" / "table6.tex").exists()
 
 
+def finished(job, results: dict) -> dict:
+    """What a fake run leaves behind: its results.json in the job's directory."""
+    job.dir.mkdir(parents=True, exist_ok=True)
+    (job.dir / "results.json").write_text(json.dumps(results))
+    return results
+
+
 def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, monkeypatch, capsys):
     calls = []
 
@@ -48,11 +55,8 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
         calls.append(job.method)
         if job.method == "svf":
             raise RuntimeError("boom")
-        results = {"method": job.method, "ensemble_size": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
-                   "config": {"experiment_name": job.experiment}}  # fmt: skip
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
-        return results
+        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+                              "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -97,12 +101,9 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
     def fake_run(job):
         lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
         trained.append((job.seed, lr, job.tuning))
-        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": 1,
-                   "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5,
-                                                              "val/nll": 0.2 if lr == "0.01" else 0.4}}  # fmt: skip
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
-        return results
+        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": 1,
+                              "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5,
+                                                                        "val/nll": 0.2 if lr == "0.01" else 0.4}})
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
