@@ -29,6 +29,7 @@ def train(size: int, epochs: int, out: Path) -> float:
     overrides = ["experiment=mini_sst2_minilm", "experiment_name=mini_sst2_budget",  # not a cell of mini Table 2
                  "method=single", "ensemble_size=1", "trainer=cpu",
                  f"dataset.train_size={size}", f"trainer.max_epochs={epochs}", "callbacks=default",
+                 "trainer.limit_val_batches=1.0",  # the mini experiments skip validation during training
                  f"paths.output_dir={out}", "seed=0"]  # fmt: skip
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
