@@ -67,7 +67,7 @@ MINI_JOBS ?= 2
 MINI_THREADS ?= 1
 
 mini: ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
-	$(MAKE) --no-print-directory -j$(MINI_JOBS) --output-sync=line $(MINI_PARTS)
+	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_PARTS)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
 	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
 mini-budget: ## The single model's validation curve over SST-2 training-set sizes (how mini Table 2's budget was chosen)
