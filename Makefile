@@ -68,6 +68,7 @@ MINI_THREADS ?= 1
 
 mini: ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_PARTS)
+	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-report)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
 	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
 mini-budget: ## The single model's validation curve over SST-2 training-set sizes (how mini Table 2's budget was chosen)
@@ -85,6 +86,8 @@ mini-figure2: mini-table2
 mini-table3: $(if $(SMOKE),,mini-smollm2)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
+mini-report: mini-tables ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
+	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
@@ -96,4 +99,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables $(PAPER_TARGETS) $(MINI_PARTS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS)

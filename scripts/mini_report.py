@@ -1,0 +1,154 @@
+"""Writes results/mini/README.md from the miniature's runs: ``make mini-report`` (``make mini`` ends with it).
+
+The prose is the template ``configs/claims/mini_readme.md``; everything numeric is filled in from the runs:
+
+- ``{{runs}}``: how many runs, from which commits (a ``-dirty`` commit is flagged);
+- ``{{times}}``: per experiment, the runs trained (tuning included) and their summed wall time;
+- ``{{settings}}``: per experiment, the model, data sizes, epochs and batch, and each row's learning rate
+  (chosen on validation, ``tuned.json``, or fixed);
+- ``{{table:<name>}}``: the built table ``<root>/tables/<name>.md`` (``make mini-tables`` builds them);
+- ``{{figure:<file>}}``: a link to ``<root>/figures/<file>`` when it exists;
+- ``{{claims}}``: the verdicts of ``configs/claims/mini.yaml`` (``sve.claims``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sve.claims import claims_markdown  # noqa: E402
+from sve.report import METHOD_NAMES, load_runs  # noqa: E402
+
+TEMPLATE = REPO / "configs" / "claims" / "mini_readme.md"
+
+
+def all_results(root: Path) -> list[tuple[Path, dict]]:
+    """Every results.json under ``root/runs``, tuning runs included, copies of a tuning run left out (its
+    time is the tuning run's)."""
+    found = []
+    for path in sorted((root / "runs").rglob("results.json")):
+        if not (path.parent / "REUSED.txt").exists():
+            found.append((path, json.loads(path.read_text())))
+    return found
+
+
+def experiment_of(results: dict) -> str:
+    return results.get("experiment") or (results.get("config") or {}).get("experiment_name") or "?"
+
+
+def runs_section(found: list[tuple[Path, dict]]) -> str:
+    commits = defaultdict(int)
+    for _, r in found:
+        commits[r.get("git_commit") or "unknown"] += 1
+    lines = [f"{len(found)} runs trained (tuning runs included), at these commits of this repository:", ""]
+    for commit, n in sorted(commits.items(), key=lambda kv: -kv[1]):
+        flag = " **(uncommitted changes)**" if commit.endswith("-dirty") else ""
+        lines.append(f"- `{commit[:12]}`: {n} runs{flag}")
+    return "\n".join(lines)
+
+
+def times_section(found: list[tuple[Path, dict]]) -> str:
+    seconds, count = defaultdict(float), defaultdict(int)
+    for _, r in found:
+        seconds[experiment_of(r)] += float(r.get("wall_time_s") or 0.0)
+        count[experiment_of(r)] += 1
+    lines = ["| experiment | runs trained | time, summed over runs | per run |", "|:--|--:|--:|--:|"]
+    for e in sorted(seconds):
+        lines.append(f"| `{e}` | {count[e]} | {seconds[e] / 60:.0f} min | {seconds[e] / count[e] / 60:.1f} min |")
+    total = sum(seconds.values())
+    lines += [f"| all | {sum(count.values())} | {total / 3600:.2f} h | |", "",
+              f"Each run used one CPU thread; `make mini` runs two parts at a time on the 2 cores, so its wall "
+              f"time is about half the sum: {total / 7200:.1f} h."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def learning_rates(root: Path, experiment: str) -> list[str]:
+    out = []
+    for row in sorted((root / "runs" / experiment).glob("*_m*")):
+        tuned = row / "tuned.json"
+        method, _, members = row.name.rpartition("_m")
+        name = f"{METHOD_NAMES.get(method, method)} (M={members})"
+        if tuned.exists():
+            t = json.loads(tuned.read_text())
+            scores = ", ".join(f"{v}: {s:.3f}" for v, s in t["scores"].items())
+            out.append(f"{name}: {t['value']} (validation {t['metric'].split('/')[-1]}: {scores})")
+        else:
+            seeds = sorted(row.glob("seed*/results.json"))
+            if seeds:
+                lr = json.loads(seeds[0].read_text())["config"]["method"].get("lr")
+                out.append(f"{name}: {lr} (fixed)")
+    return out
+
+
+def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
+    first: dict[str, dict] = {}
+    for _, r in found:
+        first.setdefault(experiment_of(r), r)
+    lines = []
+    for e, r in sorted(first.items()):
+        c = r.get("config") or {}
+        d, t, b = c.get("dataset") or {}, c.get("trainer") or {}, c.get("backbone") or {}
+        sizes = ", ".join(f"{k.split('_')[0]} {d[k]}" for k in ("train_size", "val_size", "val_holdout", "test_size")
+                          if d.get(k) is not None)  # fmt: skip
+        pretrained = "pretrained" if b.get("pretrained", True) else "random init"
+        lines.append(f"- `{e}`: {b.get('name')} ({pretrained}), {d.get('name')} ({sizes}), "
+                     f"{t.get('max_epochs')} epochs at batch {d.get('batch_size')}; learning rates: "
+                     + "; ".join(learning_rates(root, e)))  # fmt: skip
+    return "\n".join(lines)
+
+
+def table_section(root: Path, name: str) -> str:
+    path = root / "tables" / f"{name}.md"
+    if not path.exists():
+        return f"*(table {name} not built yet: `make mini-tables`)*"
+    return re.sub(r"^## ", "### ", path.read_text().strip(), count=1, flags=re.M)
+
+
+def figure_section(root: Path, name: str) -> str:
+    path = root / "figures" / name
+    return f"![{name}](figures/{name})" if path.exists() else f"*(figure {name} not drawn yet)*"
+
+
+def render(root: Path, template: str) -> str:
+    found = all_results(root)
+    runs = load_runs(root)
+    fill = {"runs": lambda: runs_section(found), "times": lambda: times_section(found),
+            "settings": lambda: settings_section(root, found),
+            "claims": lambda: claims_markdown("mini", root, runs)}  # fmt: skip
+
+    def replace(match: re.Match) -> str:
+        key, _, arg = match.group(1).partition(":")
+        if key == "table":
+            return table_section(root, arg)
+        if key == "figure":
+            return figure_section(root, arg)
+        if key not in fill:
+            raise ValueError(f"unknown placeholder {{{{{match.group(1)}}}}}; choose table:<name>, figure:<file> "
+                             f"or one of {sorted(fill)}")  # fmt: skip
+        return fill[key]()
+
+    return re.sub(r"\{\{([^}]+)\}\}", replace, template)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write results/mini/README.md from the miniature's runs.")
+    parser.add_argument("--results", type=Path, default=REPO / "results" / "mini")
+    parser.add_argument("--template", type=Path, default=TEMPLATE)
+    args = parser.parse_args(argv)
+    text = render(args.results, args.template.read_text())
+    out = args.results / "README.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

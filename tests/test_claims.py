@@ -1,0 +1,127 @@
+"""Claim verdicts (sve.claims) and the miniature's README (scripts/mini_report.py) on fixture runs: the
+verdicts follow the numbers (flip a number, the verdict flips), the noise flag follows the seeds' spread."""
+
+import json
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from sve.claims import cell, judge, load_claims, to_markdown
+from sve.report import REPO, load_runs
+from tests.test_report import write_run
+
+sys.path.insert(0, str(REPO / "scripts"))
+import mini_report  # noqa: E402
+
+
+def runs_with(root, table: dict) -> list:
+    """table: {(experiment, method, members): [per-seed metric dicts]}."""
+    for (experiment, method, members), seeds in table.items():
+        for seed, metrics in enumerate(seeds):
+            write_run(root, experiment, method, members, seed, metrics, num_members=members)
+    return load_runs(root)
+
+
+def claims(*checks) -> OmegaConf:
+    return OmegaConf.create({"settings": {"e": "Exp"}, "claims": [{"title": "T", "paper": "P", "checks": list(checks)}]})
+
+
+def test_cell_is_the_mean_and_spread_over_seeds_in_display_units(tmp_path):
+    runs = runs_with(tmp_path, {("e", "sve", 4): [{"ece": 0.02}, {"ece": 0.04}, {"ece": 0.06}]})
+    value = cell(runs, "e", "sve:4", "ece")
+    assert value.mean == pytest.approx(4.0) and value.std == pytest.approx(2.0) and value.seeds == 3
+    assert cell(runs, "e", "single:1", "ece") is None
+
+
+@pytest.mark.parametrize("sve_ece, held", [(0.02, True), (0.09, False)])
+def test_compare_verdict_follows_the_numbers(tmp_path, sve_ece, held):
+    runs = runs_with(tmp_path, {("e", "sve", 4): [{"ece": sve_ece, "acc": 0.80}] * 3,
+                                ("e", "single", 1): [{"ece": 0.05, "acc": 0.805}] * 3})  # fmt: skip
+    (claim, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"],
+                                       "similar": {"acc": 1.0}}), runs)  # fmt: skip
+    ece, acc = verdicts
+    assert ece.held is held and not ece.noise  # identical seeds: no spread, a clear difference
+    assert acc.held  # 0.5 points behind, within the 1.0 tolerance
+    assert ece.ours == f"{100 * sve_ece:.1f} ± 0.0 vs 5.0 ± 0.0"
+
+
+def test_a_difference_inside_the_seed_spread_is_flagged(tmp_path):
+    runs = runs_with(tmp_path, {("e", "sve", 4): [{"nll": 0.40}, {"nll": 0.50}, {"nll": 0.60}],
+                                ("e", "single", 1): [{"nll": 0.52}, {"nll": 0.52}, {"nll": 0.52}]})  # fmt: skip
+    (_, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"]}), runs)
+    assert verdicts[0].held and verdicts[0].noise
+    (_, worse), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"],
+                                   "expect": "worse"}), runs)  # fmt: skip
+    assert not worse[0].held
+
+
+def test_gain_and_trend(tmp_path):
+    runs = runs_with(tmp_path, {
+        ("pre", "sve", 4): [{"acc": 0.90}] * 2, ("pre", "single", 1): [{"acc": 0.85}] * 2,
+        ("rand", "sve", 4): [{"acc": 0.60}] * 2, ("rand", "single", 1): [{"acc": 0.62}] * 2,
+        ("arc", "sve", 1): [{"nll": 1.2}] * 2, ("arc", "sve", 2): [{"nll": 1.1}] * 2, ("arc", "sve", 4): [{"nll": 1.15}] * 2,
+    })  # fmt: skip
+    (_, g), = judge(claims({"kind": "gain", "experiments": ["pre", "rand"], "a": "sve:4", "against": ["single:1"],
+                            "metrics": ["acc"]}), runs)  # fmt: skip
+    assert g[0].held and g[0].ours == "+5.0 vs -2.0"
+    (_, t), = judge(claims({"kind": "trend", "experiment": "arc", "rows": ["sve:1", "sve:2", "sve:4"],
+                            "metrics": ["nll"]}), runs)  # fmt: skip
+    assert not t[0].held  # M = 4 is worse than M = 2
+    assert t[0].ours == "1.20 ± 0.00 → 1.10 ± 0.00 → 1.15 ± 0.00"
+
+
+def test_shift_metrics_read_the_severity_means(tmp_path):
+    for seed, ece in enumerate([0.10, 0.12]):
+        write_run(tmp_path, "e", "sve", 4, seed, {}, num_members=4,
+                  shift={"by_severity": {"5": {"ece": ece}}})
+        write_run(tmp_path, "e", "single", 1, seed, {}, num_members=1, shift={"by_severity": {"5": {"ece": 0.2}}})
+    (_, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"],
+                                   "metrics": ["sev5/ece"]}), load_runs(tmp_path))  # fmt: skip
+    assert verdicts[0].held and verdicts[0].metric == "ECE (%) ↓, severity 5"
+
+
+def test_bad_input_names_the_valid_choices(tmp_path):
+    with pytest.raises(ValueError, match="choose one of"):
+        judge(claims({"experiment": "e", "a": "sve:4", "against": [], "metrics": ["ece"], "expect": "much"}), [])
+    with pytest.raises(ValueError, match="unknown metric 'eec'"):
+        judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["eec"]}), [])
+    with pytest.raises(ValueError, match="method:members"):
+        judge(claims({"experiment": "e", "a": "sve", "against": ["single:1"], "metrics": ["ece"]}), [])
+    with pytest.raises(ValueError, match="choose one of"):
+        load_claims("nope")
+
+
+def test_missing_cells_give_no_verdict():
+    text = to_markdown(judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"]}), []))
+    assert "No verdict yet" in text
+
+
+def test_the_mini_claims_file_names_real_rows_and_metrics():
+    """Every row and metric of configs/claims/mini.yaml parses, and every experiment is a mini experiment."""
+    spec = load_claims("mini")
+    experiments = {p.stem for p in (REPO / "configs" / "experiment").glob("mini_*.yaml")}
+    assert set(spec.settings) <= experiments
+    assert judge(spec, [])  # parses every check (no runs: no verdicts)
+    for claim in spec.claims:
+        for check in claim.checks:
+            for e in check.get("experiments") or [check.experiment]:
+                assert e in experiments, e
+
+
+def test_mini_report_fills_every_placeholder(tmp_path):
+    root = tmp_path / "mini"
+    write_run(root, "mini_sst2_minilm", "sve", 4, 0, {"acc": 0.8, "ece": 0.05, "nll": 0.5}, num_members=4,
+              wall_time_s=120.0, git_commit="abc123-dirty",
+              config={"experiment_name": "mini_sst2_minilm", "method": {"lr": 0.001},
+                      "dataset": {"name": "sst2", "train_size": 1000, "batch_size": 16},
+                      "trainer": {"max_epochs": 2}, "backbone": {"name": "minilm_l6"}})  # fmt: skip
+    tuned = root / "runs" / "mini_sst2_minilm" / "sve_m4" / "tuned.json"
+    tuned.write_text(json.dumps({"value": "0.001", "metric": "val/nll", "scores": {"0.0001": 0.6, "0.001": 0.5}}))
+    text = mini_report.render(root, (REPO / "configs" / "claims" / "mini_readme.md").read_text())
+    assert "{{" not in text
+    assert "**(uncommitted changes)**" in text and "| `mini_sst2_minilm` | 1 | 2 min | 2.0 min |" in text
+    assert "SV-Ensemble (M=4): 0.001 (validation nll: 0.0001: 0.600, 0.001: 0.500)" in text
+    assert "not built yet" in text  # no tables were built in this fixture
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        mini_report.render(root, "{{nonsense}}")
