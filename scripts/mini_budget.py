@@ -39,12 +39,12 @@ def train(size: int, epochs: int, out: Path) -> float:
 
 
 def curve(out: Path, epochs: int) -> list[dict]:
-    """Validation accuracy and NLL after each epoch, from the run's CSV log (the validation of the final
-    model after training, logged as one epoch more, repeats the last epoch's and is left out)."""
+    """Validation accuracy and NLL after each epoch, from the run's CSV log. The evaluation after training
+    logs the final model's validation metrics again, without an epoch or as one epoch more: left out."""
     rows = list(csv.DictReader((out / "csv" / "version_0" / "metrics.csv").open()))
     by_epoch = {}
     for row in rows:
-        if row.get("val/acc") and int(row["epoch"]) < epochs:
+        if row.get("val/acc") and row.get("epoch") and int(row["epoch"]) < epochs:
             by_epoch[int(row["epoch"])] = {"epoch": int(row["epoch"]) + 1, "val_acc": float(row["val/acc"]),
                                            "val_nll": float(row["val/nll"])}  # fmt: skip
     return [by_epoch[e] for e in sorted(by_epoch)]
