@@ -78,7 +78,8 @@ def learning_rates(root: Path, experiment: str) -> list[str]:
         if tuned.exists():
             t = json.loads(tuned.read_text())
             scores = ", ".join(f"{v}: {s:.3f}" for v, s in t["scores"].items())
-            out.append(f"{name}: {t['value']} (validation {t['metric'].split('/')[-1]}: {scores})")
+            source = f"the choice of {t['from']}, " if t.get("from") else ""
+            out.append(f"{name}: {t['value']} ({source}validation {t['metric'].split('/')[-1]}: {scores})")
         else:
             seeds = sorted(row.glob("seed*/results.json"))
             if seeds:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sve.report import METHOD_NAMES, METRICS, REPO, Metric, Run, select
+from sve.report import METHOD_NAMES, METRICS, REPO, Metric, Run, parse_row, select
 
 CLAIMS = REPO / "configs" / "claims"
 EXPECT = ("better", "worse", "at_least")
@@ -57,14 +57,6 @@ def load_claims(name: str) -> DictConfig:
         choices = sorted(p.stem for p in CLAIMS.glob("*.yaml"))
         raise ValueError(f"claims file {name!r} not found in {CLAIMS}; choose one of {choices}")
     return OmegaConf.load(path)
-
-
-def parse_row(text: str) -> tuple[str, int]:
-    """``sve:4`` -> ("sve", 4)."""
-    method, _, members = str(text).partition(":")
-    if not members.isdigit():
-        raise ValueError(f"row {text!r} must read method:members, e.g. sve:4")
-    return method, int(members)
 
 
 def row_label(text: str) -> str:

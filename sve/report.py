@@ -169,6 +169,14 @@ def load_runs(root: Path) -> list[Run]:
     return runs
 
 
+def parse_row(text: str) -> tuple[str, int]:
+    """A row named as ``method:members`` (``sve:4``) -> ("sve", 4); claims and ``tune_as`` name rows so."""
+    method, _, members = str(text).partition(":")
+    if not method or not members.isdigit():
+        raise ValueError(f"row {text!r} must read method:members, e.g. sve:4")
+    return method, int(members)
+
+
 def select(runs: list[Run], experiment: str, method: str, members: int) -> dict[int, Run]:
     """The runs of one cell by seed; a seed found twice keeps the first path in sorted order."""
     found: dict[int, Run] = {}

@@ -15,7 +15,10 @@ A table may tune one hyper-parameter per row on the validation split (``tune:`` 
 learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; the
 value with the best validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written to
 ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
-(same config, same seed), so it is copied to its seed directory rather than trained twice.
+(same config, same seed), so it is copied to its seed directory rather than trained twice. A row with
+``tune_as: method:members`` takes the choice of that row of the same experiment instead of a grid of its own
+(SVE at M = 1, 2, 4 sharing the learning rate tuned for SVF, as the paper's recipe shares it); the choice is
+copied into its own ``tuned.json`` with a ``from`` key.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from sve.report import METRICS, REPO, build, load_spec, members_of, results_root, run_dir, table_names
+from sve.report import (METRICS, REPO, build, load_spec, members_of, parse_row, results_root, run_dir,
+                        table_names)  # fmt: skip
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
 SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
@@ -48,6 +52,7 @@ class Job:
     overrides: list[str]
     dir: Path
     tuning: str | None = None  # "key=value" of a tuning run
+    tune_as: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row takes
 
     def __str__(self) -> str:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
@@ -64,7 +69,9 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                 overrides = [f"experiment={experiment}", f"method={row.method}",
                              *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
                              *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
-                out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory))
+                tune_as = parse_row(row.tune_as) if row.get("tune_as") else None
+                out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory,
+                                              tune_as=tune_as))  # fmt: skip
     return list(out.values())
 
 
@@ -188,24 +195,43 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             return None
 
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content
+    first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
+    for job in todo:
+        first_jobs.setdefault((job.experiment, job.method, job.members), job)
     for i, job in enumerate(todo, 1):
         prefix = f"[{i:>{width}}/{len(todo)}] {job}"
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
             row_dir = job.dir.parent
-            if row_dir not in chosen:
-                chosen[row_dir] = tune_row(spec, job, row_dir, attempt, dry_run, failures)
-            choice = chosen[row_dir]
+            source = borrowed_from(job, first_jobs) if job.tune_as else job
+            source_dir = source.dir.parent
+            if source_dir not in chosen:
+                chosen[source_dir] = tune_row(spec, source, source_dir, attempt, dry_run, failures)
+            choice = chosen[source_dir]
+            if choice is not None and source is not job and not dry_run and not (row_dir / "tuned.json").exists():
+                row_dir.mkdir(parents=True, exist_ok=True)
+                own = {**choice, "from": source_dir.name, "note": f"the choice of {source_dir.name}, not tuned here"}
+                (row_dir / "tuned.json").write_text(json.dumps(own, indent=2) + "\n")
             if choice is None:
                 if not dry_run:
                     failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
                 continue
             job.overrides.insert(-1, f"{choice['key']}={choice['value']}")
-            source = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
-            if job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() and not dry_run:
-                if (source / "results.json").exists():
-                    reuse_tuning_run(source, job.dir)
+            chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
+            if source is job and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
+                    and not dry_run and (chosen_run / "results.json").exists():
+                reuse_tuning_run(chosen_run, job.dir)
         attempt(job, prefix)
     return failures
+
+
+def borrowed_from(job: Job, first_jobs: dict) -> Job:
+    """The first job of the row whose tuned value ``job``'s row takes (``tune_as``)."""
+    key = (job.experiment, *job.tune_as)
+    if key not in first_jobs or first_jobs[key].tune_as:
+        rows = sorted(f"{m}:{k}" for e, m, k in first_jobs if e == job.experiment)
+        raise ValueError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
+                         f"choose one of {rows}")  # fmt: skip
+    return first_jobs[key]
 
 
 def smoke_skips_tuning(spec, smoke: bool) -> bool:

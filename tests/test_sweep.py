@@ -117,3 +117,34 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
     trained.clear()
     assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained == []  # a rerun finds every run and every choice
+
+
+def test_a_row_can_take_another_rows_tuned_value(tmp_path, monkeypatch):
+    # mini Table 3's smoke variant: SVE (M=2) has tune_as svf:1. Only SVF's grid trains; SVE trains its seed 0
+    # with SVF's choice (not a copy of SVF's run) and records where the choice came from.
+    trained = []
+
+    def fake_run(job):
+        lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
+        trained.append((job.method, job.seed, lr, job.tuning))
+        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members,
+                              "ensemble_size": job.members, "experiment": job.experiment,
+                              "metrics": {"test/acc": 0.5, "val/nll": 0.2 if lr == "0.01" else 0.4}})  # fmt: skip
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
+    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"), ("svf", 0, "0.01", "method.lr=0.01")]
+    assert [t for t in trained if not t[3]] == [("sve", 0, "0.01", None)]
+    sve_row = run_dir(tmp_path / "smoke", "mini_arc_smollm2", "sve", 2, 0).parent
+    choice = json.loads((sve_row / "tuned.json").read_text())
+    assert (choice["value"], choice["from"]) == ("0.01", "svf_m1")
+    assert not (sve_row / "tune").exists() and not (sve_row / "seed0" / "REUSED.txt").exists()
+
+
+def test_tune_as_must_name_a_tuned_row_of_the_table(tmp_path, monkeypatch):
+    spec = sweep.load_spec("mini_table3", smoke=True)
+    spec.rows[1].tune_as = "sve:4"  # not a row of the smoke table
+    monkeypatch.setattr(sweep, "load_spec", lambda name, smoke: spec)
+    with pytest.raises(ValueError, match=r"tune_as=sve:4 names no tuned row of this table; choose one of \['sve:2', 'svf:1'\]"):
+        sweep.sweep("mini_table3", smoke=True, root=tmp_path)
