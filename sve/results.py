@@ -23,15 +23,18 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def git_commit() -> str | None:
-    """The commit of the checked-out code, with ``-dirty`` when the tree has uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit of the checked-out code, with ``-dirty`` when a tracked file outside ``results/`` has
+    uncommitted changes. Results are left out: committed runs and tables change under a running sweep
+    (a table rebuilt, a resumed run's log) without changing what the code computes."""
+    root = root or Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+            cwd=root, capture_output=True, text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -125,3 +125,4 @@ def test_mini_report_fills_every_placeholder(tmp_path):
     assert "not built yet" in text  # no tables were built in this fixture
     with pytest.raises(ValueError, match="unknown placeholder"):
         mini_report.render(root, "{{nonsense}}")
+

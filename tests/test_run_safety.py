@@ -179,3 +179,25 @@ def test_a_slurm_job_has_one_directory_and_a_requeued_job_takes_its_own_lock_bac
     with pytest.raises(InputError, match="in use by another run"):
         with claim(tmp_path):
             pass
+
+
+def test_git_commit_is_dirty_for_code_changes_not_for_results(tmp_path):
+    import subprocess
+
+    from sve.results import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "table.md").write_text("| a |\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    clean = git_commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+    (tmp_path / "results" / "table.md").write_text("| b |\n")  # a table rebuilt by a running sweep
+    assert git_commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == clean + "-dirty"
