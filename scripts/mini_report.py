@@ -96,11 +96,13 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
     for e, r in sorted(first.items()):
         c = r.get("config") or {}
         d, t, b = c.get("dataset") or {}, c.get("trainer") or {}, c.get("backbone") or {}
-        sizes = ", ".join(f"{k.split('_')[0]} {d[k]}" for k in ("train_size", "val_size", "val_holdout", "test_size")
-                          if d.get(k) is not None)  # fmt: skip
+        val = d.get("val_size") if d.get("val_size") is not None else d.get("val_holdout")  # a subset of the hold-out
+        sizes = ", ".join(f"{name} {n}" for name, n in (("train", d.get("train_size")), ("val", val),
+                                                         ("test", d.get("test_size"))) if n is not None)  # fmt: skip
+        epochs = t.get("max_epochs")
         pretrained = "pretrained" if b.get("pretrained", True) else "random init"
         lines.append(f"- `{e}`: {b.get('name')} ({pretrained}), {d.get('name')} ({sizes}), "
-                     f"{t.get('max_epochs')} epochs at batch {d.get('batch_size')}; learning rates: "
+                     f"{epochs} epoch{'s' if epochs != 1 else ''} at batch {d.get('batch_size')}; learning rates: "
                      + "; ".join(learning_rates(root, e)))  # fmt: skip
     return "\n".join(lines)
 
