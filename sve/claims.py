@@ -22,23 +22,15 @@ reason is known.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sve.report import METHOD_NAMES, METRICS, REPO, Metric, Run, parse_row, select
+from sve.report import METHOD_NAMES, METRICS, REPO, Cell, Metric, Run, aggregate, parse_row, select
 
 CLAIMS = REPO / "configs" / "claims"
 EXPECT = ("better", "worse", "at_least")
-
-
-@dataclass(frozen=True)
-class Value:
-    mean: float  # in display units (% for accuracy, ECE and the OOD metrics)
-    std: float | None  # sample standard deviation over seeds; None for one seed
-    seeds: int
 
 
 @dataclass
@@ -83,24 +75,22 @@ def run_value(run: Run, metric: Metric, severity: str | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def cell(runs: list[Run], experiment: str, row: str, key: str) -> Value | None:
-    """The mean (and spread) over seeds of one metric of one row, in display units; None without runs."""
+def cell(runs: list[Run], experiment: str, row: str, key: str) -> Cell | None:
+    """The table's cell of one metric of one row (mean and spread over seeds, display units); None without
+    runs."""
     metric, severity = metric_of(key)
     method, members = parse_row(row)
     values = [v for r in select(runs, experiment, method, members).values()
               if (v := run_value(r, metric, severity)) is not None]  # fmt: skip
-    if not values:
-        return None
-    shown = [v * metric.scale for v in values]
-    return Value(statistics.fmean(shown), statistics.stdev(shown) if len(shown) > 1 else None, len(shown))
+    return aggregate(values, metric, expected=0)
 
 
-def improvement(a: Value, b: Value, metric: Metric) -> float:
+def improvement(a: Cell, b: Cell, metric: Metric) -> float:
     """How much ``a`` is better than ``b`` in the metric's direction (negative: worse)."""
     return (a.mean - b.mean) if metric.higher_is_better else (b.mean - a.mean)
 
 
-def within_noise(a: Value, b: Value, difference: float) -> bool:
+def within_noise(a: Cell, b: Cell, difference: float) -> bool:
     spread = max(a.std or 0.0, b.std or 0.0)
     return a.seeds < 2 or b.seeds < 2 or abs(difference) <= spread
 
@@ -111,11 +101,8 @@ def label(key: str) -> str:
     return f"{text}, severity {severity}" if severity is not None else text
 
 
-def show(value: Value | None, key: str) -> str:
-    if value is None:
-        return "–"
-    digits = metric_of(key)[0].digits
-    return f"{value.mean:.{digits}f}" + (f" ± {value.std:.{digits}f}" if value.std is not None else "")
+def show(value: Cell | None, key: str) -> str:
+    return "–" if value is None else value.text(metric_of(key)[0])
 
 
 def compare(check: DictConfig, runs: list[Run], titles: dict) -> list[Verdict]:
@@ -155,12 +142,13 @@ def gain(check: DictConfig, runs: list[Run], titles: dict) -> list[Verdict]:
             if any(v is None for pair in cells for v in pair):
                 continue
             gains = [improvement(a, b, metric) for a, b in cells]
-            spread = max((v.std or 0.0) for pair in cells for v in pair)
+            flat = [v for pair in cells for v in pair]
+            noise = min(v.seeds for v in flat) < 2 or abs(gains[0] - gains[1]) <= max(v.std or 0.0 for v in flat)
             digits = metric.digits
             out.append(Verdict(f"{titles.get(first, first)} vs {titles.get(second, second)}",
                                f"gain of {row_label(check.a)} over {row_label(other)}", label(key),
                                f"{gains[0]:+.{digits}f} vs {gains[1]:+.{digits}f}", gains[0] > gains[1],
-                               abs(gains[0] - gains[1]) <= spread))  # fmt: skip
+                               noise))  # fmt: skip
     return out
 
 
@@ -229,4 +217,4 @@ def claims_markdown(name: str, root: Path, runs: list[Run] | None = None) -> str
     return to_markdown(judge(load_claims(name), runs if runs is not None else load_runs(root)))
 
 
-__all__ = ["Value", "Verdict", "load_claims", "cell", "judge", "to_markdown", "claims_markdown", "summary"]
+__all__ = ["Verdict", "load_claims", "cell", "judge", "to_markdown", "claims_markdown", "summary"]

@@ -228,7 +228,7 @@ def borrowed_from(job: Job, first_jobs: dict) -> Job:
     """The first job of the row whose tuned value ``job``'s row takes (``tune_as``)."""
     key = (job.experiment, *job.tune_as)
     if key not in first_jobs or first_jobs[key].tune_as:
-        rows = sorted(f"{m}:{k}" for e, m, k in first_jobs if e == job.experiment)
+        rows = sorted(f"{m}:{k}" for (e, m, k), j in first_jobs.items() if e == job.experiment and not j.tune_as)
         raise ValueError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
                          f"choose one of {rows}")  # fmt: skip
     return first_jobs[key]
