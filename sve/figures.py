@@ -33,7 +33,9 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
     for path in paths:
-        fig.savefig(path, bbox_inches="tight", dpi=150)
+        # No creation date in the PDF: regenerating a figure from the same runs leaves the file unchanged in git.
+        metadata = {"CreationDate": None} if path.suffix == ".pdf" else None
+        fig.savefig(path, bbox_inches="tight", dpi=150, metadata=metadata)
     plt.close(fig)
     return paths
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from hydra.errors import InstantiationException
 from torch import nn
 
 from sve.layers import BatchEnsembleLayer, BLoBLayer, LoRALayer
@@ -142,10 +143,12 @@ def test_sequential_and_in_memory_deep_ensembles_give_the_same_predictive():
     torch.testing.assert_close(outs["in_memory"], outs["sequential"], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la"])
+@pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la", "bayes_lora_la:nn"])
 def test_laplace_predictive_approaches_map_as_prior_precision_grows(method):
     # 200 samples and precisions 1e4 apart: the ordering is the posterior's, not 10 samples' noise.
-    m, batch, _, dm = make(method, "method.marglik_steps=5", "method.num_samples=200")
+    method, _, kind = method.partition(":")
+    extra = [f"method.predictive={kind}"] if kind else []
+    m, batch, _, dm = make(method, "method.marglik_steps=5", "method.num_samples=200", *extra)
     _train(m, list(dm.train_dataloader()))
     m.after_fit(dm)
     assert float(m.laplace.prior_precision) > 0
@@ -159,6 +162,38 @@ def test_laplace_predictive_approaches_map_as_prior_precision_grows(method):
             assert out.shape[0] == m.num_samples
             gaps.append(float((predictive(out) - map_probs).abs().max()))
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3, gaps
+
+
+def test_la_glm_predictive_is_the_model_linearised_at_the_map():
+    # Member s = f(theta*) + J (theta_s - theta*). Reference: the same offsets through the network itself, by
+    # central differences in float64 (error O(eps^2)), and the nn predictive's own samples as the endpoints.
+    torch.manual_seed(0)
+    m, batch, _, dm = make("bayes_lora_la", "method.marglik_steps=3", "method.num_samples=3")
+    _train(m, list(dm.train_dataloader()))
+    m.after_fit(dm)
+    m.double().eval()
+    m.laplace.mean = m.laplace.mean.double()
+    offsets = 0.1 * torch.randn(3, m.laplace.n_params, dtype=torch.float64)
+    m.laplace.sample = lambda S: m.laplace.mean + offsets[:S]
+    assert m.report()["predictive"] == "glm"
+    with torch.no_grad():
+        glm = m(batch)
+        at_map = m.map_logits(batch)
+        m.predictive = "nn"
+        eps = 1e-4
+        ends = []
+        for sign in (1, -1):
+            m.laplace.sample = lambda S, sign=sign: m.laplace.mean + sign * eps * offsets[:S]
+            ends.append(m(batch))
+    jvp = (ends[0] - ends[1]) / (2 * eps)  # (S, B, C)
+    assert glm.shape == (3, *at_map.shape[1:])
+    assert jvp.abs().max() > 1e-3  # the offsets move the logits: the comparison is not 0 == 0
+    torch.testing.assert_close(glm, at_map + jvp, atol=1e-6, rtol=1e-6)
+
+
+def test_la_predictive_must_be_one_of_the_named_ones():
+    with pytest.raises(InstantiationException, match=r"method.predictive='probit'.*\['glm', 'nn'\]"):
+        make("bayes_lora_la", "method.predictive=probit")
 
 
 @pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la"])
