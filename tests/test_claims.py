@@ -126,3 +126,12 @@ def test_mini_report_fills_every_placeholder(tmp_path):
     with pytest.raises(ValueError, match="unknown placeholder"):
         mini_report.render(root, "{{nonsense}}")
 
+
+
+@pytest.mark.parametrize("hours, flagged", [(2.0, False), (9.0, True)])
+def test_time_section_says_when_the_miniature_is_over_its_budget(tmp_path, hours, flagged):
+    # Two parts at a time: 9 h summed over runs is 4.5 h of wall time, 1.5 times the 3 h target.
+    write_run(tmp_path, "mini_x", "sve", 4, 0, {"acc": 0.8}, num_members=4, wall_time_s=hours * 3600)
+    text = mini_report.times_section(mini_report.all_results(tmp_path))
+    assert f"about half the sum: {hours / 2:.1f} h." in text
+    assert ("1.5 times the target of about 3 h" in text) is flagged
