@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from sve.run import run
 from tests.conftest import compose_cfg, config_options
@@ -42,3 +44,23 @@ def test_sequential_deep_ensemble_runs_one_fit_per_member(tmp_path):
     report = results["method_report"]
     assert (report["mode"], report["chunk_size"], report["rounds"], results["num_members"]) == ("sequential", 1, 2, 2)
     assert len(results["metrics"]["test/member_acc"]) == 2
+
+
+def test_deep_ensemble_members_from_a_pretrained_head_differ_by_their_own_data_order(tmp_path, monkeypatch):
+    # Same start (a pretrained head) and the same batches would give M copies of one model: auto trains the
+    # members one round each, each round with its own data order, and they end up different models.
+    from sve.backbones.hf import HFBackbone
+
+    def head(self, task, num_classes):
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(num_classes, self.feature_dim, generator=g), torch.zeros(num_classes)
+
+    monkeypatch.setattr(HFBackbone, "initial_head", head)
+    results = run(compose_cfg(["method=deep_ensemble", *FAST, "trainer.limit_test_batches=null"], tmp_path))
+    report = results["method_report"]
+    assert report["head_init"].startswith("pretrained")
+    assert (report["mode"], report["chunk_size"], report["rounds"]) == ("sequential", 1, 2)
+    logits = np.load(tmp_path / "predictions" / "test.npz")["member_logits"]  # (M, B, C)
+    assert logits.shape[0] == 2 and not np.allclose(logits[0], logits[1], atol=1e-4)
+    with pytest.warns(UserWarning, match="stay identical"):
+        run(compose_cfg(["method=deep_ensemble", "method.mode=in_memory", *FAST], tmp_path / "in_memory"))
