@@ -152,12 +152,24 @@ def measure_costs(path: Path, smoke: bool) -> None:
 
 
 def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = (), measure: bool = False) -> list[str]:
+          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
     """Runs the table's missing runs (tuning first where the table tunes); returns one line per failure. A
-    cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one."""
+    cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one.
+    ``rows`` (``method:members``) limits the sweep to those rows, e.g. to redo one row beside a running sweep
+    of the others."""
     spec = load_spec(name, smoke)
     root = results_root(smoke, root)
     todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
+    first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
+    for job in todo:
+        first_jobs.setdefault((job.experiment, job.method, job.members), job)
+    if rows:
+        known = sorted({f"{m}:{k}" for _, m, k in first_jobs})
+        wanted = {parse_row(r) for r in rows}
+        unknown = sorted(f"{m}:{k}" for m, k in wanted if f"{m}:{k}" not in known)
+        if unknown:
+            raise ValueError(f"--rows {unknown} not in {name}; choose from {known}")
+        todo = [job for job in todo if (job.method, job.members) in wanted]
     if spec.kind == "cost":
         bench = root / spec.bench
         print(f"{name}: measured, not trained ({bench})")
@@ -195,9 +207,6 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             return None
 
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content
-    first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
-    for job in todo:
-        first_jobs.setdefault((job.experiment, job.method, job.members), job)
     for i, job in enumerate(todo, 1):
         prefix = f"[{i:>{width}}/{len(todo)}] {job}"
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
@@ -264,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
+    parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",
+                        help="only these rows, e.g. --rows deep_ensemble:4 (default: every row)")
     args = parser.parse_args(argv)
-    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides, args.measure)
+    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides, args.measure, args.rows)
     if args.dry_run:
         return 0
     for path in build(args.name, args.smoke, args.results):

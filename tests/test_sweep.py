@@ -148,3 +148,12 @@ def test_tune_as_must_name_a_tuned_row_of_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "load_spec", lambda name, smoke: spec)
     with pytest.raises(ValueError, match=r"tune_as=sve:4 names no tuned row of this table; choose one of \['svf:1'\]"):
         sweep.sweep("mini_table3", smoke=True, root=tmp_path)
+
+
+def test_rows_limits_the_sweep_to_the_named_rows(tmp_path, capsys):
+    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "deep_ensemble:8"]) == 0
+    out = capsys.readouterr().out
+    listed = [line for line in out.splitlines() if line.startswith("[")]
+    assert len(listed) == 3 and all("deep_ensemble M=8" in line for line in listed)
+    with pytest.raises(ValueError, match=r"--rows \['deep_ensemble:4'\] not in table2; choose from \[.*'sve:8'"):
+        sweep.sweep("table2", root=tmp_path, dry_run=True, rows=["deep_ensemble:4"])
