@@ -262,3 +262,30 @@ def test_last_layer_ensemble_members_differ_only_in_their_heads():
     expected = torch.einsum("bd,mcd->mbc", features, m.heads.weight) + m.heads.bias[:, None]
     torch.testing.assert_close(out, expected)
     assert not torch.allclose(out[0], out[1])
+
+
+def test_batch_ensemble_init_std_draws_fast_weights_around_one():
+    torch.manual_seed(0)
+    layer = BatchEnsembleLayer(nn.Linear(6, 5), ensemble_size=3, init_std=0.1)
+    for fast in (layer.r, layer.s):
+        assert not torch.allclose(fast[0], fast[1])  # members differ from the start
+        assert (fast - 1).abs().mean() < 0.3 and (fast - 1).std() > 0.03  # around one, spread ~ init_std
+    x = torch.randn(3 * 4, 6)
+    y = split_members(layer(x), 3)  # rows 4m..4m+3 are member m's
+    for m in range(3):  # the layer computes what its member weight says
+        torch.testing.assert_close(y[m], x[4 * m : 4 * m + 4] @ layer.member_weight(m).T + layer.member_bias(m))
+    with pytest.raises(ValueError, match="init_std must be >= 0, got -0.1"):
+        BatchEnsembleLayer(nn.Linear(6, 5), ensemble_size=3, init_std=-0.1)
+
+
+def test_batch_ensemble_warns_when_a_pretrained_head_leaves_nothing_to_tell_members_apart(monkeypatch):
+    from sve.backbones.hf import HFBackbone
+
+    monkeypatch.setattr(HFBackbone, "initial_head",
+                        lambda self, task, C: (torch.zeros(C, self.feature_dim), torch.zeros(C)))
+    with pytest.warns(UserWarning, match="stay identical; set method.init_std > 0"):
+        make("batch_ensemble")
+    m, *_ = make("batch_ensemble", "method.init_std=0.01")  # no warning needed: the fast weights differ
+    assert m.report()["init_std"] == 0.01
+    layer = next(layer for layer in m.modules() if isinstance(layer, BatchEnsembleLayer))
+    assert not torch.allclose(layer.r[0], layer.r[1])

@@ -6,7 +6,9 @@ and its own bias b_m. For a linear layer this is computed without forming W_m:
 
     y_m = ((x o r_m) W^T) o s_m + b_m.
 
-r_m and s_m start at one and b_m at the pretrained bias, so every member equals the pretrained layer at init.
+r_m and s_m start at one and b_m at the pretrained bias, so every member equals the pretrained layer at init;
+``init_std`` > 0 draws each entry of r_m and s_m from N(1, init_std^2) instead, so that members differ from
+the start (needed when nothing else tells them apart, e.g. a pretrained head shared by all).
 For a Conv2d the kernel is read as an (out, in*k*k) matrix (``sve.layers.member.weight_matrix``), r_m has
 in*k*k entries, and the K member kernels run as one grouped convolution; with r_m constant over the k*k taps
 this is Wen et al.'s per-channel convolution.
@@ -27,15 +29,18 @@ class BatchEnsembleLayer(MemberLayer):
     base: the layer (nn.Linear, HF Conv1D or nn.Conv2d); its weight becomes the shared weight (trainable or
         not, as the method decides) and its bias becomes one bias per member (``biases``).
     ensemble_size: number of members M.
+    init_std: standard deviation of the fast weights around one at init (0: exactly one).
     """
 
-    def __init__(self, base: nn.Module, ensemble_size: int):
+    def __init__(self, base: nn.Module, ensemble_size: int, init_std: float = 0.0):
         super().__init__(base, ensemble_size)
+        if init_std < 0:
+            raise ValueError(f"init_std must be >= 0, got {init_std}")
         bias = base.bias
         base.register_parameter("bias", None)  # replaced by the member biases below
         self.base = base
-        self.r = nn.Parameter(torch.ones(ensemble_size, self.in_features))  # (M, in')
-        self.s = nn.Parameter(torch.ones(ensemble_size, self.out_features))  # (M, out)
+        self.r = nn.Parameter(1 + init_std * torch.randn(ensemble_size, self.in_features))  # (M, in')
+        self.s = nn.Parameter(1 + init_std * torch.randn(ensemble_size, self.out_features))  # (M, out)
         self.biases = (
             nn.Parameter(bias.detach().float().expand(ensemble_size, -1).clone()) if bias is not None else None
         )  # (M, out)

@@ -6,11 +6,18 @@ pretrained bias, so every member starts as the pretrained model; each member has
 al., the shared weights train too (the whole backbone, with the small full-fine-tuning learning rate of C.3);
 ``train_backbone: false`` freezes them and trains only fast weights, member biases and heads.
 
+What tells the members apart is their heads (drawn independently). When the backbone supplies a pretrained
+head (its own task), every member starts as the same model and sees the same batches, so with fast weights at
+exactly one the members stay identical: ``init_std`` > 0 draws the fast weights around one instead (a
+warning says so when it is 0 there).
+
 Trainable parameters with ``train_backbone: false``: sum_l M (in_l + out_l [+ out_l with a bias]) plus the
 heads; with ``true`` add the backbone minus the target layers' pretrained biases (which became member biases).
 """
 
 from __future__ import annotations
+
+import warnings
 
 from torch import nn
 
@@ -21,12 +28,22 @@ from sve.methods.base import EnsembleMethod
 class BatchEnsemble(EnsembleMethod):
     """Args:
     train_backbone: also train the shared weights (Wen et al.) rather than only the fast weights.
+    init_std: standard deviation of the fast weights around one at init (module docstring).
     """
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, train_backbone: bool = True, **common):
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, train_backbone: bool = True,
+                 init_std: float = 0.0, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.train_backbone = train_backbone
+        self.init_std = init_std
+        if init_std == 0 and self.head_init != "random" and self.ensemble_size > 1:
+            warnings.warn(f"BatchEnsemble: the head is {self.head_init} and the fast weights start at one, so the "
+                          f"{self.ensemble_size} members start as one model, see the same batches and stay "
+                          f"identical; set method.init_std > 0 (e.g. 0.01) for members that differ", stacklevel=2)
         self.adapt()
 
     def make_layer(self, layer: nn.Module) -> BatchEnsembleLayer:
-        return BatchEnsembleLayer(layer, self.ensemble_size)
+        return BatchEnsembleLayer(layer, self.ensemble_size, self.init_std)
+
+    def report(self) -> dict:
+        return {**super().report(), "init_std": self.init_std}
