@@ -157,3 +157,22 @@ def test_rows_limits_the_sweep_to_the_named_rows(tmp_path, capsys):
     assert len(listed) == 3 and all("deep_ensemble M=8" in line for line in listed)
     with pytest.raises(ValueError, match=r"--rows \['deep_ensemble:4'\] not in table2; choose from \[.*'sve:8'"):
         sweep.sweep("table2", root=tmp_path, dry_run=True, rows=["deep_ensemble:4"])
+
+
+def test_a_row_is_not_tuned_from_part_of_its_grid(tmp_path, monkeypatch):
+    # One grid run fails (e.g. its directory is held by another sweep): no choice is made from the rest, no
+    # seed of the row trains, and the failure says which values are missing; a later sweep tunes the row.
+    def fake_run(job):
+        lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
+        if lr == "0.01" and job.tuning:
+            raise RuntimeError("run directory is in use by another run")
+        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members,
+                              "ensemble_size": job.members, "experiment": job.experiment,
+                              "metrics": {"test/acc": 0.5, "val/nll": 0.4}})  # fmt: skip
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    failures = sweep.sweep("mini_table2", smoke=True, root=tmp_path)
+    row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
+    assert not (row / "tuned.json").exists() and not (row / "seed1").exists()
+    assert any("not tuned yet" in f and "['0.01']" in f for f in failures), failures
