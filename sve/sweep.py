@@ -97,13 +97,14 @@ def choose(spec, row_dir: Path, tuned: list[tuple[Job, dict | None]]) -> dict:
         value = (results or {}).get("metrics", {}).get(f"val/{tune.metric}")
         if value is not None:
             scores[job.tuning.split("=", 1)[1]] = float(value)
-    missing = [str(v) for v in tune.grid if str(v) not in scores]
+    grid = [str(v) for v in tune.grid]
+    missing = [v for v in grid if v not in scores]
     if missing:  # a choice from part of the grid would be a different experiment: wait for the rest
         raise RuntimeError(f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
-                           f"finished with a validation {tune.metric} (of the grid {[str(v) for v in tune.grid]})")
+                           f"finished with a validation {tune.metric} (of the grid {grid})")
     best = (max if metric.higher_is_better else min)(scores, key=scores.get)
     choice = {"key": tune.key, "value": best, "metric": f"val/{tune.metric}", "scores": scores,
-              "grid": [str(v) for v in tune.grid], "seed": int(tune.seed),
+              "grid": grid, "seed": int(tune.seed),
               "note": "chosen on the validation split only; every seed of this row uses it"}  # fmt: skip
     row_dir.mkdir(parents=True, exist_ok=True)
     (row_dir / "tuned.json").write_text(json.dumps(choice, indent=2) + "\n")

@@ -140,6 +140,11 @@ class EnsembleMethod(nn.Module):
         self.wrapped: list[str] = []
         self.fallback: str | None = None  # the module that forced one member at a time, if any
 
+    @property
+    def head_pretrained(self) -> bool:
+        """Every member's head starts from the backbone's own head: nothing in the heads tells members apart."""
+        return self.head_init != "random"
+
     # ----- the shared preparation ---------------------------------------------------------------------------
     def make_layer(self, layer: nn.Module) -> MemberLayer | None:
         """The member layer replacing a target layer; None (the default) wraps nothing."""

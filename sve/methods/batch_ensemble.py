@@ -36,7 +36,7 @@ class BatchEnsemble(EnsembleMethod):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.train_backbone = train_backbone
         self.init_std = init_std
-        if init_std == 0 and self.head_init != "random" and self.ensemble_size > 1:
+        if init_std == 0 and self.head_pretrained and self.ensemble_size > 1:
             warnings.warn(f"BatchEnsemble: the head is {self.head_init} and the fast weights start at one, so the "
                           f"{self.ensemble_size} members start as one model, see the same batches and stay "
                           f"identical; set method.init_std > 0 (e.g. 0.01) for members that differ", stacklevel=2)

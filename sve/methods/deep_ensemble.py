@@ -67,7 +67,7 @@ class DeepEnsemble(EnsembleMethod):
             raise ValueError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
         self.adapt()  # before copying: the copies inherit which parameters train
         M = self.ensemble_size
-        same_start = self.head_init != "random"  # every member starts from the same weights (docstring)
+        same_start = self.head_pretrained  # every member starts from the same weights (docstring)
         if mode == "auto":
             self.mode = "sequential" if same_start else choose_mode(backbone, M)
             chunk_size = 1 if same_start else chunk_size
