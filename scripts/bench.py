@@ -56,8 +56,9 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `python scripts/bench.py` from a source checkout
 
-from sve.bench import (count_flops, interleaved_times, paired_ratio, paired_ratios, peak_memory,  # noqa: E402
-                       resident_bytes, verdict)
+from sve.allocator import POLICIES, set_cpu_allocator  # noqa: E402
+from sve.bench import (count_flops, interleaved_times, minor_faults, paired_ratio, paired_ratios,  # noqa: E402
+                       peak_memory, resident_bytes, verdict)
 from sve.layers import SVLinear, weight_matrix  # noqa: E402
 from sve.results import command_line, git_commit, package_versions, write_json  # noqa: E402
 from sve.run import instantiate  # noqa: E402
@@ -191,7 +192,8 @@ class Candidate:
 
 def measure(candidates: dict[str, Candidate], kind: str, batch: dict, repeats: int, device) -> dict:
     """Warm-up, then one pass counting FLOPs and memory, then interleaved timing rounds; per candidate:
-    ms (median), flops, peak bytes, and the raw seconds (for paired ratios)."""
+    ms (median), flops, peak bytes, the raw seconds (for paired ratios) and the minor page faults of one more
+    call after the timed rounds (in the steady state)."""
     steps = {n: (lambda c=c: c.train_step(batch)) if kind == "train" else (lambda c=c: c.eval_step(batch))
              for n, c in candidates.items()}
     out = {}
@@ -205,6 +207,7 @@ def measure(candidates: dict[str, Candidate], kind: str, batch: dict, repeats: i
     for name in steps:
         out[name]["ms"] = 1e3 * statistics.median(times[name])
         out[name]["seconds"] = times[name]
+        out[name]["minor_faults"] = minor_faults(steps[name])
     return out
 
 
@@ -455,13 +458,15 @@ def ensemble_markdown(report: dict) -> list[str]:
              f"times as ratios to M dense copies in the same round (lower is better), training at batch "
              f"{s['train_batch_per_member']} per member.", "",
              "| candidate | train step | eval, batch 16 | eval, batch 1 | train GFLOPs | eval-16 GFLOPs | "
-             "train peak MB | eval-16 peak MB |", "|---|---|---|---|---|---|---|---|"]
+             "train peak MB | eval-16 peak MB | eval-16 page faults |", "|---|---|---|---|---|---|---|---|---|"]
     for name, label in LABELS.items():
         t, e16, e1 = (report[k].get(name) for k in ("train", "eval_b16", "eval_b1"))
         cell = lambda r: "–" if r is None else f"{r['ratio_to_dense']:.2f}x ({r['ms']:.0f} ms)"  # noqa: E731
         gf = lambda r: "–" if r is None else f"{r['flops'] / 1e9:.1f}"  # noqa: E731
         mb = lambda r: "–" if r is None else f"{r['peak_bytes'] / MB:.0f}"  # noqa: E731
-        lines.append(f"| {label} | {cell(t)} | {cell(e16)} | {cell(e1)} | {gf(t)} | {gf(e16)} | {mb(t)} | {mb(e16)} |")
+        faults = "–" if e16 is None or "minor_faults" not in e16 else f"{e16['minor_faults']:,}"
+        lines.append(f"| {label} | {cell(t)} | {cell(e16)} | {cell(e1)} | {gf(t)} | {gf(e16)} | {mb(t)} | {mb(e16)} "
+                     f"| {faults} |")
     lean = report["lean_memory"]
     lines += ["", "Targets:", ""]
     lines += [f"- {t['what']}: {t['value']:.2f} (rounds {min(t['rounds']):.2f}-{max(t['rounds']):.2f}; target "
@@ -503,10 +508,19 @@ def rule_markdown(rule: dict) -> list[str]:
     return lines + [""]
 
 
+def allocator_words(meta: dict) -> str:
+    policy = meta.get("cpu_allocator", "system")
+    if policy == "tuned" and not meta.get("cpu_allocator_tuned"):
+        return "tuned (not applied: not glibc)"
+    return {"tuned": "tuned (sve/allocator.py: freed memory kept for reuse)",
+            "system": "as the C library sets it"}[policy]
+
+
 def write_markdown(out: Path, parts: dict) -> None:
     lines = ["# Cost benchmark (`make bench`)", "",
              f"`{parts['meta']['command']}` at commit {parts['meta']['git_commit']}, torch "
-             f"{parts['meta']['versions']['torch']}, {parts['meta']['threads']} threads.", ""]
+             f"{parts['meta']['versions']['torch']}, {parts['meta']['threads']} threads, CPU allocator "
+             f"{allocator_words(parts['meta'])}.", ""]
     for key in ("vit_s", "bert_base"):
         if key in parts:
             lines += ensemble_markdown(parts[key])
@@ -529,18 +543,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads; default 1 on the CPU (a shared machine stalls multi-threaded small "
                              "operators at thread barriers, so times would measure the other processes)")
+    parser.add_argument("--cpu-allocator", default="tuned", choices=POLICIES,
+                        help="the C allocator's policy for this process (sve/allocator.py): tuned keeps freed "
+                             "memory for reuse, system leaves glibc's defaults (which fault pages in every step)")
     parser.add_argument("--svd-cache", default=str(default_dir()), help="SVD cache directory ('' for none)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     parser.add_argument("--tiny", action="store_true", help="tiny backbones and 1 repeat (tests)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.repeats, args.layers, args.train_batch = 1, 2, 2
+    allocator_tuned = set_cpu_allocator(args.cpu_allocator)
     device = torch.device(args.device)
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     all_settings = settings(args.tiny)
     parts: dict = {"meta": {"command": command_line(), "git_commit": git_commit(), "versions": package_versions(),
-                            "threads": torch.get_num_threads(), "device": str(device), "args": {
+                            "threads": torch.get_num_threads(), "device": str(device),
+                            "cpu_allocator": args.cpu_allocator, "cpu_allocator_tuned": allocator_tuned, "args": {
                                 k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}}
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.parts:

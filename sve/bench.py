@@ -6,6 +6,8 @@
   call.
 - **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention; elementwise
   work counts zero), forward and, for a training step, backward.
+- **Page faults**: ``minor_faults`` counts the minor page faults of this process during one call (the
+  kernel zero-filling fresh pages for the allocator; ``sve.allocator`` explains why they matter on the CPU).
 - **Peak memory** = what the model holds before the step (``resident_bytes``: parameters, buffers, optimiser
   state and any cache the method keeps, e.g. merged SV weights, each storage counted once) + the peak of what
   the step allocates on top. On CUDA the latter is ``torch.cuda.max_memory_allocated`` minus the allocation
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 import weakref
@@ -119,6 +122,13 @@ def count_flops(step: Callable[[], object]) -> int:
     return counter.get_total_flops()
 
 
+def minor_faults(step: Callable[[], object]) -> int:
+    """Minor page faults of this process while ``step`` runs."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
 def interleaved_times(steps: dict[str, Callable[[], object]], repeats: int, device: torch.device,
                       warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per call of each step, ``repeats`` rounds after ``warmup`` rounds; each round runs every
@@ -157,5 +167,5 @@ def verdict(ratios: list[float], limit: float, at_most: bool = True) -> str:
     return "holds" if inside(median) else "within noise" if any(map(inside, ratios)) else "does not hold"
 
 
-__all__ = ["PeakTensorMemory", "resident_bytes", "peak_memory", "count_flops", "interleaved_times", "paired_ratio",
+__all__ = ["PeakTensorMemory", "resident_bytes", "peak_memory", "count_flops", "minor_faults", "interleaved_times", "paired_ratio",
            "paired_ratios", "verdict"]

@@ -17,6 +17,7 @@ import hydra
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
+from sve.allocator import set_cpu_allocator
 from sve.backbones.hf import package_path
 from sve.checkpoint import LastCheckpoint, read_checkpoint, save_final
 from sve.evaluation import evaluate
@@ -90,6 +91,7 @@ def run(cfg: DictConfig) -> dict:
     """Trains, tests and writes ``results.json``; a run directory that already has one is skipped."""
     start = time.perf_counter()
     check_config(cfg)
+    set_cpu_allocator(cfg.get("cpu_allocator", "system"))  # before any tensor: the whole run reuses its memory
     out_dir = Path(cfg.paths.output_dir)
     done = out_dir / "results.json"
     if cfg.get("skip_finished", True) and done.exists():

@@ -9,7 +9,7 @@ import sys
 import torch
 from torch import nn
 
-from sve.bench import PeakTensorMemory, count_flops, paired_ratio, peak_memory, resident_bytes
+from sve.bench import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
 from sve.report import REPO, cost_runs
 
 FLOAT = 4
@@ -26,6 +26,20 @@ def test_peak_memory_counts_live_activations_exactly():
     grads = (100 * 50 + 50) * FLOAT
     assert m.now == grads  # activations and the loss are gone, the gradients stay
     assert peak_memory(lambda: lin(x).sum(), torch.device("cpu")) == 20 * 50 * FLOAT + FLOAT  # output and sum
+
+
+def test_minor_faults_count_the_pages_a_step_touches_first():
+    import mmap
+
+    pages = 1024
+
+    def touch_fresh_pages():
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as region:  # anonymous memory: no page exists until written
+            for i in range(pages):
+                region[i * mmap.PAGESIZE] = 1
+
+    assert pages <= minor_faults(touch_fresh_pages) < 2 * pages
+    assert minor_faults(lambda: None) < 16
 
 
 def test_views_and_existing_tensors_cost_nothing():
