@@ -61,11 +61,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _stale(holder: dict) -> bool:
-    """True when the lock's holder cannot be running any more."""
-    if holder.get("slurm_job") and holder["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
+def _stale(record: dict) -> bool:
+    """True when the lock's record cannot be running any more."""
+    if record.get("slurm_job") and record["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
         return True  # an earlier attempt of this (requeued) job
-    return holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", -1)))
+    return record.get("host") == socket.gethostname() and not _alive(int(record.get("pid", -1)))
+
+
+def holder(directory: Path) -> dict | None:
+    """The record of the live run holding ``directory`` (``{}`` while its lock is being written), or None when
+    no live run holds it: no lock, or the lock of a run that has died."""
+    lock = Path(directory) / LOCK
+    try:
+        text, age = lock.read_text(), time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        record = {}
+    if not record:
+        return {} if age < 10 else None  # created and not yet filled, or left empty by a crash
+    return None if _stale(record) else record
 
 
 @contextmanager
@@ -80,14 +97,10 @@ def claim(directory: Path):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            try:
-                holder = json.loads(lock.read_text() or "{}")
-            except (OSError, json.JSONDecodeError):
-                holder = {}
-            being_written = not holder and time.time() - lock.stat().st_mtime < 10  # created, not yet filled
-            if being_written or (holder and not _stale(holder)):
+            held = holder(directory)
+            if held is not None:
                 raise InputError(
-                    f"run directory {directory} is in use by another run ({holder}); pick another directory "
+                    f"run directory {directory} is in use by another run ({held}); pick another directory "
                     f"(hydra.run.dir=...) or, if that run is gone, delete {lock}"
                 ) from None
             lock.unlink(missing_ok=True)  # a dead run's lock

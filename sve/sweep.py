@@ -11,6 +11,11 @@ that directory, output in ``train.log`` there); smoke runs compose the same conf
 summarised at the end and the exit status is 1. A run whose recorded member count differs from its row's
 counts as failed, since its cell would stay empty.
 
+Sweeps may share a result store. A run whose directory is held by a live run (``sve.rundir.holder``: another
+sweep, or a ``train.py`` started by hand) is left to that process: the sweep trains everything else, then
+waits for it and reads its results, without writing into its directory. Two processes started on the same
+table thus split its runs between them. A run whose holder has died is trained here, from its checkpoint.
+
 A table may tune one hyper-parameter per row on the validation split (``tune:`` in its definition, e.g. the
 learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; the
 value with the best validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written to
@@ -38,6 +43,10 @@ import torch
 
 from sve.report import (METRICS, REPO, build, load_spec, members_of, parse_row, results_root, run_dir,
                         table_names)  # fmt: skip
+from sve.rundir import holder
+
+POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
+HELD = object()  # what ``attempt`` returns for a run another process is training now
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
 SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
@@ -129,16 +138,24 @@ def run_in_process(job: Job) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: thread start-up and contention cost more than they save
     try:
-        with (job.dir / "train.log").open("w") as log, redirect_stdout(log), redirect_stderr(log):
+        with open_log(job) as log, redirect_stdout(log), redirect_stderr(log):
             return run(cfg)
     finally:
         torch.set_num_threads(threads)
 
 
+def open_log(job: Job):
+    """train.log of the run, appended to: a resumed run keeps the log of its earlier attempts."""
+    log = (job.dir / "train.log").open("a")
+    log.write(f"\n===== sweep attempt, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+    log.flush()
+    return log
+
+
 def run_subprocess(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(REPO / "train.py"), *job.overrides, f"hydra.run.dir={job.dir}"]
-    with (job.dir / "train.log").open("w") as log:
+    with open_log(job) as log:
         code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
         raise RuntimeError(f"train.py exited with status {code}; see {job.dir / 'train.log'}")
@@ -184,18 +201,30 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
     failures: list[str] = []
     width = len(str(len(todo)))
 
-    def attempt(job: Job, prefix: str) -> dict | None:
+    def attempt(job: Job, prefix: str, wait: bool = False) -> dict | None:
+        """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
+        training it and ``wait`` is False (the caller comes back to it with ``wait``)."""
         done = job.dir / "results.json"
         if dry_run:
             print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
             return json.loads(done.read_text()) if done.exists() else None
+        if not done.exists() and (held := holder(job.dir)) is not None:
+            if not wait:
+                print(f"{prefix}: being trained by another process ({who(held)}); back to it at the end", flush=True)
+                return HELD
+            print(f"{prefix}: waiting for the other process ({who(held)}) to finish it", flush=True)
+            while holder(job.dir) is not None:
+                time.sleep(POLL_SECONDS)
+        by_other = wait and done.exists()  # a run left to another process; without results it died: resume it
         start = time.perf_counter()
         try:
             if done.exists():
-                results, status = json.loads(done.read_text()), "done earlier"
+                results = json.loads(done.read_text())
+                status = "finished by another process" if by_other else "done earlier"
             else:
                 results = (run_in_process if smoke else run_subprocess)(job)
                 status = f"trained in {time.perf_counter() - start:.1f} s"
+                (job.dir / "error.txt").unlink(missing_ok=True)  # an earlier attempt's failure, now superseded
             if members_of(results) != job.members:
                 raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
             shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
@@ -210,6 +239,7 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             return None
 
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content
+    later: list[tuple[Job, str]] = []  # runs another process was training when this sweep reached them
     for i, job in enumerate(todo, 1):
         prefix = f"[{i:>{width}}/{len(todo)}] {job}"
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
@@ -232,8 +262,18 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             if source is job and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
                     and not dry_run and (chosen_run / "results.json").exists():
                 reuse_tuning_run(chosen_run, job.dir)
-        attempt(job, prefix)
+        if attempt(job, prefix) is HELD:
+            later.append((job, prefix))
+    for job, prefix in later:
+        attempt(job, prefix, wait=True)
     return failures
+
+
+def who(record: dict) -> str:
+    """A lock's holder in words."""
+    if not record:
+        return "starting"
+    return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('started')}"
 
 
 def borrowed_from(job: Job, first_jobs: dict) -> Job:
@@ -256,6 +296,8 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
         return json.loads((row_dir / "tuned.json").read_text())
     grid = tuning_jobs(spec, job)
     tuned = [(g, attempt(g, f"  tune {g}")) for g in grid]
+    # Values another process is training now: the choice needs them, so wait (after running the others).
+    tuned = [(g, attempt(g, f"  tune {g}", wait=True) if r is HELD else r) for g, r in tuned]
     if dry_run:
         return {"key": spec.tune.key, "value": "<best on validation>"}
     try:

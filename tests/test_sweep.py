@@ -2,12 +2,16 @@
 
 import json
 import os
+import socket
 import subprocess
+import sys
+import time
 
 import pytest
 
 from sve import sweep
 from sve.report import REPO, load_spec, run_dir, table_names
+from sve.rundir import holder
 
 
 @pytest.mark.parametrize("name", table_names())
@@ -176,3 +180,69 @@ def test_a_row_is_not_tuned_from_part_of_its_grid(tmp_path, monkeypatch):
     row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
     assert not (row / "tuned.json").exists() and not (row / "seed1").exists()
     assert any("not tuned yet" in f and "['0.01']" in f for f in failures), failures
+
+
+def held_lock(directory, pid: int) -> None:
+    """The lock a run with process ``pid`` on this host holds on ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": "earlier"}))
+
+
+def test_a_run_another_process_trains_is_left_to_it_and_awaited_at_the_end(tmp_path, monkeypatch, capsys):
+    # Two sweeps of one table share a store: the second leaves the run the first is training (its lock is
+    # held by a live process, here this one), trains the rest, then waits for it and takes its results; it
+    # never writes into that directory. The fake "other process" finishes when the last own run is done.
+    spec = load_spec("table4", smoke=True)
+    todo = sweep.jobs(spec, tmp_path / "smoke", smoke=True)
+    other = todo[1]
+    held_lock(other.dir, os.getpid())
+    order = []
+
+    def fake_run(job):
+        assert job.dir != other.dir
+        order.append(job.dir)
+        if len(order) == len(todo) - 1:  # the other process finishes meanwhile
+            finished(other, result(other))
+            (other.dir / ".lock").unlink()
+        return finished(job, result(job))
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sweep, "POLL_SECONDS", 0.01)
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{other}: being trained by another process (pid {os.getpid()}" in out
+    assert f"{other}: finished by another process" in out
+    assert out.index(f"{todo[-1]}: trained in") < out.index(f"{other}: finished by another process")
+    assert sorted(p.name for p in other.dir.iterdir()) == ["results.json"]  # no train.log, no error.txt
+
+
+def test_a_run_whose_holder_died_is_resumed_in_order(tmp_path, monkeypatch, capsys):
+    todo = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held_lock(todo[1].dir, dead.pid)
+    (todo[1].dir / "error.txt").write_text("an earlier attempt failed")
+    order = []
+    monkeypatch.setattr(sweep, "run_in_process", lambda job: order.append(job.dir) or finished(job, result(job)))
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert order == [job.dir for job in todo]  # nothing deferred
+    assert not (todo[1].dir / "error.txt").exists()  # superseded by the successful attempt
+    assert "another process" not in capsys.readouterr().out
+
+
+def test_holder_tells_a_live_lock_from_a_dead_or_absent_one(tmp_path):
+    assert holder(tmp_path) is None
+    held_lock(tmp_path, os.getpid())
+    assert holder(tmp_path)["pid"] == os.getpid()
+    (tmp_path / ".lock").write_text("")  # being written by a run that is starting
+    assert holder(tmp_path) == {}
+    old = time.time() - 60
+    os.utime(tmp_path / ".lock", (old, old))  # left empty by a crash long ago
+    assert holder(tmp_path) is None
+
+
+def result(job) -> dict:
+    return {"method": job.method, "ensemble_size": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
+            "config": {"experiment_name": job.experiment}}
