@@ -14,7 +14,9 @@ in training and on accelerators, and evaluates on the CPU with passes of at most
 examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches
 (SVE at batch 16, one thread: all members at once 1.22x (ViT-S/16, M = 4) and 1.16x (BERT-base, M = 8) the
 time of M dense forwards, one member per pass 1.02x and 1.00x; at batch 1 the 8 members of BERT-base make 8
-examples and run at once, 0.96x; results/bench/). When a member layer reports that
+examples and run at once, 0.96x; results/bench/). With one member per pass, the member-free layers that read
+the batch itself (a ViT's patch embedding, BERT's embeddings) run once, not once per member
+(``sve.shared_inputs``). When a member layer reports that
 its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a
 warning naming the module: never a silently wrong result.
 """
@@ -25,7 +27,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,7 @@ from sve.backbones.base import Backbone
 from sve.inject import inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.members import check_member_logits, member_rows, repeat_batch, split_members
+from sve.shared_inputs import share_inputs
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +204,12 @@ class EnsembleMethod(nn.Module):
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
         chunk = self.members_per_pass(batch, len(members))
+        # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
+        shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
         try:
-            logits = torch.cat([self.member_logits(batch, members[i:i + chunk])
-                                for i in range(0, len(members), chunk)])
+            with shared:
+                logits = torch.cat([self.member_logits(batch, members[i:i + chunk])
+                                    for i in range(0, len(members), chunk)])
         except MemberLayoutError as err:
             if chunk == 1:
                 raise
