@@ -10,9 +10,10 @@ What is shared, exactly: the outermost modules with no member layer inside (``Me
 receives one of the batch's own tensors. A module, or anything inside it, in training mode is never shared,
 since it may be stochastic (MC dropout keeps its dropout layers training in evaluation); nor is anything
 while autograd records or the model trains. A call is the same call when the module, its weights (by version
-counter: loading other weights into it is another call) and its inputs are. Outputs are handed out again only while none of their tensors
-has been changed in place (PyTorch's version counters); after such a change the module computes afresh in
-every pass, for the rest of the forward.
+counter: loading other weights into it is another call) and its inputs are. Every pass gets its own copy of
+the shared output, so a later layer that writes into it in place cannot reach the other passes (a copy costs
+a small fraction of the layer it saves; version counters could not tell, since tensors made under
+``torch.inference_mode``, as Lightning evaluates, have none).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from sve.layers.member import MemberLayer
 
@@ -42,14 +43,20 @@ def member_free_modules(root: nn.Module) -> list[nn.Module]:
     return found
 
 
+def version(t: Tensor) -> int:
+    """The tensor's version counter; -1 for an inference tensor, which has none (and which nothing in a
+    forward writes into between passes: the batch, weights made in inference mode)."""
+    return -1 if t.is_inference() else t._version
+
+
 def state(module: nn.Module) -> tuple:
     """What identifies the module's weights now: a copy loaded into them (a deep ensemble swapping its members
     through one backbone) changes their version counters."""
-    return tuple((id(t), t._version) for t in (*module.parameters(), *module.buffers()))
+    return tuple((id(t), version(t)) for t in (*module.parameters(), *module.buffers()))
 
 
-def versions(value) -> tuple:
-    return tuple(t._version for t in tree_leaves(value) if isinstance(t, Tensor))
+def copy_of(value):
+    return tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, value)
 
 
 @contextmanager
@@ -60,14 +67,13 @@ def share_inputs(root: nn.Module, batch: dict) -> Iterator[None]:
         yield
         return
     batch_tensors = {id(t) for t in batch.values() if isinstance(t, Tensor)}
-    memo: dict[tuple, tuple] = {}  # call key -> (inputs kept alive, output, output versions)
-    fresh: set[int] = set()  # modules whose output was changed in place: no sharing any more
+    memo: dict[tuple, tuple] = {}  # call key -> (inputs kept alive, output)
     wrapped = []  # (module, its own instance-level forward if it had one)
     for module in member_free_modules(root):
         if any(m.training for m in module.modules()):
             continue
         wrapped.append((module, module.__dict__.get("forward")))
-        module.forward = _sharing_forward(module, module.forward, batch_tensors, memo, fresh)
+        module.forward = _sharing_forward(module, module.forward, batch_tensors, memo)
     try:
         yield
     finally:
@@ -79,22 +85,16 @@ def share_inputs(root: nn.Module, batch: dict) -> Iterator[None]:
         memo.clear()
 
 
-def _sharing_forward(module, forward, batch_tensors: set[int], memo: dict, fresh: set[int]):
+def _sharing_forward(module, forward, batch_tensors: set[int], memo: dict):
     def shared(*args, **kwargs):
         leaves = tree_leaves((args, kwargs))
-        if id(module) in fresh or not any(isinstance(t, Tensor) and id(t) in batch_tensors for t in leaves):
+        if not any(isinstance(t, Tensor) and id(t) in batch_tensors for t in leaves):
             return forward(*args, **kwargs)
-        key = (id(module), tuple((id(v), v._version) if isinstance(v, Tensor) else repr(v) for v in leaves),
+        key = (id(module), tuple((id(v), version(v)) if isinstance(v, Tensor) else repr(v) for v in leaves),
                state(module))
-        if key in memo:
-            _, out, stamp = memo[key]
-            if versions(out) == stamp:
-                return out
-            fresh.add(id(module))  # a later layer wrote into the shared output
-            return forward(*args, **kwargs)
-        out = forward(*args, **kwargs)
-        memo[key] = (leaves, out, versions(out))
-        return out
+        if key not in memo:  # ids stay valid: the memo keeps the inputs alive
+            memo[key] = (leaves, forward(*args, **kwargs))
+        return copy_of(memo[key][1])
 
     return shared
 
