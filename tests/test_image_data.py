@@ -21,6 +21,7 @@ from sve.data import (
     OxfordPetsData,
 )
 from sve.data.corruptions import CORRUPTIONS, Corrupter
+from sve.errors import InputError
 
 # What attach() reads from an image backbone: resolution and normalisation (ImageNet statistics).
 BACKBONE = SimpleNamespace(modality="image", image_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
@@ -280,3 +281,25 @@ def test_failed_download_names_dataset_key_and_layout(monkeypatch, tmp_path):
     data.attach(BACKBONE)
     with pytest.raises(RuntimeError, match=r"dataset flowers102.*name resolution.*dataset\.root.*flowers-102/"):
         data.setup()
+
+
+def test_shift_size_evaluates_each_corrupted_set_on_the_same_part_of_the_test_examples(tmp_path):
+    _fake_cifar100(tmp_path)
+    kw = dict(root=str(tmp_path), download=False, val_holdout=2, test_size=6, corruptions=["gaussian_noise", "contrast"],
+              severities=[1, 5])  # fmt: skip
+    data = _loaded(CIFAR100Data(shift_size=3, **kw))
+    test_images = set(data.splits["test"].indices)
+
+    def examples(name):  # the raw test indices a shift set evaluates
+        subset = data.evaluation_loader(name).dataset.dataset  # Keyed(Subset(Subset(shifted)))
+        return [subset.dataset.indices[i] for i in subset.indices]
+
+    chosen = examples("shift/gaussian_noise/1")
+    assert len(chosen) == 3 and set(chosen) <= test_images
+    assert all(examples(s) == chosen for s in ("shift/gaussian_noise/5", "shift/contrast/1", "shift/contrast/5"))
+    assert len(data.evaluation_loader("test").dataset) == 6  # the clean test set keeps all of its examples
+    everything = _loaded(CIFAR100Data(shift_size=None, **kw))
+    assert len(everything.evaluation_loader("shift/contrast/5").dataset) == 6
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(InputError, match=rf"dataset.shift_size={bad!r} is not valid"):
+            CIFAR100Data(shift_size=bad, **kw)
