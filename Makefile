@@ -66,7 +66,7 @@ CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 MINI_JOBS ?= 2
 MINI_THREADS ?= 1
 
-mini: ## All miniature parts (about 3 hours on 2 CPU cores; SMOKE=1: tiny models, minutes)
+mini: ## All miniature parts (target 3 h on 2 CPU cores, measured 5-6 h: results/mini/README.md; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_PARTS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-report)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
