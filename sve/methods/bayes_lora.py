@@ -18,8 +18,11 @@ member set (``MemberLayer.use_bank``) and run like any ensemble's members, with 
 
 - ``glm`` (default; the linearised predictive that Yang et al. report): member s has the logits of the model
   linearised at the MAP, f(theta*) + J (theta_s - theta*). J (theta_s - theta*) is a Jacobian-vector product,
-  computed by forward-mode AD in the same batched pass (the samples' offsets are the tangents of the banked
-  LoRA factors), so no per-example Jacobian is ever formed.
+  computed by forward-mode AD (``torch.func.jvp``) vmapped over the S offsets as tangents: the MAP pass runs
+  once, no per-example Jacobian is ever formed, and it costs about half of S dual passes (measured on the
+  miniature's SST-2 checkpoint: 3.6 s against 6.8 s per batch of 16 sentences, one thread, same logits to
+  2.4e-6). That pass runs under ``torch.func`` transforms, so a forward hook there sees functorch tensors
+  and may not write through ``.data``; ``nn`` runs the samples as plain members.
 - ``nn``: the network itself at theta_s. A Laplace posterior is fitted to the linearised model (its GGN
   curvature), so it is broad along directions that the data constrain only through the network's
   nonlinearity; sampling the network there can lose the MAP model entirely (Immer et al., 2021). On the
@@ -36,9 +39,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from laplace import KronLaplace
 from torch import Tensor, nn
+from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -206,13 +209,39 @@ class BayesLoRALA(BayesLoRA):
     def forward(self, batch: dict) -> Tensor:
         if self.num_members() == 1 or self.predictive == "nn":
             return super().forward(batch)
-        # Forward-mode AD is off under inference mode (Lightning evaluates in it) and has no formula for the
-        # fused attention kernels, so this pass leaves inference mode and uses the plain (math) attention.
-        with torch.inference_mode(False), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), fwAD.dual_level():
-            with self.posterior_samples(self.num_samples, linearised=True):
-                logits = EnsembleMethod.forward(self, batch)
-            at_map, offset = fwAD.unpack_dual(logits)
-            return at_map if offset is None else at_map + offset  # offset None: no LoRA factor reached them
+        return self.glm_logits(batch)
+
+    def glm_logits(self, batch: dict) -> Tensor:
+        """(S, B, C): member s is f(theta*) + J (theta_s - theta*). One forward-mode pass through the MAP model
+        (``torch.func.jvp``) vmapped over the S offsets as tangents only: the MAP part is computed once, the
+        tangent part for all samples in batched operators (an earlier version repeated the batch S times with
+        dual tensors, computing the MAP part S times: about twice the work)."""
+        theta = self.laplace.sample(self.num_samples) - self.laplace.mean  # (S, P), laplace.params' order
+        pieces = torch.split(theta, [p.numel() for p in self.laplace.params], dim=1)
+        wrapper = _MAPLogits(self)
+        names_of = {id(p): name for name, p in wrapper.named_parameters()}
+        names, primals, tangents = [], [], []
+        for i, layer in enumerate(self.lora_layers()):  # lora_layers() and laplace.params share the order
+            for j, attr in enumerate(("lora_A", "lora_B")):
+                own = getattr(layer, attr)
+                names.append(names_of[id(own)])
+                primals.append(own.detach())
+                tangents.append(pieces[2 * i + j].reshape(-1, *own.shape).to(own.dtype))
+        # functorch refuses inference mode (Lightning evaluates in it) and inference tensors; the fused
+        # attention kernels have no forward-mode formula, so the plain (math) attention runs.
+        with torch.inference_mode(False), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+            batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
+            primals = [p.clone() for p in primals]
+            tangents = [t.clone() for t in tangents]
+
+            def logits(*params):
+                return functional_call(wrapper, dict(zip(names, params)), (batch,))  # (B, C)
+
+            # randomness="same": a random operator in the forward (none in evaluation; a hook building a layer)
+            # draws once for all samples instead of failing.
+            at_map, offsets = vmap(lambda *t: jvp(logits, tuple(primals), t), out_dims=(None, 0),
+                                   randomness="same")(*tangents)
+        return at_map + offsets  # (S, B, C)
 
     @contextmanager
     def lora_only(self) -> Iterator[None]:
@@ -239,21 +268,15 @@ class BayesLoRALA(BayesLoRA):
         return la
 
     @contextmanager
-    def posterior_samples(self, S: int, linearised: bool = False) -> Iterator[None]:
-        """The S members are S posterior samples of the LoRA factors; ``linearised`` (inside a forward-AD
-        dual level): each member's factors are the MAP ones, carrying the sample's offset as tangent."""
+    def posterior_samples(self, S: int) -> Iterator[None]:
+        """The S members are S posterior samples of the LoRA factors (the ``nn`` predictive)."""
         theta = self.laplace.sample(S)  # (S, P) in the order of laplace.params: A, B of every layer
-        if linearised:
-            theta = theta - self.laplace.mean
         pieces = torch.split(theta, [p.numel() for p in self.laplace.params], dim=1)
         with ExitStack() as stack:
             for i, layer in enumerate(self.lora_layers()):  # lora_layers() and laplace.params share the order
                 bank = {}
                 for j, name in enumerate(("lora_A", "lora_B")):
                     own = getattr(layer, name)
-                    sample = pieces[2 * i + j].reshape(S, *own.shape[1:]).to(own.dtype)
-                    if linearised:  # make_dual needs a primal of its own memory, not an expanded view
-                        sample = fwAD.make_dual(own.detach().expand_as(sample).clone(), sample)
-                    bank[name] = sample
+                    bank[name] = pieces[2 * i + j].reshape(S, *own.shape[1:]).to(own.dtype)
                 stack.enter_context(layer.use_bank(**bank))
             yield
