@@ -227,11 +227,11 @@ class BayesLoRALA(BayesLoRA):
                 names.append(names_of[id(own)])
                 primals.append(own.detach())
                 tangents.append(pieces[2 * i + j].reshape(-1, *own.shape).to(own.dtype))
-        # functorch refuses inference mode (Lightning evaluates in it) and inference tensors; the fused
-        # attention kernels have no forward-mode formula, so the plain (math) attention runs.
+        # functorch refuses inference mode (Lightning evaluates in it) and inference tensors (the batch, the
+        # samples drawn in it: cloned outside it; the primals are parameters); the fused attention kernels have
+        # no forward-mode formula, so the plain (math) attention runs.
         with torch.inference_mode(False), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
             batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-            primals = [p.clone() for p in primals]
             tangents = [t.clone() for t in tangents]
 
             def logits(*params):
