@@ -58,17 +58,22 @@ bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, B
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
-MINI_PARTS := mini-table3 mini-table1 mini-table2 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision
+MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision
 CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 
-# Two parts at a time with one thread each: small models use two single-threaded runs better than one run on
-# two threads (MINI_JOBS=1 runs the parts one by one). Parts that reuse another part's runs wait for it.
+# Two workers with one thread each (small models use two single-threaded runs better than one run on two
+# threads): each goes through every part in order, skipping runs the other has claimed and coming back to
+# them at the end, so the two cores stay busy until the last run (MINI_JOBS=1: one worker).
 MINI_JOBS ?= 2
 MINI_THREADS ?= 1
+MINI_TABLES := $(subst -,_,$(MINI_PARTS))
+MINI_WORKERS := $(addprefix mini-worker-,$(shell seq $(MINI_JOBS)))
 
-mini: ## All miniature parts (target 3 h on 2 CPU cores, measured 5-6 h: results/mini/README.md; SMOKE=1: tiny models, minutes)
-	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_PARTS)
+mini: $(if $(SMOKE),,mini-data mini-smollm2) ## All miniature parts (target about 3 h on 2 CPU cores: results/mini/README.md; SMOKE=1: tiny models, minutes)
+	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-report)
+$(MINI_WORKERS):
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
 	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
 mini-budget: ## The single model's validation curve over SST-2 training-set sizes (how mini Table 2's budget was chosen)
@@ -99,4 +104,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS)
+.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

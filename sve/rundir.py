@@ -8,7 +8,9 @@ agree on the sweep directory, and each job has its own subdirectory (job number,
 
 ``claim(dir)`` creates ``<dir>/.lock`` atomically (``O_EXCL``) for rank 0 and refuses to start while another
 live process holds it; a lock left by a dead process on this host, or by an earlier attempt of the same
-SLURM job, is taken over.
+SLURM job, is taken over. A sweep claims a run's directory itself before it starts ``train.py`` there, so two
+sweeps sharing a store can never both start the same run; it names that lock in ``SVE_HELD_LOCK``, and the run
+adopts it (adds its own pid, so the lock stays live while either process lives) instead of refusing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from pathlib import Path
 from sve.errors import InputError
 
 LOCK = ".lock"
+HELD_LOCK = "SVE_HELD_LOCK"  # environment: the path of a lock that the parent process holds for this run
+
+
+class DirectoryInUse(InputError):
+    """Another live run holds the directory."""
 
 
 def run_id(kind: str = "run") -> str:
@@ -65,7 +72,8 @@ def _stale(record: dict) -> bool:
     """True when the lock's record cannot be running any more."""
     if record.get("slurm_job") and record["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
         return True  # an earlier attempt of this (requeued) job
-    return record.get("host") == socket.gethostname() and not _alive(int(record.get("pid", -1)))
+    pids = [record.get("pid", -1), *record.get("run_pids", [])]  # the claimant, and a run that adopted its lock
+    return record.get("host") == socket.gethostname() and not any(_alive(int(pid)) for pid in pids)
 
 
 def holder(directory: Path) -> dict | None:
@@ -93,13 +101,16 @@ def claim(directory: Path):
         return
     directory.mkdir(parents=True, exist_ok=True)
     lock = directory / LOCK
+    if os.environ.get(HELD_LOCK) == str(lock.resolve()) and _adopt(lock):
+        yield  # the parent (a sweep) holds the lock for this run and removes it when the run has ended
+        return
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             held = holder(directory)
             if held is not None:
-                raise InputError(
+                raise DirectoryInUse(
                     f"run directory {directory} is in use by another run ({held}); pick another directory "
                     f"(hydra.run.dir=...) or, if that run is gone, delete {lock}"
                 ) from None
@@ -114,3 +125,18 @@ def claim(directory: Path):
         yield
     finally:
         lock.unlink(missing_ok=True)
+
+
+def _adopt(lock: Path) -> bool:
+    """Adds this process to the record of ``lock``, held for it by its parent; False when there is none."""
+    try:
+        record = json.loads(lock.read_text() or "{}")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    if record.get("pid") == os.getpid():
+        return True  # the same process (a sweep running a small run in process)
+    record["run_pids"] = [*record.get("run_pids", []), os.getpid()]
+    partial = lock.with_name(f"{LOCK}.{os.getpid()}")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, lock)  # atomic: a reader sees the old record or the new one, never half of it
+    return True

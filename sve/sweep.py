@@ -30,20 +30,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from contextlib import ExitStack, redirect_stderr, redirect_stdout
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from sve.report import (METRICS, REPO, build, load_spec, members_of, parse_row, results_root, run_dir,
                         table_names)  # fmt: skip
-from sve.rundir import holder
+from sve.results import git_commit
+from sve.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
 
 POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
 HELD = object()  # what ``attempt`` returns for a run another process is training now
@@ -137,11 +139,13 @@ def run_in_process(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: thread start-up and contention cost more than they save
+    os.environ[HELD_LOCK] = str((job.dir / LOCK).resolve())  # the run adopts the lock this sweep holds
     try:
         with open_log(job) as log, redirect_stdout(log), redirect_stderr(log):
             return run(cfg)
     finally:
         torch.set_num_threads(threads)
+        os.environ.pop(HELD_LOCK, None)
 
 
 def open_log(job: Job):
@@ -155,8 +159,9 @@ def open_log(job: Job):
 def run_subprocess(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(REPO / "train.py"), *job.overrides, f"hydra.run.dir={job.dir}"]
+    env = {**os.environ, HELD_LOCK: str((job.dir / LOCK).resolve())}  # the run adopts the lock this sweep holds
     with open_log(job) as log:
-        code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         raise RuntimeError(f"train.py exited with status {code}; see {job.dir / 'train.log'}")
     return json.loads((job.dir / "results.json").read_text())
@@ -171,60 +176,59 @@ def measure_costs(path: Path, smoke: bool) -> None:
     subprocess.run(command, cwd=REPO, check=True)
 
 
-def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
-    """Runs the table's missing runs (tuning first where the table tunes); returns one line per failure. A
-    cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one.
-    ``rows`` (``method:members``) limits the sweep to those rows, e.g. to redo one row beside a running sweep
-    of the others."""
-    spec = load_spec(name, smoke)
+def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
+          extra: list[str] = (), measure: bool = False, rows: list[str] = (), tally: dict | None = None) -> list[str]:
+    """Runs the missing runs of each table in ``names``, in order (tuning first where a table tunes); returns
+    one line per failure. A cost table is measured instead, when its benchmark file is missing or ``measure``
+    asks for a new one. ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to
+    redo one row beside a running sweep of the others. Runs that another process is training, and rows whose
+    tuning runs it is training, are taken up after every table's other runs: a sweep waits only when nothing
+    else is left to do. ``tally`` counts the runs trained here (``trained``)."""
+    names = [names] if isinstance(names, str) else list(names)
+    if rows and len(names) > 1:
+        raise ValueError(f"--rows limits one table; got {len(names)}: {names}")
     root = results_root(smoke, root)
-    todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
-    first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
-    for job in todo:
-        first_jobs.setdefault((job.experiment, job.method, job.members), job)
-    if rows:
-        known = sorted({f"{m}:{k}" for _, m, k in first_jobs})
-        wanted = {parse_row(r) for r in rows}
-        unknown = sorted(f"{m}:{k}" for m, k in wanted if f"{m}:{k}" not in known)
-        if unknown:
-            raise ValueError(f"--rows {unknown} not in {name}; choose from {known}")
-        todo = [job for job in todo if (job.method, job.members) in wanted]
-    if spec.kind == "cost":
-        bench = root / spec.bench
-        print(f"{name}: measured, not trained ({bench})")
-        if not dry_run and (measure or not bench.exists()):
-            try:
-                measure_costs(bench, smoke)
-            except subprocess.CalledProcessError as err:
-                return [f"the cost benchmark failed ({err})"]
+    tally = {} if tally is None else tally
+    tally.setdefault("trained", 0)
     failures: list[str] = []
-    width = len(str(len(todo)))
+    chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
+    later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process now
+    left: set[Path] = set()  # run directories found held by another process
 
-    def attempt(job: Job, prefix: str, wait: bool = False) -> dict | None:
+    def attempt(spec, job: Job, prefix: str, wait: bool = False) -> dict | None:
         """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
         training it and ``wait`` is False (the caller comes back to it with ``wait``)."""
         done = job.dir / "results.json"
         if dry_run:
             print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
             return json.loads(done.read_text()) if done.exists() else None
-        if not done.exists() and (held := holder(job.dir)) is not None:
-            if not wait:
-                print(f"{prefix}: being trained by another process ({who(held)}); back to it at the end", flush=True)
-                return HELD
-            print(f"{prefix}: waiting for the other process ({who(held)}) to finish it", flush=True)
-            while holder(job.dir) is not None:
-                time.sleep(POLL_SECONDS)
-        by_other = wait and done.exists()  # a run left to another process; without results it died: resume it
         start = time.perf_counter()
+        waited = False
         try:
-            if done.exists():
-                results = json.loads(done.read_text())
-                status = "finished by another process" if by_other else "done earlier"
-            else:
-                results = (run_in_process if smoke else run_subprocess)(job)
-                status = f"trained in {time.perf_counter() - start:.1f} s"
-                (job.dir / "error.txt").unlink(missing_ok=True)  # an earlier attempt's failure, now superseded
+            with ExitStack() as held:
+                while not done.exists():  # claim the directory, so that no other sweep starts this run too
+                    try:
+                        held.enter_context(claim(job.dir))
+                        break
+                    except DirectoryInUse:
+                        left.add(job.dir)
+                        if not wait:
+                            print(f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
+                                  "back to it at the end", flush=True)  # fmt: skip
+                            return HELD
+                        if not waited:
+                            print(f"{prefix}: waiting for the other process ({who(holder(job.dir))}) to finish it",
+                                  flush=True)  # fmt: skip
+                        waited = True
+                        time.sleep(POLL_SECONDS)
+                if done.exists():  # found, or finished by the process that held it (one that died left none)
+                    results = json.loads(done.read_text())
+                    status = "finished by another process" if job.dir in left else "done earlier"
+                else:
+                    results = (run_in_process if smoke else run_subprocess)(job)
+                    status = f"trained in {time.perf_counter() - start:.1f} s"
+                    tally["trained"] += 1
+                    (job.dir / "error.txt").unlink(missing_ok=True)  # an earlier attempt's failure, now superseded
             if members_of(results) != job.members:
                 raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
             shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
@@ -238,16 +242,17 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             failures.append(f"{job} ({job.dir}): {err}")
             return None
 
-    chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content
-    later: list[tuple[Job, str]] = []  # runs another process was training when this sweep reached them
-    for i, job in enumerate(todo, 1):
-        prefix = f"[{i:>{width}}/{len(todo)}] {job}"
+    def process(spec, job: Job, prefix: str, first_jobs: dict, wait: bool = False) -> object:
+        """Tunes the job's row if it must be, then runs the job; ``HELD`` when either is another process's now."""
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
             row_dir = job.dir.parent
             source = borrowed_from(job, first_jobs) if job.tune_as else job
             source_dir = source.dir.parent
             if source_dir not in chosen:
-                chosen[source_dir] = tune_row(spec, source, source_dir, attempt, dry_run, failures)
+                choice = tune_row(spec, source, source_dir, attempt, dry_run, failures, wait)
+                if choice is HELD:
+                    return HELD
+                chosen[source_dir] = choice
             choice = chosen[source_dir]
             if choice is not None and source is not job and not dry_run and not (row_dir / "tuned.json").exists():
                 row_dir.mkdir(parents=True, exist_ok=True)
@@ -256,16 +261,42 @@ def sweep(name: str, smoke: bool = False, root: Path | None = None, dry_run: boo
             if choice is None:
                 if not dry_run:
                     failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
-                continue
-            job.overrides.insert(-1, f"{choice['key']}={choice['value']}")
+                return None
+            job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
-            if source is job and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
-                    and not dry_run and (chosen_run / "results.json").exists():
+            if source.dir == job.dir and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
+                    and not dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
                 reuse_tuning_run(chosen_run, job.dir)
-        if attempt(job, prefix) is HELD:
-            later.append((job, prefix))
-    for job, prefix in later:
-        attempt(job, prefix, wait=True)
+        return attempt(spec, job, prefix, wait)
+
+    for name in names:
+        spec = load_spec(name, smoke)
+        todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
+        first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
+        for job in todo:
+            first_jobs.setdefault((job.experiment, job.method, job.members), job)
+        if rows:
+            known = sorted({f"{m}:{k}" for _, m, k in first_jobs})
+            wanted = {parse_row(r) for r in rows}
+            unknown = sorted(f"{m}:{k}" for m, k in wanted if f"{m}:{k}" not in known)
+            if unknown:
+                raise ValueError(f"--rows {unknown} not in {name}; choose from {known}")
+            todo = [job for job in todo if (job.method, job.members) in wanted]
+        if spec.kind == "cost":
+            bench = root / spec.bench
+            print(f"{name}: measured, not trained ({bench})")
+            if not dry_run and (measure or not bench.exists()):
+                try:
+                    measure_costs(bench, smoke)
+                except subprocess.CalledProcessError as err:
+                    failures.append(f"the cost benchmark failed ({err})")
+        width = len(str(len(todo)))
+        for i, job in enumerate(todo, 1):
+            prefix = f"[{i:>{width}}/{len(todo)}]{f' {name}' if len(names) > 1 else ''} {job}"
+            if process(spec, job, prefix, first_jobs) is HELD:
+                later.append((spec, job, prefix, first_jobs))
+    for spec, job, prefix, first_jobs in later:
+        process(spec, job, prefix, first_jobs, wait=True)
     return failures
 
 
@@ -290,14 +321,18 @@ def smoke_skips_tuning(spec, smoke: bool) -> bool:
     return smoke and not (spec.get("smoke") or {}).get("tune")
 
 
-def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
-    """Runs (or finds) the row's grid and returns its choice; None when it cannot be made yet."""
+def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str],
+             wait: bool = False) -> dict | None:
+    """Runs (or finds) the row's grid and returns its choice; None when it cannot be made; ``HELD`` when
+    another process is training one of its grid runs and ``wait`` is False (the choice needs every value)."""
     if (row_dir / "tuned.json").exists():
         return json.loads((row_dir / "tuned.json").read_text())
     grid = tuning_jobs(spec, job)
-    tuned = [(g, attempt(g, f"  tune {g}")) for g in grid]
-    # Values another process is training now: the choice needs them, so wait (after running the others).
-    tuned = [(g, attempt(g, f"  tune {g}", wait=True) if r is HELD else r) for g, r in tuned]
+    tuned = [(g, attempt(spec, g, f"  tune {g}", wait)) for g in grid]
+    if any(r is HELD for _, r in tuned):
+        return HELD
+    if (row_dir / "tuned.json").exists():  # written by the process that finished the last grid run
+        return json.loads((row_dir / "tuned.json").read_text())
     if dry_run:
         return {"key": spec.tune.key, "value": "<best on validation>"}
     try:
@@ -311,25 +346,62 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train the runs a table or figure needs, then build it.")
-    parser.add_argument("name", choices=table_names(), help="a definition in configs/tables/")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. dataset.root=/data/sst2")
+    parser = argparse.ArgumentParser(description="Train the runs that tables or figures need, then build them.")
+    parser.add_argument("items", nargs="+", metavar="NAME|OVERRIDE",
+                        help=f"definitions in configs/tables/ ({', '.join(table_names())}), run in this order, then "
+                             "Hydra overrides for every run, e.g. dataset.root=/data/sst2")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
     parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",
-                        help="only these rows, e.g. --rows deep_ensemble:4 (default: every row)")
+                        help="only these rows, e.g. --rows deep_ensemble:4 (default: every row; one table only)")
     args = parser.parse_args(argv)
-    failures = sweep(args.name, args.smoke, args.results, args.dry_run, args.overrides, args.measure, args.rows)
+    overrides = [item for item in args.items if "=" in item or item.startswith(("~", "+"))]
+    names = [item for item in args.items if item not in overrides]
+    unknown = [name for name in names if name not in table_names()]
+    if unknown or not names:
+        parser.error(f"unknown table {unknown}; choose from {table_names()}" if unknown else "name a table")
+    started, tally = time.time(), {}
+    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, args.rows, tally)
     if args.dry_run:
         return 0
-    for path in build(args.name, args.smoke, args.results):
-        print(f"wrote {path}")
-        if path.suffix == ".md":
-            print(path.read_text())
+    record_sitting(results_root(args.smoke, args.results), names, started, tally["trained"], len(failures))
+    for name in names:
+        for path in build(name, args.smoke, args.results):
+            print(f"wrote {path}")
+            if path.suffix == ".md":
+                print(path.read_text())
     if failures:
         print(f"\n{len(failures)} run(s) failed (details in error.txt and train.log of each run directory):")
         print("\n".join(f"  - {line}" for line in failures))
         return 1
     return 0
+
+
+SITTINGS = "sittings.jsonl"  # one line per sweep process that trained something: the store's measured wall time
+
+
+def record_sitting(root: Path, names: list[str], started: float, trained: int, failed: int) -> None:
+    """Appends this sweep's start, end and count of runs trained to ``<root>/sittings.jsonl``; sweeps that
+    overlap in time (two workers of ``make mini``) count once in the wall time (``wall_seconds``)."""
+    if not trained:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    line = {"tables": names, "started": started, "finished": time.time(), "trained": trained, "failed": failed,
+            "pid": os.getpid(), "threads": torch.get_num_threads(), "commit": git_commit()}  # fmt: skip
+    with (root / SITTINGS).open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def wall_seconds(root: Path) -> float | None:
+    """The time during which at least one recorded sweep ran: overlapping sittings are counted once."""
+    path = Path(root) / SITTINGS
+    if not path.exists():
+        return None
+    spans = sorted((s["started"], s["finished"]) for s in map(json.loads, path.read_text().splitlines()) if s)
+    total, end = 0.0, float("-inf")
+    for start, finish in spans:
+        total += max(0.0, finish - max(start, end))
+        end = max(end, finish)
+    return total

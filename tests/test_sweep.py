@@ -246,3 +246,88 @@ def test_holder_tells_a_live_lock_from_a_dead_or_absent_one(tmp_path):
 def result(job) -> dict:
     return {"method": job.method, "ensemble_size": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
             "config": {"experiment_name": job.experiment}}
+
+
+def test_a_row_whose_tuning_another_process_trains_waits_until_the_rest_is_done(tmp_path, monkeypatch, capsys):
+    # The other process trains one grid value of the first row: this sweep tunes and trains every other row
+    # first, then waits for that value, chooses, and trains the first row's seeds.
+    spec = load_spec("mini_table2", smoke=True)
+    todo = sweep.jobs(spec, tmp_path / "smoke", smoke=True)
+    first = todo[0]
+    rest = [job for job in todo if job.method != first.method]
+    other = sweep.tuning_jobs(spec, first)[1]
+    held_lock(other.dir, os.getpid())
+    order = []
+
+    def fake_run(job):
+        assert job.dir != other.dir
+        order.append(job)
+        if job.dir == rest[-1].dir:  # everything else is done: the other process finishes meanwhile
+            finished(other, {**result(other), "metrics": {"test/acc": 0.5, "val/nll": 0.3}})
+            (other.dir / ".lock").unlink()
+        return finished(job, {**result(job), "metrics": {"test/acc": 0.5, "val/nll": 0.4}})
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sweep, "POLL_SECONDS", 0.01)
+    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    seeds_trained = [i for i, job in enumerate(order) if job.method == first.method and not job.tuning]
+    assert [order[i].seed for i in seeds_trained] == [todo[1].seed]  # seed 0 is reused, not trained
+    dirs = [job.dir for job in order]
+    assert all(i > dirs.index(job.dir) for job in rest if job.dir in dirs for i in seeds_trained)  # deferred
+    assert rest[-1].dir in dirs  # (behind every other row)
+    tuned = json.loads((first.dir.parent / "tuned.json").read_text())
+    assert tuned["value"] == other.tuning.split("=")[1]  # the other process's value won (val nll 0.3 < 0.4)
+    assert (first.dir / "REUSED.txt").exists()  # seed 0 is the other process's chosen tuning run
+    out = capsys.readouterr().out
+    assert f"tune {other}: being trained by another process" in out and f"tune {other}: finished by another" in out
+
+
+def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
+    # Two real processes start the same tables at the same moment (make mini's two workers): each run is
+    # claimed by exactly one of them, tuning included, and both end with every table complete.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "scripts/sweep.py", "mini_table3", "mini_table2", "--smoke", "--results", str(tmp_path)]
+    workers = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True) for _ in range(2)]  # fmt: skip
+    outs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    trained = [line.split(": trained in")[0].split("] ", 1)[-1].strip() for out in outs for line in out.splitlines()
+               if ": trained in" in line]  # fmt: skip
+    assert len(trained) == len(set(trained)), trained  # no run trained twice
+    assert all(len([line for line in out.splitlines() if ": trained in" in line]) > 0 for out in outs)  # both worked
+    root = tmp_path / "smoke"
+    for name in ("mini_table3", "mini_table2"):
+        spec = load_spec(name, smoke=True)
+        expected = {str(job).split(" (")[0] for job in sweep.jobs(spec, root, smoke=True)}
+        for job in sweep.jobs(spec, root, smoke=True):
+            assert (job.dir / "results.json").exists() and not (job.dir / ".lock").exists()
+        assert expected
+    sittings = [json.loads(line) for line in (root / sweep.SITTINGS).read_text().splitlines()]
+    assert len(sittings) == 2 and sum(s["trained"] for s in sittings) == len(trained)
+    assert sweep.wall_seconds(root) <= sum(s["finished"] - s["started"] for s in sittings)
+
+
+def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
+    lines = [{"started": 0, "finished": 10}, {"started": 5, "finished": 12}, {"started": 20, "finished": 25},
+             {"started": 21, "finished": 22}]  # fmt: skip
+    (tmp_path / sweep.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.wall_seconds(tmp_path) == 12 + 5
+    assert sweep.wall_seconds(tmp_path / "absent") is None
+
+
+def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives(tmp_path, monkeypatch):
+    from sve.rundir import HELD_LOCK, claim
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held_lock(tmp_path, dead.pid)  # the sweep that claimed the directory has died meanwhile
+    monkeypatch.setenv(HELD_LOCK, str((tmp_path / ".lock").resolve()))
+    with claim(tmp_path):
+        record = holder(tmp_path)
+        assert record is not None and record["run_pids"] == [os.getpid()]  # live through the run
+    assert (tmp_path / ".lock").exists()  # the sweep, not the run, removes it
+    monkeypatch.delenv(HELD_LOCK)
+    with pytest.raises(Exception, match="in use by another run"):
+        with claim(tmp_path):
+            pass
