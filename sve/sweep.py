@@ -194,6 +194,7 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
     later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process now
     left: set[Path] = set()  # run directories found held by another process
+    pending: set[Path] = set()  # rows whose tuning another process was training when this sweep reached them
 
     def attempt(spec, job: Job, prefix: str, wait: bool = False) -> dict | None:
         """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
@@ -249,8 +250,11 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
             source = borrowed_from(job, first_jobs) if job.tune_as else job
             source_dir = source.dir.parent
             if source_dir not in chosen:
+                if source_dir in pending and not wait:
+                    return HELD  # said once, at the row's first job
                 choice = tune_row(spec, source, source_dir, attempt, dry_run, failures, wait)
                 if choice is HELD:
+                    pending.add(source_dir)
                     return HELD
                 chosen[source_dir] = choice
             choice = chosen[source_dir]
