@@ -73,11 +73,12 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
     lines += [f"| all | {sum(count.values())} | {total / 3600:.2f} h | |", ""]
     measured = wall_seconds(root) if root is not None else None
     if measured:
-        sittings = len((Path(root) / SITTINGS).read_text().splitlines())
+        recorded = [json.loads(line) for line in (Path(root) / SITTINGS).read_text().splitlines() if line]
         hours = measured / 3600
         lines.append(f"Each run used one CPU thread, two at a time on the 2 cores (`make mini`'s two workers). "
-                     f"Measured wall time of the sweeps that trained these runs: {hours:.2f} h ({sittings} sweep "
-                     f"processes in `{SITTINGS}`, overlapping ones counted once).")  # fmt: skip
+                     f"Measured wall time: {hours:.2f} h during which at least one run was training (runs "
+                     f"overlapping in time counted once; {len(recorded)} runs by "
+                     f"{len({r.get('pid') for r in recorded})} sweep processes, in `{SITTINGS}`).")  # fmt: skip
     else:
         hours = total / 7200
         lines.append(f"Each run used one CPU thread; `make mini` runs two at a time on the 2 cores, so its wall "

@@ -177,19 +177,17 @@ def measure_costs(path: Path, smoke: bool) -> None:
 
 
 def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = (), measure: bool = False, rows: list[str] = (), tally: dict | None = None) -> list[str]:
+          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
     """Runs the missing runs of each table in ``names``, in order (tuning first where a table tunes); returns
     one line per failure. A cost table is measured instead, when its benchmark file is missing or ``measure``
     asks for a new one. ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to
     redo one row beside a running sweep of the others. Runs that another process is training, and rows whose
     tuning runs it is training, are taken up after every table's other runs: a sweep waits only when nothing
-    else is left to do. ``tally`` counts the runs trained here (``trained``)."""
+    else is left to do. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
     names = [names] if isinstance(names, str) else list(names)
     if rows and len(names) > 1:
         raise ValueError(f"--rows limits one table; got {len(names)}: {names}")
     root = results_root(smoke, root)
-    tally = {} if tally is None else tally
-    tally.setdefault("trained", 0)
     failures: list[str] = []
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
     later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process now
@@ -226,9 +224,10 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                     results = json.loads(done.read_text())
                     status = "finished by another process" if job.dir in left else "done earlier"
                 else:
+                    began = time.time()
                     results = (run_in_process if smoke else run_subprocess)(job)
                     status = f"trained in {time.perf_counter() - start:.1f} s"
-                    tally["trained"] += 1
+                    record_run(root, job, began)
                     (job.dir / "error.txt").unlink(missing_ok=True)  # an earlier attempt's failure, now superseded
             if members_of(results) != job.members:
                 raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
@@ -366,11 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in table_names()]
     if unknown or not names:
         parser.error(f"unknown table {unknown}; choose from {table_names()}" if unknown else "name a table")
-    started, tally = time.time(), {}
-    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, args.rows, tally)
+    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, args.rows)
     if args.dry_run:
         return 0
-    record_sitting(results_root(args.smoke, args.results), names, started, tally["trained"], len(failures))
     for name in names:
         for path in build(name, args.smoke, args.results):
             print(f"wrote {path}")
@@ -383,23 +380,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SITTINGS = "sittings.jsonl"  # one line per sweep process that trained something: the store's measured wall time
+SITTINGS = "sittings.jsonl"  # one line per run a sweep trained, written when it ends: the store's wall time
 
 
-def record_sitting(root: Path, names: list[str], started: float, trained: int, failed: int) -> None:
-    """Appends this sweep's start, end and count of runs trained to ``<root>/sittings.jsonl``; sweeps that
-    overlap in time (two workers of ``make mini``) count once in the wall time (``wall_seconds``)."""
-    if not trained:
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    line = {"tables": names, "started": started, "finished": time.time(), "trained": trained, "failed": failed,
-            "pid": os.getpid(), "threads": torch.get_num_threads(), "commit": git_commit()}  # fmt: skip
+def record_run(root: Path, job: Job, started: float) -> None:
+    """Appends the run's start and end (and who trained it) to ``<root>/sittings.jsonl`` as soon as it ends,
+    so a sweep killed later keeps the record of what it finished."""
+    line = {"run": str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir),
+            "started": started, "finished": time.time(), "pid": os.getpid(), "commit": git_commit()}  # fmt: skip
     with (root / SITTINGS).open("a") as f:
         f.write(json.dumps(line) + "\n")
 
 
 def wall_seconds(root: Path) -> float | None:
-    """The time during which at least one recorded sweep ran: overlapping sittings are counted once."""
+    """The time during which at least one recorded run was training: runs overlapping in time (two workers)
+    count once."""
     path = Path(root) / SITTINGS
     if not path.exists():
         return None

@@ -138,10 +138,12 @@ def test_time_section_says_when_the_miniature_is_over_its_budget(tmp_path, hours
 
 
 def test_time_section_reports_the_measured_wall_time_of_overlapping_sweeps(tmp_path):
-    # Two workers: 0-2 h and 1-4 h overlap, so the wall time is 4 h (not 5), 1.3 times the 3 h target.
+    # Two workers: runs of 0-2 h and 1-4 h overlap, so the wall time is 4 h (not 5), 1.3 times the 3 h target.
     write_run(tmp_path, "mini_x", "sve", 4, 0, {"acc": 0.8}, num_members=4, wall_time_s=3600)
-    spans = [(0, 7200), (3600, 4 * 3600)]
-    (tmp_path / "sittings.jsonl").write_text("".join(json.dumps({"started": a, "finished": b}) + "\n" for a, b in spans))
+    spans = [(0, 7200, 1), (3600, 4 * 3600, 2)]
+    (tmp_path / "sittings.jsonl").write_text("".join(json.dumps({"started": a, "finished": b, "pid": pid}) + "\n"
+                                                     for a, b, pid in spans))  # fmt: skip
     text = mini_report.times_section(mini_report.all_results(tmp_path), tmp_path)
-    assert "Measured wall time of the sweeps that trained these runs: 4.00 h (2 sweep processes" in text
+    assert "Measured wall time: 4.00 h during which at least one run was training" in text
+    assert "2 runs by 2 sweep processes" in text
     assert "1.3 times the target of about 3 h" in text

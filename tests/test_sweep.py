@@ -304,9 +304,11 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
         for job in sweep.jobs(spec, root, smoke=True):
             assert (job.dir / "results.json").exists() and not (job.dir / ".lock").exists()
         assert expected
-    sittings = [json.loads(line) for line in (root / sweep.SITTINGS).read_text().splitlines()]
-    assert len(sittings) == 2 and sum(s["trained"] for s in sittings) == len(trained)
-    assert sweep.wall_seconds(root) <= sum(s["finished"] - s["started"] for s in sittings)
+    recorded = [json.loads(line) for line in (root / sweep.SITTINGS).read_text().splitlines()]
+    assert len(recorded) == len(trained) and len({r["pid"] for r in recorded}) == 2  # every run, as it ended
+    trained_dirs = [f.parent for f in root.glob("runs/**/results.json") if not (f.parent / "REUSED.txt").exists()]
+    assert sorted(r["run"] for r in recorded) == sorted(str(d.relative_to(root)) for d in trained_dirs)
+    assert sweep.wall_seconds(root) <= sum(r["finished"] - r["started"] for r in recorded)
 
 
 def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
