@@ -182,8 +182,8 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
     one line per failure. A cost table is measured instead, when its benchmark file is missing or ``measure``
     asks for a new one. ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to
     redo one row beside a running sweep of the others. Runs that another process is training, and rows whose
-    tuning runs it is training, are taken up after every table's other runs: a sweep waits only when nothing
-    else is left to do. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
+    tuning runs it is training, are taken up after every table's other runs, in passes over what is left: a
+    sweep waits only when everything left is another process's. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
     names = [names] if isinstance(names, str) else list(names)
     if rows and len(names) > 1:
         raise ValueError(f"--rows limits one table; got {len(names)}: {names}")
@@ -194,32 +194,25 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
     left: set[Path] = set()  # run directories found held by another process
     pending: set[Path] = set()  # rows whose tuning another process was training when this sweep reached them
 
-    def attempt(spec, job: Job, prefix: str, wait: bool = False) -> dict | None:
+    def attempt(spec, job: Job, prefix: str) -> dict | None:
         """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
-        training it and ``wait`` is False (the caller comes back to it with ``wait``)."""
+        training it (the caller comes back to it later)."""
         done = job.dir / "results.json"
         if dry_run:
             print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
             return json.loads(done.read_text()) if done.exists() else None
         start = time.perf_counter()
-        waited = False
         try:
             with ExitStack() as held:
-                while not done.exists():  # claim the directory, so that no other sweep starts this run too
+                if not done.exists():  # claim the directory, so that no other sweep starts this run too
                     try:
                         held.enter_context(claim(job.dir))
-                        break
                     except DirectoryInUse:
-                        left.add(job.dir)
-                        if not wait:
+                        if job.dir not in left:
                             print(f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
-                                  "back to it at the end", flush=True)  # fmt: skip
-                            return HELD
-                        if not waited:
-                            print(f"{prefix}: waiting for the other process ({who(holder(job.dir))}) to finish it",
-                                  flush=True)  # fmt: skip
-                        waited = True
-                        time.sleep(POLL_SECONDS)
+                                  "back to it later", flush=True)  # fmt: skip
+                        left.add(job.dir)
+                        return HELD
                 if done.exists():  # found, or finished by the process that held it (one that died left none)
                     results = json.loads(done.read_text())
                     status = "finished by another process" if job.dir in left else "done earlier"
@@ -242,16 +235,16 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
             failures.append(f"{job} ({job.dir}): {err}")
             return None
 
-    def process(spec, job: Job, prefix: str, first_jobs: dict, wait: bool = False) -> object:
+    def process(spec, job: Job, prefix: str, first_jobs: dict) -> object:
         """Tunes the job's row if it must be, then runs the job; ``HELD`` when either is another process's now."""
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
             row_dir = job.dir.parent
             source = borrowed_from(job, first_jobs) if job.tune_as else job
             source_dir = source.dir.parent
             if source_dir not in chosen:
-                if source_dir in pending and not wait:
-                    return HELD  # said once, at the row's first job
-                choice = tune_row(spec, source, source_dir, attempt, dry_run, failures, wait)
+                if source_dir in pending:
+                    return HELD  # tried at the row's first job of this pass
+                choice = tune_row(spec, source, source_dir, attempt, dry_run, failures)
                 if choice is HELD:
                     pending.add(source_dir)
                     return HELD
@@ -270,7 +263,7 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
             if source.dir == job.dir and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
                     and not dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
                 reuse_tuning_run(chosen_run, job.dir)
-        return attempt(spec, job, prefix, wait)
+        return attempt(spec, job, prefix)
 
     for name in names:
         spec = load_spec(name, smoke)
@@ -298,8 +291,14 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
             prefix = f"[{i:>{width}}/{len(todo)}]{f' {name}' if len(names) > 1 else ''} {job}"
             if process(spec, job, prefix, first_jobs) is HELD:
                 later.append((spec, job, prefix, first_jobs))
-    for spec, job, prefix, first_jobs in later:
-        process(spec, job, prefix, first_jobs, wait=True)
+    # Another pass over what was left, and another, until nothing is: a sweep sleeps only when every run
+    # that is left is another process's, so two sweeps never wait for each other while work remains.
+    while later:
+        pending.clear()  # rows whose tuning was held: try them again
+        still = [item for item in later if process(*item) is HELD]
+        if len(still) == len(later):
+            time.sleep(POLL_SECONDS)
+        later = still
     return failures
 
 
@@ -324,14 +323,13 @@ def smoke_skips_tuning(spec, smoke: bool) -> bool:
     return smoke and not (spec.get("smoke") or {}).get("tune")
 
 
-def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str],
-             wait: bool = False) -> dict | None:
+def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
     """Runs (or finds) the row's grid and returns its choice; None when it cannot be made; ``HELD`` when
-    another process is training one of its grid runs and ``wait`` is False (the choice needs every value)."""
+    another process is training one of its grid runs (the choice needs every value)."""
     if (row_dir / "tuned.json").exists():
         return json.loads((row_dir / "tuned.json").read_text())
     grid = tuning_jobs(spec, job)
-    tuned = [(g, attempt(spec, g, f"  tune {g}", wait)) for g in grid]
+    tuned = [(g, attempt(spec, g, f"  tune {g}")) for g in grid]
     if any(r is HELD for _, r in tuned):
         return HELD
     if (row_dir / "tuned.json").exists():  # written by the process that finished the last grid run

@@ -334,3 +334,33 @@ def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives
     with pytest.raises(Exception, match="in use by another run"):
         with claim(tmp_path):
             pass
+
+
+def test_a_sweep_left_with_held_runs_trains_any_that_frees_up_before_waiting_on_the_rest(tmp_path, monkeypatch):
+    # Two runs are another process's when the sweep reaches them. While it waits, the other process gives one
+    # up (its lock goes away without results): the sweep trains that one at once, and only then is the other
+    # one finished by its holder. Waiting on the first held run in order would never end here.
+    todo = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
+    x, y = todo[1], todo[2]
+    held_lock(x.dir, os.getpid())
+    held_lock(y.dir, os.getpid())
+    trained, sleeps = [], []
+
+    def fake_run(job):
+        trained.append(job.dir)
+        if job.dir == y.dir:  # the holder of x finishes it meanwhile
+            finished(x, result(x))
+            (x.dir / ".lock").unlink()
+        return finished(job, result(job))
+
+    def fake_sleep(seconds):
+        sleeps.append(seconds)
+        assert len(sleeps) < 50, "the sweep kept waiting"
+        (y.dir / ".lock").unlink(missing_ok=True)  # the other process gives y up
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sweep.time, "sleep", fake_sleep)
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert trained[-1] == y.dir and x.dir not in trained and len(sleeps) == 1
+    assert (x.dir / "results.json").exists()
