@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from sve.claims import claims_markdown  # noqa: E402
 from sve.report import METHOD_NAMES, load_runs  # noqa: E402
-from sve.sweep import SITTINGS, wall_seconds  # noqa: E402
+from sve.sweep import SITTINGS, recorded_runs, wall_seconds  # noqa: E402
 
 TEMPLATE = REPO / "configs" / "claims" / "mini_readme.md"
 
@@ -71,9 +71,9 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
         lines.append(f"| `{e}` | {count[e]} | {seconds[e] / 60:.0f} min | {seconds[e] / count[e] / 60:.1f} min |")
     total = sum(seconds.values())
     lines += [f"| all | {sum(count.values())} | {total / 3600:.2f} h | |", ""]
-    measured = wall_seconds(root) if root is not None else None
+    recorded = recorded_runs(root) if root is not None else []
+    measured = wall_seconds(recorded)
     if measured:
-        recorded = [json.loads(line) for line in (Path(root) / SITTINGS).read_text().splitlines() if line]
         hours = measured / 3600
         lines.append(f"Each run used one CPU thread, two at a time on the 2 cores (`make mini`'s two workers). "
                      f"Measured wall time: {hours:.2f} h during which at least one run was training (runs "

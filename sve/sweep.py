@@ -390,15 +390,19 @@ def record_run(root: Path, job: Job, started: float) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def wall_seconds(root: Path) -> float | None:
-    """The time during which at least one recorded run was training: runs overlapping in time (two workers)
-    count once."""
+def recorded_runs(root: Path) -> list[dict]:
+    """The lines of ``<root>/sittings.jsonl`` (none when it does not exist)."""
     path = Path(root) / SITTINGS
-    if not path.exists():
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wall_seconds(records: list[dict]) -> float | None:
+    """The time during which at least one recorded run was training: runs overlapping in time (two workers)
+    count once; None without records."""
+    if not records:
         return None
-    spans = sorted((s["started"], s["finished"]) for s in map(json.loads, path.read_text().splitlines()) if s)
     total, end = 0.0, float("-inf")
-    for start, finish in spans:
+    for start, finish in sorted((r["started"], r["finished"]) for r in records):
         total += max(0.0, finish - max(start, end))
         end = max(end, finish)
     return total

@@ -304,19 +304,19 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
         for job in sweep.jobs(spec, root, smoke=True):
             assert (job.dir / "results.json").exists() and not (job.dir / ".lock").exists()
         assert expected
-    recorded = [json.loads(line) for line in (root / sweep.SITTINGS).read_text().splitlines()]
+    recorded = sweep.recorded_runs(root)
     assert len(recorded) == len(trained) and len({r["pid"] for r in recorded}) == 2  # every run, as it ended
     trained_dirs = [f.parent for f in root.glob("runs/**/results.json") if not (f.parent / "REUSED.txt").exists()]
     assert sorted(r["run"] for r in recorded) == sorted(str(d.relative_to(root)) for d in trained_dirs)
-    assert sweep.wall_seconds(root) <= sum(r["finished"] - r["started"] for r in recorded)
+    assert sweep.wall_seconds(recorded) <= sum(r["finished"] - r["started"] for r in recorded)
 
 
 def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
     lines = [{"started": 0, "finished": 10}, {"started": 5, "finished": 12}, {"started": 20, "finished": 25},
              {"started": 21, "finished": 22}]  # fmt: skip
-    (tmp_path / sweep.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert sweep.wall_seconds(tmp_path) == 12 + 5
-    assert sweep.wall_seconds(tmp_path / "absent") is None
+    (tmp_path / sweep.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")  # blank end
+    assert sweep.wall_seconds(sweep.recorded_runs(tmp_path)) == 12 + 5
+    assert sweep.wall_seconds(sweep.recorded_runs(tmp_path / "absent")) is None
 
 
 def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives(tmp_path, monkeypatch):
