@@ -52,7 +52,7 @@ $(PAPER_TARGETS):
 	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS) $(ARGS)
 
 BENCH_ARGS ?=
-bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, BERT-base), Table 5, inference rule -> results/bench/ (~10 min on 2 CPU cores)
+bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, BERT-base), Table 5, inference rule, batch-1 weight reads -> results/bench/ (~12 min on 2 CPU cores)
 	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
 
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------

@@ -1,6 +1,6 @@
 """The cost benchmark (``make bench``): SVE against the alternatives, measured in one process.
 
-    python scripts/bench.py [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 rule]
+    python scripts/bench.py [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 rule weights]
 
 Every number comes from ``sve.bench`` (interleaved rounds and paired medians for time, FlopCounterMode for
 FLOPs, live-tensor peaks for memory; see its docstring) on random weights of the real shapes. On the CPU it
@@ -35,8 +35,13 @@ Parts:
   timed interleaved with Single; writes table5.json for ``make table5`` (schema: ``sve.report.cost_runs``).
 - ``rule``: one SV layer of each shape of the two settings, factored against cached and per-call merged
   weights over the tokens per member: the measurements behind ``sve.layers.sv_inference``'s rule.
+- ``weights``: why batch 1 costs what it does. One layer of each shape, at the tokens per member of one
+  example (ViT-S 197, BERT 128): M members through one shared weight (the base matmul of LoRA-Ensemble and
+  BatchEnsemble), through a LoRA-Ensemble layer, through SVE's cached merged weights, and through one weight
+  repeated M times in the same batched matmul. The last separates the two costs of distinct member weights:
+  splitting one large matmul into M smaller ones, and reading M weights instead of one.
 
-Writes ``<out>/{vit_s,bert_base,table5,rule}.json`` (with the command, commit and versions) and
+Writes ``<out>/{vit_s,bert_base,table5,rule,weights}.json`` (with the command, commit and versions) and
 ``<out>/bench.md`` (shown in the README). ``--tiny``: tiny backbones, 1 round, for the tests.
 """
 
@@ -63,7 +68,7 @@ sys.path.insert(0, str(REPO))  # `python scripts/bench.py` from a source checkou
 from sve.allocator import POLICIES, set_cpu_allocator  # noqa: E402
 from sve.bench import (count_flops, interleaved_times, minor_faults, paired_ratio, paired_ratios,  # noqa: E402
                        peak_memory, resident_bytes, verdict)
-from sve.layers import SVLinear, weight_matrix  # noqa: E402
+from sve.layers import LoRALayer, SVLinear, weight_matrix  # noqa: E402
 from sve.results import command_line, git_commit, package_versions, write_json  # noqa: E402
 from sve.run import instantiate  # noqa: E402
 from sve.svd_cache import default_dir  # noqa: E402
@@ -464,6 +469,51 @@ def crossovers(rows: list[dict]) -> list[dict]:
     return out
 
 
+# --- part 4: one shared weight against M distinct ones (batch 1) --------------------------------------------
+
+
+def weights_part(args, device) -> dict:
+    """Each step runs the members through ``copies`` distinct layers of one shape, enough that the shared
+    weights alone (64 MB) exceed the CPU's last-level cache: as in a full model, every call then reads its
+    weights from memory. (One layer timed alone keeps SVE's M merged weights in the cache between calls and
+    hides the cost of reading them.)"""
+    shapes = [(32, 32, 2, 8)] if args.tiny else [(384, 384, 4, 197), (384, 1536, 4, 197), (1536, 384, 4, 197),
+                                                 (768, 768, 8, 128), (768, 3072, 8, 128), (3072, 768, 8, 128)]
+    stream_bytes = 2**16 if args.tiny else 64 * 2**20
+    rows = []
+    for in_f, out_f, K, N in shapes:
+        torch.manual_seed(0)
+        base = torch.nn.Linear(in_f, out_f).to(device)
+        copies = -(-stream_bytes // (base.weight.numel() * base.weight.element_size()))
+        sve = SVLinear.from_linear(base, K, sigma_init=0.01).to(device).eval()
+        sve.inference = "cached"
+        lora = LoRALayer(copy.deepcopy(base), K).to(device).eval()
+        x = torch.randn(K * N, in_f, device=device)
+        bases = [copy.deepcopy(base) for _ in range(copies)]
+        svs = [copy.deepcopy(sve) for _ in range(copies)]
+        loras = [copy.deepcopy(lora) for _ in range(copies)]
+        # One weight repeated M times in one batched matmul: the split into M matmuls without reading M weights.
+        repeated = [(b.weight.detach().expand(K, out_f, in_f).transpose(1, 2), b.bias.detach()) for b in bases]
+        steps = {"shared": lambda: [torch.addmm(b.bias, x, b.weight.t()) for b in bases],
+                 "lora_ensemble": lambda: [layer(x) for layer in loras],
+                 "sve_cached": lambda: [layer(x) for layer in svs],
+                 "one_weight_split": lambda: [torch.baddbmm(b, x.view(K, N, in_f), W) for W, b in repeated]}
+        with torch.no_grad():
+            steps["sve_cached"]()  # builds the caches outside the timing
+            split = steps["one_weight_split"]()[0].reshape(K * N, out_f)
+            torch.testing.assert_close(split, steps["shared"]()[0])  # the same product, computed split
+            times = interleaved_times(steps, args.repeats, device)
+        row = {"in": in_f, "out": out_f, "members": K, "tokens_per_member": N, "copies": copies,
+               "shared_ms": 1e3 * statistics.median(times["shared"]) / copies,
+               **{f"{name}_ratio": paired_ratio(times, name, "shared") for name in steps if name != "shared"}}
+        rows.append(row)
+        log(f"[weights] {in_f}->{out_f} K={K} N={N} ({copies} layers): LoRA-E {row['lora_ensemble_ratio']:.3f}, "
+            f"SVE cached {row['sve_cached_ratio']:.3f}, one weight split {row['one_weight_split_ratio']:.3f} x shared")
+        del svs, loras, bases, repeated, steps
+        gc.collect()
+    return {"rows": rows, "stream_bytes": stream_bytes}
+
+
 # --- output ----------------------------------------------------------------------------------------------
 
 
@@ -532,6 +582,18 @@ def rule_markdown(rule: dict) -> list[str]:
     return lines + [""]
 
 
+def weights_markdown(part: dict) -> list[str]:
+    lines = ["### Batch 1: one shared weight against M distinct ones (one layer, tokens of one example per member)",
+             "", "Time relative to the M members' tokens through one shared weight in one matmul, in the same round "
+             f"(median of {part['meta']['args']['repeats']} rounds).", "",
+             "| in | out | members | tokens per member | shared weight (per layer) | LoRA-Ensemble layer | SVE, cached merged "
+             "weights | one weight, split M ways |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['in']} | {r['out']} | {r['members']} | {r['tokens_per_member']} | 1.00 ({r['shared_ms']:.1f} ms) "
+              f"| {r['lora_ensemble_ratio']:.3f} | {r['sve_cached_ratio']:.3f} | {r['one_weight_split_ratio']:.3f} |"
+              for r in part["rows"]]
+    return lines + [""]
+
+
 def allocator_words(meta: dict) -> str:
     policy = meta.get("cpu_allocator", "system")
     if policy == "tuned" and not meta.get("cpu_allocator_tuned"):
@@ -545,6 +607,11 @@ def write_markdown(out: Path, parts: dict) -> None:
              f"`{parts['meta']['command']}` at commit {parts['meta']['git_commit']}, torch "
              f"{parts['meta']['versions']['torch']}, {parts['meta']['threads']} threads, CPU allocator "
              f"{allocator_words(parts['meta'])}.", ""]
+    earlier = {key: part["meta"] for key, part in parts.items() if key != "meta"
+               and (part["meta"]["command"], part["meta"]["git_commit"]) != (parts["meta"]["command"],
+                                                                            parts["meta"]["git_commit"])}
+    lines += [f"Part `{key}` is from an earlier run: `{meta['command']}` at commit {meta['git_commit']}."
+              for key, meta in earlier.items()] + ([""] if earlier else [])
     for key in ("vit_s", "bert_base"):
         if key in parts:
             lines += ensemble_markdown(parts[key])
@@ -552,13 +619,15 @@ def write_markdown(out: Path, parts: dict) -> None:
         lines += table5_markdown(parts["table5"])
     if "rule" in parts:
         lines += rule_markdown(parts["rule"])
+    if "weights" in parts:
+        lines += weights_markdown(parts["weights"])
     (out / "bench.md").write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=["vit_s", "bert_base", "table5", "rule"],
-                        choices=["vit_s", "bert_base", "table5", "rule"])
+    parser.add_argument("--parts", nargs="+", default=["vit_s", "bert_base", "table5", "rule", "weights"],
+                        choices=["vit_s", "bert_base", "table5", "rule", "weights"])
     parser.add_argument("--layers", type=int, default=1, help="transformer blocks in the vit_s/bert_base parts")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after warm-up)")
     parser.add_argument("--full-depth-eval", nargs="*", default=["vit_s"], choices=["vit_s", "bert_base"],
@@ -594,12 +663,14 @@ def main(argv: list[str] | None = None) -> None:
             parts[name] = ensemble_part(all_settings[name], args, device)
         elif name == "table5":
             parts[name] = table5_part(all_settings["bert_base"], args, device)
-        else:
+        elif name == "rule":
             parts[name] = rule_part(args, device)
+        else:
+            parts[name] = weights_part(args, device)
         parts[name]["meta"] = {**parts["meta"], "seconds": time.perf_counter() - start}
         write_json(args.out / f"{name}.json", parts[name])
         log(f"{name}: {time.perf_counter() - start:.0f} s, written to {args.out / f'{name}.json'}")
-    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in ("vit_s", "bert_base", "table5", "rule")
+    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in ("vit_s", "bert_base", "table5", "rule", "weights")
                 if k not in parts and (args.out / f"{k}.json").exists()}  # parts not rerun this time
     write_markdown(args.out, {**previous, **parts})
     log(f"table: {args.out / 'bench.md'}")

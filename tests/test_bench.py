@@ -74,7 +74,7 @@ def test_flops_and_paired_ratio():
 def test_bench_script_tiny_writes_every_file(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "vit_s", "table5",
-                           "rule", "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
+                           "rule", "weights", "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     vit = json.loads((out / "vit_s.json").read_text())
@@ -111,6 +111,20 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
 
     rule = json.loads((out / "rule.json").read_text())
     assert rule["crossovers"] and all("cached_from_tokens" in c for c in rule["crossovers"])
+    weights = json.loads((out / "weights.json").read_text())
+    for row in weights["rows"]:  # enough distinct layers that their shared weights alone stream from memory
+        assert row["copies"] * row["in"] * row["out"] * 4 >= weights["stream_bytes"]
+        assert row["shared_ms"] > 0 and all(row[f"{n}_ratio"] > 0 for n in ("lora_ensemble", "sve_cached",
+                                                                          "one_weight_split"))
     md = (out / "bench.md").read_text()
     assert "### tiny ViT (test)" in md and "### Table 5 setting" in md and "### The inference rule" in md
+    assert "### Batch 1: one shared weight against M distinct ones" in md and "from an earlier run" not in md
+
+    # Rerunning one part keeps the others' files, and the table says which parts come from the earlier run.
+    again = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "weights",
+                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    md = (out / "bench.md").read_text()
+    assert {line.split("`")[1] for line in md.splitlines() if "from an earlier run" in line} == {"vit_s", "table5", "rule"}
+    assert "### tiny ViT (test)" in md and "### Batch 1" in md
     assert not (out / "bert_base.json").exists()
