@@ -624,10 +624,12 @@ def write_markdown(out: Path, parts: dict) -> None:
     (out / "bench.md").write_text("\n".join(lines))
 
 
+PARTS = ("vit_s", "bert_base", "table5", "rule", "weights")  # each writes <out>/<part>.json
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=["vit_s", "bert_base", "table5", "rule", "weights"],
-                        choices=["vit_s", "bert_base", "table5", "rule", "weights"])
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--layers", type=int, default=1, help="transformer blocks in the vit_s/bert_base parts")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after warm-up)")
     parser.add_argument("--full-depth-eval", nargs="*", default=["vit_s"], choices=["vit_s", "bert_base"],
@@ -670,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
         parts[name]["meta"] = {**parts["meta"], "seconds": time.perf_counter() - start}
         write_json(args.out / f"{name}.json", parts[name])
         log(f"{name}: {time.perf_counter() - start:.0f} s, written to {args.out / f'{name}.json'}")
-    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in ("vit_s", "bert_base", "table5", "rule", "weights")
+    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in PARTS
                 if k not in parts and (args.out / f"{k}.json").exists()}  # parts not rerun this time
     write_markdown(args.out, {**previous, **parts})
     log(f"table: {args.out / 'bench.md'}")

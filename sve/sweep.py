@@ -183,7 +183,8 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
     asks for a new one. ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to
     redo one row beside a running sweep of the others. Runs that another process is training, and rows whose
     tuning runs it is training, are taken up after every table's other runs, in passes over what is left: a
-    sweep waits only when everything left is another process's. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
+    sweep waits only when everything left is another process's. Each run trained is recorded in
+    ``<root>/sittings.jsonl`` (``record_run``)."""
     names = [names] if isinstance(names, str) else list(names)
     if rows and len(names) > 1:
         raise ValueError(f"--rows limits one table; got {len(names)}: {names}")
