@@ -3,6 +3,7 @@ setting (files and facts, never timings)."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -92,6 +93,8 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     assert e16["sve_factored"]["flops"] > e16["dense"]["flops"]
     assert vit["train"]["rebuild"]["flops"] > vit["train"]["sve"]["flops"]
     assert vit["train"]["dense"]["derived"] == f"{M} x single"
+    for name in ("lora_ensemble", "batch_ensemble"):  # SVE's chunking for the baselines: the same work or less
+        assert e16[f"{name}_auto"]["flops"] <= e16[name]["flops"]
     lean = vit["lean_memory"]
     assert lean["sve_bfloat16_bytes"] < lean["sve_float32_bytes"]
     assert 1e-4 < lean["bf16_weight_error"]["max"] < 1e-2
@@ -108,6 +111,10 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     assert methods["deep_ensemble"]["parameters"] == M * methods["single"]["parameters"]
     assert costs["deep_ensemble"]["train_memory_overhead_pct"] == 100.0 * (M - 1)
     assert methods["mc_dropout"]["members"] == M and methods["sve"]["members"] == M
+    target = table5["target"]  # timed directly against each other, at 1 thread and (if there are more) all cores
+    assert target["by_threads"][0]["threads"] == 1 and target["value"] == target["by_threads"][0]["value"]
+    assert [len(m["rounds"]) for m in target["by_threads"]] == [3] * len(target["by_threads"])
+    assert len(target["by_threads"]) == (1 if len(os.sched_getaffinity(0)) == 1 else 2)
 
     rule = json.loads((out / "rule.json").read_text())
     assert rule["crossovers"] and all("cached_from_tokens" in c for c in rule["crossovers"])
@@ -120,12 +127,15 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     assert "### tiny ViT (test)" in md and "### Table 5 setting" in md and "### The inference rule" in md
     assert "### Batch 1: one shared weight against M distinct ones" in md and "from an earlier run" not in md
 
-    # Rerunning one part keeps the others' files, and the table says which parts come from the earlier run.
+    # Rerunning some parts keeps the others' files, and the table says which parts come from the earlier run;
+    # Table 5 may leave out any method (Deep Ensemble included).
     again = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "weights",
-                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+                            "table5", "--table5-methods", "sve", "lora_ensemble", "--out", str(out)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert set(json.loads((out / "table5.json").read_text())["methods"]) == {"single", "sve", "lora_ensemble"}
     md = (out / "bench.md").read_text()
     earlier = {line.split("`")[1] for line in md.splitlines() if "from an earlier run" in line}
-    assert earlier == {"vit_s", "table5", "rule"}
+    assert earlier == {"vit_s", "rule"}
     assert "### tiny ViT (test)" in md and "### Batch 1" in md
     assert not (out / "bert_base.json").exists()
