@@ -601,9 +601,6 @@ def table5_markdown(t5: dict) -> list[str]:
     lines += [""] + [f"- {k}: {v}" for k, v in t5["notes"].items()]
     if "target" in t5:
         t = t5["target"]
-        if "by_threads" not in t:  # written before the direct timing (one value, no rounds)
-            return lines + ["", f"Target: {t['what']} = {t['value']:.2f} (target <= {t['limit']}): **{t['verdict']}**.",
-                            ""]
         lines += ["", f"Target: {t['what']} (target <= {t['limit']}):", ""]
         lines += [f"- {m['threads']} thread{'s' if m['threads'] > 1 else ''}: {m['value']:.3f} (rounds "
                   f"{min(m['rounds']):.3f}-{max(m['rounds']):.3f}; SVE {m['sve_ms']:.0f} ms, LoRA-Ensemble "

@@ -93,8 +93,8 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     assert e16["sve_factored"]["flops"] > e16["dense"]["flops"]
     assert vit["train"]["rebuild"]["flops"] > vit["train"]["sve"]["flops"]
     assert vit["train"]["dense"]["derived"] == f"{M} x single"
-    for name in ("lora_ensemble", "batch_ensemble"):  # SVE's chunking for the baselines: the same work or less
-        assert e16[f"{name}_auto"]["flops"] <= e16[name]["flops"]
+    for name in ("lora_ensemble", "batch_ensemble"):  # SVE's chunking for the baselines: one member per pass at
+        assert e16[f"{name}_auto"]["flops"] < e16[name]["flops"]  # batch 16, so the members share the stem
     lean = vit["lean_memory"]
     assert lean["sve_bfloat16_bytes"] < lean["sve_float32_bytes"]
     assert 1e-4 < lean["bf16_weight_error"]["max"] < 1e-2
