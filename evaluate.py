@@ -7,11 +7,9 @@ when it trained, and the arguments override it; a Hydra app would compose a fres
 
 import sys
 
-from sve.errors import InputError
+from sve.errors import one_line_errors
 from sve.evaluate import main
 
 if __name__ == "__main__":
-    try:
+    with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         sys.exit(main(sys.argv[1:]))
-    except InputError as err:  # says what to change: no traceback needed
-        sys.exit(f"error: {err}")

@@ -9,9 +9,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from sve.errors import InputError
+from sve.errors import one_line_errors
 from sve.run import run
 from sve.multirun import record_failure
 
@@ -22,10 +22,8 @@ log = logging.getLogger(__name__)
 def main(cfg: DictConfig) -> None:
     print(recipe_line(cfg))
     if HydraConfig.get().mode != RunMode.MULTIRUN:
-        try:
+        with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
             run(cfg)
-        except InputError as err:  # says what to change: no traceback needed
-            raise SystemExit(f"error: {err}") from None
         return
     try:
         run(cfg)
@@ -36,12 +34,13 @@ def main(cfg: DictConfig) -> None:
 
 def recipe_line(cfg: DictConfig) -> str:
     """Which Table 7 recipe the run uses (configs/recipe/; a paper dataset selects its own), and its values."""
-    max_steps = cfg.trainer.get("max_steps", -1)
-    length = f"{max_steps} steps" if max_steps > 0 else f"{cfg.trainer.max_epochs} epochs"
+    get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731 - a group may be removed (~scheduler)
+    max_steps = get("trainer.max_steps") or -1
+    length = f"{max_steps} steps" if max_steps > 0 else f"{get('trainer.max_epochs')} epochs"
     return (
-        f"recipe: {cfg.recipe} (backbone {cfg.backbone.name}, lr {cfg.optimizer.lr}, weight decay "
-        f"{cfg.optimizer.weight_decay}, {cfg.scheduler.kind} schedule, {length}, batch {cfg.dataset.batch_size}, "
-        f"ensemble_size {cfg.ensemble_size}, sigma_init {cfg.sigma_init})"
+        f"recipe: {get('recipe')} (backbone {get('backbone.name')}, lr {get('optimizer.lr')}, weight decay "
+        f"{get('optimizer.weight_decay')}, {get('scheduler.kind') or 'constant'} schedule, {length}, batch "
+        f"{get('dataset.batch_size')}, ensemble_size {get('ensemble_size')}, sigma_init {get('sigma_init')})"
     )
 
 

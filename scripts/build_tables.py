@@ -6,8 +6,10 @@ others under results/). Works on an empty results/ (every cell "–"). See sve/r
 """
 
 import argparse
+import sys
 from pathlib import Path
 
+from sve.errors import InputError
 from sve.report import build, build_all, table_names
 
 if __name__ == "__main__":
@@ -17,9 +19,12 @@ if __name__ == "__main__":
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
     parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
     args = parser.parse_args()
-    if args.names:
-        written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
-    else:
-        written = build_all(args.smoke, args.results, not args.no_paper)
+    try:
+        if args.names:
+            written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
+        else:
+            written = build_all(args.smoke, args.results, not args.no_paper)
+    except InputError as err:  # a corrupt result file: one line naming it and what to delete
+        sys.exit(f"error: {err}")
     for path in written:
         print(f"wrote {path}")

@@ -14,7 +14,6 @@ The prose is the template ``configs/claims/mini_readme.md``; everything numeric 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import defaultdict
@@ -25,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from sve.claims import claims_markdown  # noqa: E402
 from sve.report import METHOD_NAMES, load_runs  # noqa: E402
+from sve.results import read_json, read_results  # noqa: E402
 from sve.sweep import SITTINGS, recorded_runs, wall_seconds  # noqa: E402
 
 TEMPLATE = REPO / "configs" / "claims" / "mini_readme.md"
@@ -36,7 +36,7 @@ def all_results(root: Path) -> list[tuple[Path, dict]]:
     found = []
     for path in sorted((root / "runs").rglob("results.json")):
         if not (path.parent / "REUSED.txt").exists():
-            found.append((path, json.loads(path.read_text())))
+            found.append((path, read_results(path)))
     return found
 
 
@@ -96,14 +96,14 @@ def learning_rates(root: Path, experiment: str) -> list[str]:
         method, _, members = row.name.rpartition("_m")
         name = f"{METHOD_NAMES.get(method, method)} (M={members})"
         if tuned.exists():
-            t = json.loads(tuned.read_text())
+            t = read_json(tuned, "delete it to choose the learning rate again (make mini)")
             scores = ", ".join(f"{v}: {s:.3f}" for v, s in t["scores"].items())
             source = f"the choice of {t['from']}, " if t.get("from") else ""
             out.append(f"{name}: {t['value']} ({source}validation {t['metric'].split('/')[-1]}: {scores})")
         else:
             seeds = sorted(row.glob("seed*/results.json"))
             if seeds:
-                lr = json.loads(seeds[0].read_text())["config"]["method"].get("lr")
+                lr = read_results(seeds[0])["config"]["method"].get("lr")
                 out.append(f"{name}: {lr} (fixed)")
     return out
 

@@ -5,7 +5,9 @@
 
 import sys
 
+from sve.errors import one_line_errors
 from sve.sweep import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
+        sys.exit(main())

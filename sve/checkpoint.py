@@ -37,8 +37,11 @@ def random_states() -> dict:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        # numpy's state as tensors and ints, so the checkpoint loads with weights_only=True
-        "numpy": [(torch.from_numpy(v.copy()) if isinstance(v, np.ndarray) else v) for v in np.random.get_state()],
+        # numpy's state as tensors and ints, so the checkpoint loads with weights_only=True. Its uint32 key is
+        # stored as int64 (exactly): uint32 tensors do not survive the pickle round trip of DDP's
+        # all_gather_object in torch 2.14 (the storage has no dtype when unpickled).
+        "numpy": [(torch.from_numpy(v.astype(np.int64)) if isinstance(v, np.ndarray) else v)
+                  for v in np.random.get_state()],
         "python": random.getstate(),
     }
 
@@ -47,7 +50,8 @@ def set_random_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-    np.random.set_state(tuple(v.numpy() if isinstance(v, torch.Tensor) else v for v in states["numpy"]))
+    np.random.set_state(tuple(v.numpy().astype(np.uint32) if isinstance(v, torch.Tensor) else v
+                              for v in states["numpy"]))
     python = states["python"]
     random.setstate((python[0], tuple(python[1]), python[2]))
 
@@ -72,6 +76,7 @@ class LastCheckpoint(Checkpoint):
         self.pending_random_states: dict | None = None
         self.trainer: pl.Trainer | None = None
         self.saved_step = -1
+        self.run_config: dict | None = None  # set by ``run``: a resume from this checkpoint compares its config
 
     @property
     def path(self) -> Path:
@@ -98,6 +103,7 @@ class LastCheckpoint(Checkpoint):
             "order_seed": getattr(datamodule, "order_seed", 0),
             "random_states": states,  # one per rank
             "elapsed_seconds": self.elapsed(),
+            "run_config": self.run_config,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -199,6 +205,7 @@ class LeanCheckpointing:
         checkpoint["frozen_fingerprint"] = fingerprint
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        check_shapes(checkpoint["state_dict"], self.state_dict())
         saved = checkpoint.get("frozen_fingerprint")
         if saved is None:  # a full checkpoint (e.g. written by plain Lightning): nothing to rebuild
             return
@@ -214,6 +221,20 @@ class LeanCheckpointing:
             )
         state = self.state_dict()
         checkpoint["state_dict"].update({k: state[k] for k in current})
+
+
+def check_shapes(saved: dict, current: dict) -> None:
+    """The checkpoint's tensors are this model's: same names, same shapes (another ensemble size, rank or
+    head gives other shapes), in one line naming what differs."""
+    differ = [f"{k} {list(v.shape)} (model {list(current[k].shape)})" for k, v in saved.items()
+              if isinstance(v, torch.Tensor) and isinstance(current.get(k), torch.Tensor)
+              and v.shape != current[k].shape]  # fmt: skip
+    unknown = [k for k in saved if k not in current]
+    if differ or unknown:
+        parts = ([f"{len(differ)} tensor(s) of another shape, e.g. {', '.join(differ[:3])}"] if differ else []) + (
+            [f"{len(unknown)} tensor(s) this model does not have, e.g. {', '.join(unknown[:3])}"] if unknown else [])
+        raise InputError(f"the checkpoint was written by another model: {'; '.join(parts)}. Resume with the config "
+                         "the run started with (its run_config.yaml: ensemble_size, method, backbone)")
 
 
 def read_checkpoint(path: str | Path) -> dict:

@@ -1,6 +1,48 @@
-"""Errors in what the user gave (config values, data files, checkpoint files), found before any work."""
+"""Errors a user can act on, and how the entry points report them: one line, no traceback.
+
+``InputError``: what the user gave (config values, data files, checkpoint files, run directories) is wrong,
+found before any work. ``TrainingDiverged``: the run's own numbers went non-finite (names the step and the
+learning rate). ``RunInterrupted``: stopped from outside (SIGTERM). ``one_line_errors`` turns them into one
+``error: ...`` line and a non-zero exit status; ``SVE_DEBUG=1`` (or Hydra's ``HYDRA_FULL_ERROR=1``) shows the
+traceback instead. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from contextlib import contextmanager
 
 
 class InputError(ValueError):
     """The message names the key or the file (and line), the value, and what is valid; ``train.py`` prints
     it without a traceback."""
+
+
+class TrainingDiverged(FloatingPointError):
+    """A non-finite loss, gradient or metric during training, with the step and learning rate."""
+
+
+class RunInterrupted(RuntimeError):
+    """The run was stopped from outside (SIGTERM) before it finished; its last checkpoint is kept and the
+    same command resumes it. ``train.py`` exits with 128 + SIGTERM's number, as a killed process would."""
+
+
+def debugging() -> bool:
+    return any(os.environ.get(k, "").strip() not in ("", "0") for k in ("SVE_DEBUG", "HYDRA_FULL_ERROR"))
+
+
+@contextmanager
+def one_line_errors():
+    """User errors end the program with one line on stderr (exit 2; 143 for SIGTERM)."""
+    try:
+        yield
+    except RunInterrupted as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM) from None
+    except (InputError, TrainingDiverged) as err:
+        if debugging():
+            raise
+        print(f"error: {err} (SVE_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

@@ -6,7 +6,10 @@ The model is rebuilt from the run's own config (results.json ``config``, else ``
 in training, and loaded from ``checkpoints/final.ckpt``, which ``run`` writes after training and ``after_fit``
 when the run keeps checkpoints (``callbacks=default``). Checkpoints are lean: the frozen part is rebuilt from
 the config and checked against the checkpoint's fingerprints, so a config that no longer builds the same
-model is an error naming the tensors, never a silently different model.
+model is an error naming the tensors, never a silently different model. A saved config that names what this
+code no longer has (a ``_target_`` that does not import, a key its target does not take) is an ``InputError``
+naming the key, its value and the valid keys, and the commit that trained the run (results.json
+``git_commit``) to check out; so is an unreadable results.json, config.yaml or checkpoint, naming the file.
 
 Every other argument overrides the run's config for the evaluation: ``dataset=<option>`` swaps in another
 option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run), a dotted
@@ -28,21 +31,25 @@ dataset's name) holding ``sve.evaluation``'s keys plus what was evaluated; predi
 from __future__ import annotations
 
 import copy
-import json
+import importlib
+import inspect
 import logging
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from sve.checkpoint import FINAL, read_checkpoint
 from sve.errors import InputError
 from sve.evaluation import PREDICTIONS, evaluate
-from sve.results import command_line, git_commit, package_versions, write_json
+from sve.results import command_line, git_commit, package_versions, read_results, write_json
 from sve.rundir import claim
 from sve.run import build, instantiate, make_trainer, prediction_options
+from sve.writable import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +58,37 @@ EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
 EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
+# The nodes that evaluating a run instantiates (sve.run.build and make_trainer); callbacks and logger are not.
+BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")
+HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+REQUIRED = ("paths", "trainer", "backbone", "dataset", "method", "seed")  # what an evaluation reads
 
 
 def saved_config(run_dir: Path) -> DictConfig:
     """The run's resolved config (results.json), else the one Hydra saved; ``paths.output_dir`` is set to
-    ``run_dir`` (the directory may have moved since training)."""
+    ``run_dir`` (the directory may have moved since training). A results.json that is not valid JSON, a
+    config.yaml that is not YAML, or a config that lacks what an evaluation reads is an ``InputError`` naming
+    the file."""
     results, hydra_saved = run_dir / "results.json", run_dir / ".hydra" / "config.yaml"
-    config = json.loads(results.read_text()).get("config") if results.exists() else None
+    if not run_dir.is_dir():
+        raise InputError(f"run_dir={run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}; "
+                         "expected a trained run's directory (the one holding results.json)")  # fmt: skip
+    config = read_results(results).get("config") if results.exists() else None
     if config:
-        cfg = OmegaConf.create(config)
+        cfg, source = OmegaConf.create(config), f"{results} (its config)"
     elif hydra_saved.exists():
-        cfg = OmegaConf.load(hydra_saved)
+        try:
+            cfg = OmegaConf.load(hydra_saved)
+        except Exception as err:  # noqa: BLE001 - yaml's errors, or a file that cannot be read
+            reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise InputError(f"{hydra_saved} is not a readable config ({type(err).__name__}: {reason}); restore it "
+                             "from a copy of the run, or retrain the run") from None  # fmt: skip
+        source = str(hydra_saved)
     else:
         raise InputError(f"run_dir={run_dir} holds neither results.json nor .hydra/config.yaml: not a run directory")
+    missing = [key for key in REQUIRED if not isinstance(cfg, DictConfig) or key not in cfg]
+    if missing:
+        raise InputError(f"{source} is not a training config of this framework: it lacks {missing}")
     cfg.paths.output_dir = str(run_dir)
     if cfg.trainer.get("default_root_dir"):
         cfg.trainer.default_root_dir = str(run_dir)
@@ -104,12 +129,137 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def trained_commit(run_dir: Path) -> str | None:
+    """The commit of the code that trained the run (results.json ``git_commit``), when it is recorded."""
+    path = run_dir / "results.json"
+    return read_results(path).get("git_commit") if path.exists() else None
+
+
+def rebuild_hint(run_dir: Path) -> str:
+    """How to evaluate a run that this code can no longer build: with the code it was trained with."""
+    commit = trained_commit(run_dir)
+    if not commit:
+        return ("evaluate it with the code it was trained with (its results.json records no git_commit); or "
+                "change the key with an override (evaluate.py run_dir=... key=value, ~key removes it)")
+    base, dirty = commit.removesuffix("-dirty"), commit.endswith("-dirty")
+    return (f"evaluate it with the code it was trained with: git checkout {base} (results.json git_commit {commit}"
+            + (": trained with uncommitted changes on top of that commit" if dirty else "")
+            + "), then run evaluate.py again; or change the key with an override (key=value, ~key removes it)")
+
+
+def locate(path: str):
+    """The object a ``_target_`` names (``package.module.Name``); ImportError or AttributeError if none."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:i])
+        try:
+            found = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and (module_name == err.name or module_name.startswith(f"{err.name}.")):
+                continue  # not a module: the name is an attribute of a shorter prefix
+            raise  # the module exists but imports one that does not
+        for attr in parts[i:]:
+            found = getattr(found, attr)
+        return found
+    raise ModuleNotFoundError(f"no module named {parts[0]!r}")
+
+
+def accepted_keys(target) -> set[str] | None:
+    """The keyword arguments ``target`` (a class or a function) takes, from its signature and, for a class
+    whose ``__init__`` passes ``**kwargs`` on, its bases' (this framework's classes pass them to
+    ``super().__init__``); None when it takes any keyword (``**kwargs`` that go elsewhere)."""
+    chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
+    names: set[str] = set()
+    for owner in chain:
+        if owner in (object, torch.nn.Module):  # they take no keyword arguments
+            return names
+        function = vars(owner)["__init__"] if inspect.isclass(owner) else owner
+        try:
+            parameters = list(inspect.signature(function).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        if inspect.isclass(owner):
+            parameters = parameters[1:]  # self
+        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return names
+        if not inspect.isclass(owner) or not owner.__module__.startswith("sve."):
+            return None  # **kwargs of a function or of another package's class: anything may be valid
+    return None
+
+
+def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
+    """Every node that evaluating the run instantiates names a ``_target_`` this code has, with keys that it
+    takes; else an ``InputError`` naming the key, its value and the valid keys (the saved config of a run
+    trained with older code), and how to evaluate it anyway (``rebuild_hint``)."""
+    absent = object()
+
+    def where(key: str) -> tuple[str, str]:
+        """Who set ``key`` (the saved config, or this evaluation's overrides) and what to do about it."""
+        try:
+            found = OmegaConf.select(trained, key, default=absent, throw_on_missing=False)
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve here: the key is there
+            found = None
+        if found is absent:
+            return "the overrides set", "remove or correct that override"
+        return "the run's config sets", rebuild_hint(run_dir)
+
+    def visit(node, key: str, top: bool) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                visit(item, f"{key}[{i}]", False)
+            return
+        if not isinstance(node, dict):
+            return
+        for child, value in node.items():
+            visit(value, f"{key}.{child}", False)
+        path = node.get("_target_")
+        if not isinstance(path, str) or "${" in path:
+            return
+        try:
+            target = locate(path)
+        except (ImportError, AttributeError) as err:
+            who, fix = where(f"{key}._target_")
+            raise InputError(f"run_dir={run_dir}: {who} {key}._target_={path!r}, which this code cannot import "
+                             f"({type(err).__name__}: {err}); {fix}") from None
+        valid = accepted_keys(target)
+        if valid is None:
+            return
+        for child, value in node.items():
+            if child in HYDRA_KEYS or (top and child == "name") or child in valid:
+                continue
+            who, fix = where(f"{key}.{child}")
+            raise InputError(f"run_dir={run_dir}: {who} {key}.{child}={value!r}, which {path} does not take "
+                             f"(its keys: {sorted(valid)}); {fix}")
+
+    for key in BUILT:
+        if key in cfg:
+            visit(OmegaConf.to_container(cfg, resolve=False)[key], key, True)
+
+
+def rebuilt(cfg: DictConfig, run_dir: Path):
+    """``build(cfg)``; an ``InputError`` when the config no longer builds with this code (a required argument
+    that the saved config lacks, a target gone), as ``check_targets`` cannot see every such case."""
+    try:
+        return build(cfg)
+    except InstantiationException as err:
+        text = str(err)
+        if not any(s in text for s in ("unexpected keyword argument", "required positional argument",
+                                       "required keyword-only argument", "Error locating target",
+                                       "Error loading")):  # fmt: skip
+            raise
+        first = " ".join(text.split())[:300]
+        raise InputError(f"run_dir={run_dir}: the run's config does not build with this code ({first}); "
+                         f"{rebuild_hint(run_dir)}") from None
+
+
 def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | None = None,
                  ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
     """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
     run_dir = Path(run_dir).expanduser()
     trained = saved_config(run_dir)
     cfg = apply_overrides(trained, list(overrides))
+    check_targets(cfg, trained, run_dir)
     path = Path(ckpt_path).expanduser() if ckpt_path else run_dir / "checkpoints" / FINAL
     if not path.is_file():
         raise InputError(
@@ -120,9 +270,10 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
         )
     name = name or str(cfg.dataset.name)
     checkpoint = read_checkpoint(path)
+    check_writable(run_dir, "run_dir", hint="copy the run directory somewhere writable and pass run_dir=<the copy>")
     with claim(run_dir):
         pl.seed_everything(int(cfg.seed), workers=True)  # as in training: random backbones rebuild the same
-        backbone, datamodule, method, module = build(cfg)
+        backbone, datamodule, method, module = rebuilt(cfg, run_dir)
         if cfg.dataset != trained.dataset:
             trained_classes = instantiate(trained.dataset).num_classes
             if trained_classes != datamodule.num_classes:
@@ -161,7 +312,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
 
 def merge_into_results(path: Path, record: dict) -> None:
     """results.json with its evaluation keys replaced by ``record``'s (asked for with update_results=true)."""
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = read_results(path) if path.exists() else {}
     for key in EVALUATION_KEYS:
         results.pop(key, None)
         if key in record:

@@ -33,10 +33,10 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
 from __future__ import annotations
 
 import math
-import os
 import random
 import statistics
 import time
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -45,8 +45,10 @@ import torch
 
 from sve.calibration import fit_temperature, temperature_scaled
 from sve.data.base import SHIFT
+from sve.errors import InputError
 from sve.members import log_predictive, predictive
 from sve.metrics import OODDetection, classification_metrics, predictive_metrics, score
+from sve.writable import atomic_write
 
 PREDICTIONS = "predictions"
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
@@ -62,23 +64,31 @@ def seed_pass(seed: int, name: str) -> None:
 
 
 def write_predictions(path: Path, predictions, aggregate: str, float16_above_mb: float) -> None:
-    """One set's ``.npz`` (layout in the module docstring), written atomically."""
+    """One set's ``.npz`` (layout in the module docstring), written atomically (``sve.writable.atomic_write``:
+    a full disk is an ``InputError`` naming the file and the space needed and left, and no partial file stays)."""
     logits = predictions.member_logits.numpy()
     finite = logits[np.isfinite(logits)]
     fits_float16 = not finite.size or float(np.abs(finite).max()) <= float(np.finfo(np.float16).max)
     if logits.nbytes > float16_above_mb * 2**20 and fits_float16:
         logits = logits.astype(np.float16)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        np.savez(f, member_logits=logits, labels=predictions.labels.numpy().astype(np.int64),
-                 index=predictions.index.numpy().astype(np.int64), aggregate=np.array(aggregate))  # fmt: skip
-    os.replace(tmp, path)
+    arrays = {"member_logits": logits, "labels": predictions.labels.numpy().astype(np.int64),
+              "index": predictions.index.numpy().astype(np.int64), "aggregate": np.array(aggregate)}  # fmt: skip
+    atomic_write(Path(path), lambda f: np.savez(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
 
 
 def read_predictions(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {k: data[k] for k in data.files}
+    """A saved ``.npz`` as arrays; an ``InputError`` naming the file when it is missing, truncated or not an
+    ``.npz`` of arrays (no pickles are loaded)."""
+    path = Path(path)
+    try:
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as err:  # TypeError: a bare .npy array
+        size = f"{path.stat().st_size} bytes" if path.is_file() else "absent"
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise InputError(f"{path} ({size}) is not a readable predictions file (.npz of arrays: {reason}); it may "
+                         "be truncated or another kind of file. Evaluate the run again to rewrite it "
+                         "(python evaluate.py run_dir=<its run directory> update_results=true)") from None
 
 
 def shift_record(by_corruption: dict[str, dict[str, dict]], clean: dict, pooled: dict) -> dict:

@@ -214,17 +214,19 @@ def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
     path = run.path.parent / predictions.get("test", next(iter(predictions.values())))
     if not path.exists():
         return None
-    with np.load(path) as data:
-        if "probs" in data.files:
-            probs = data["probs"]
-        elif "member_probs" in data.files:
-            probs = data["member_probs"].mean(0)  # (M, N, C) -> (N, C): the mean of member probabilities
-        elif "member_logits" in data.files:
-            logits = data["member_logits"] - data["member_logits"].max(-1, keepdims=True)
-            probs = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).mean(0)
-        else:
-            return None
-        return reliability_bins(probs.astype(float), data["labels"])
+    from sve.evaluation import read_predictions  # here: sve.evaluation imports torch, which figures need not
+
+    data = read_predictions(path)
+    if "probs" in data:
+        probs = data["probs"]
+    elif "member_probs" in data:
+        probs = data["member_probs"].mean(0)  # (M, N, C) -> (N, C): the mean of member probabilities
+    elif "member_logits" in data:
+        logits = data["member_logits"] - data["member_logits"].max(-1, keepdims=True)
+        probs = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).mean(0)
+    else:
+        return None
+    return reliability_bins(probs.astype(float), data["labels"])
 
 
 def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from sve.checkpoint import LeanCheckpointing
+from sve.errors import InputError, TrainingDiverged
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
 from sve.metrics import classification_metrics
@@ -37,6 +40,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         scheduler: partial ``sve.optim.warmup_schedule`` (or None), called with the optimiser and the step
             count; stepped every optimiser step.
         aggregate: ``probs`` (mean of member softmaxes, Eq. 2) or ``logits`` (softmax of mean logits).
+        draw_seed: seeds the random numbers drawn in evaluation, batch by batch (``draws``).
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         optimizer: Callable,
         scheduler: Callable | None = None,
         aggregate: str = "probs",
+        draw_seed: int = 0,
     ):
         super().__init__()
         predictive(torch.zeros(1, 1, 2), aggregate)  # validates the name early
@@ -55,6 +60,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         self.val_metrics = classification_metrics().clone(prefix="val/")
         self.predictions: Predictions | None = None  # of the last evaluation set (trainer.test)
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
+        self.draw_seed = draw_seed  # seeds the evaluation draws (``draws``): the run's seed
 
     def forward(self, batch: dict) -> Tensor:
         return self.method(batch)
@@ -63,34 +69,90 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         scale = batch.pop("loss_scale", 1.0)  # this micro-batch's share of the global batch (sve.data.sampling)
         logits = check_member_logits(self.method(batch))
         loss = self.method.loss(logits, batch["labels"])
-        self.check_finite(loss)
+        self.check_finite(loss, batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
         return loss * scale
 
-    def check_finite(self, loss: Tensor) -> None:
-        """Stops at the first non-finite loss (on any rank, so all ranks stop together)."""
+    def check_finite(self, loss: Tensor, batch: dict | None = None) -> None:
+        """Stops at the first non-finite loss (on any rank, so all ranks stop together): the data's fault when
+        the batch itself holds NaN or inf, else divergence."""
         finite = bool(torch.isfinite(loss.detach()).all())
         if self.trainer.world_size > 1:
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        bad_inputs = {k: int((~torch.isfinite(v)).sum()) for k, v in (batch or {}).items()
+                      if not finite and isinstance(v, Tensor) and v.is_floating_point()
+                      and not bool(torch.isfinite(v).all())}  # fmt: skip
+        if bad_inputs:
+            raise InputError(f"the training batch of step {self.global_step} (epoch {self.current_epoch}) holds "
+                             f"non-finite input values ({', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
+                             "); the data must be finite (check the dataset files and any preprocessing)")
         if not finite:
-            last = "none" if self.last_finite_loss is None else "{1:.6g} at step {0}".format(*self.last_finite_loss)
-            raise FloatingPointError(
+            last = self.last_loss()
+            raise TrainingDiverged(
                 f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "
-                f"{self.global_step} (epoch {self.current_epoch}); last finite loss: {last}. Nothing was written "
-                "to results.json; try a smaller optimizer.lr or method.lr"
+                f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}; last "
+                f"finite loss: {last}. Nothing was written to results.json; try a smaller optimizer.lr or method.lr"
             )
         self.last_finite_loss = (self.global_step, float(loss.detach()))
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+    def last_loss(self) -> str:
+        return "none" if self.last_finite_loss is None else "{1:.6g} at step {0}".format(*self.last_finite_loss)
+
+    def learning_rates(self) -> str:
+        """The optimiser's current learning rate(s), as the schedule has set them at this step."""
+        try:
+            rates = sorted({group["lr"] for group in self.trainer.optimizers[0].param_groups})
+        except (AttributeError, IndexError, RuntimeError):
+            return "unknown"
+        return ", ".join(f"{r:.3g}" for r in rates)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Right after the step, before any callback's on_train_batch_end: a checkpoint written there holds the
+        # projected state (SVE's s >= 0), so a resumed run continues from exactly what this one trains on.
         self.method.constrain_()
+        self.check_finite_parameters()
+
+    def check_finite_parameters(self) -> None:
+        """A step can leave the loss finite and the weights not (an overflowing update, the last step of a
+        run): stop here, naming the step, rather than after training with non-finite test metrics. One fused
+        norm per step over the trainable tensors (about 1% of the backbone for SVE)."""
+        params = [p for p in self.method.trainable_parameters() if p.numel()]
+        if not params:
+            return
+        finite = bool(torch.isfinite(torch.stack([p.detach().abs().amax().float() for p in params])).all())
+        if self.trainer.world_size > 1:
+            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if not finite:
+            bad = [n for n, p in self.method.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+            raise TrainingDiverged(
+                f"training diverged: {len(bad)} trainable tensor(s) became non-finite in the optimiser step "
+                f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}, e.g. "
+                f"{bad[:3]}; last finite loss: {self.last_loss()}. Nothing was written to results.json; try a "
+                "smaller optimizer.lr or method.lr"
+            )
 
     def on_train_epoch_end(self) -> None:
         self.method.on_train_epoch_end(self)
 
+    @contextmanager
+    def draws(self, index: Tensor | None) -> Iterator[None]:
+        """Random numbers drawn while evaluating a batch (dropout, posterior samples) come from a generator
+        seeded by the run's seed and the batch's examples, and the global random state is left as it was: the
+        predictive is the same on any number of processes (the batches are, ``sve.data.sampling``) and
+        evaluating never shifts the numbers that training draws next."""
+        if index is None or not len(index):
+            yield
+            return
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(hash((self.draw_seed, int(index[0]), len(index))) % 2**63)
+            yield
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         valid = batch.pop("valid", None)
-        batch.pop("index", None)
-        logits = check_member_logits(self.method(batch))
+        with self.draws(batch.pop("index", None)):
+            logits = check_member_logits(self.method(batch))
         labels = batch["labels"]
         if valid is not None:
             logits, labels = logits[:, valid], labels[valid]
@@ -98,8 +160,16 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
             self.val_metrics.update(predictive(logits, self.aggregate), labels)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict({k: v.float() for k, v in self.val_metrics.compute().items()}, prog_bar=True)
+        metrics = {k: v.float() for k, v in self.val_metrics.compute().items()}
         self.val_metrics.reset()
+        bad = [k for k, v in metrics.items() if not bool(torch.isfinite(v).all())]
+        if bad and not self.trainer.sanity_checking:  # weights huge but finite: the logits overflow
+            raise TrainingDiverged(
+                f"training diverged: non-finite validation metrics {bad} after optimiser step {self.global_step} "
+                f"(epoch {self.current_epoch}) with learning rate {self.learning_rates()}; last finite loss: "
+                f"{self.last_loss()}. Nothing was written to results.json; try a smaller optimizer.lr or method.lr"
+            )
+        self.log_dict(metrics, prog_bar=True)
 
     # ----- test: one evaluation set per trainer.test call (sve.evaluation scores it) -----------------------------
     def on_test_epoch_start(self) -> None:
@@ -109,7 +179,8 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         valid = batch.pop("valid", torch.ones_like(batch["labels"], dtype=torch.bool))
         index = batch.pop("index", torch.arange(batch["labels"].shape[0]))
-        logits = check_member_logits(self.method(batch))
+        with self.draws(index):
+            logits = check_member_logits(self.method(batch))
         if self._collected and logits.shape[0] != self._collected[0][0].shape[0]:
             raise RuntimeError(f"{type(self.method).__name__} returned {logits.shape[0]} members in one test batch "
                                f"and {self._collected[0][0].shape[0]} in another")  # fmt: skip
@@ -124,7 +195,11 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         logits, labels, valid, index = zip(*self._collected)
         logits = torch.cat(logits, dim=1)  # (M, n, C): this process's n examples, padding included
         labels, valid, index = torch.cat(labels), torch.cat(valid).to(torch.uint8), torch.cat(index)
-        if self.trainer.world_size > 1:  # every rank ran the same number of equal batches: equal shapes
+        if self.trainer.world_size > 1:  # padded to the longest rank's share (all_gather needs equal shapes)
+            most = int(self.all_gather(torch.tensor([labels.shape[0]], device=logits.device)).max())
+            pad = most - labels.shape[0]
+            logits, labels, valid, index = (F.pad(t, (0, 0, 0, pad)) if t.dim() == 3 else F.pad(t, (0, pad))
+                                            for t in (logits, labels, valid, index))  # fmt: skip
             logits, labels, valid, index = (self.all_gather(t) for t in (logits, labels, valid, index))
             logits = logits.permute(1, 0, 2, 3).flatten(1, 2)  # (W, M, n, C) -> (M, W*n, C)
             labels, valid, index = labels.flatten(), valid.flatten(), index.flatten()

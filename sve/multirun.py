@@ -1,13 +1,13 @@
 """Sweeps that survive their failures: each failed run leaves ``failed.json`` in its directory and the sweep
-goes on; at the end ``summary.json`` in the sweep directory lists every run as finished or failed (with the
-error), and the sweep exits non-zero if any failed. A finished run (``results.json``) is skipped when the
+goes on; at the end ``summary.json`` in the sweep directory lists every run as finished, failed (with the
+error), unreadable (a results.json that is not valid JSON, with what to delete) or incomplete, and the sweep
+exits non-zero if any did not finish. A finished run (``results.json``) is skipped when the
 same sweep directory is run again (``skip_finished``), so rerunning a sweep does only the failed or missing
 runs. Works the same with the SLURM launcher (``hydra/launcher=slurm``), whose jobs write to a shared disk.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
 from pathlib import Path
@@ -15,29 +15,57 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from sve.results import write_json
+from sve.results import UnreadableFile, read_json, read_results, write_json
 
 log = logging.getLogger(__name__)
 
+FAILED = "failed.json"  # a run's failure record, written by train.py's multirun and by the table sweep alike
+
 
 def record_failure(run_dir: Path, error: BaseException) -> None:
-    """``failed.json``: the error and its traceback, so the summary can list it."""
-    write_json(run_dir / "failed.json", {
-        "error": f"{type(error).__name__}: {error}",
-        "traceback": "".join(traceback.format_exception(error)),
-    })  # fmt: skip
+    """``failed.json``: ``{"error": "<type>: <message>", "traceback": ...}``, so a summary can list it; the one
+    failure record of a run directory (``sve.multirun`` and ``sve.sweep`` both write it)."""
+    path = Path(run_dir) / FAILED
+    try:
+        write_json(path, {
+            "error": f"{type(error).__name__}: {error}",
+            "traceback": "".join(traceback.format_exception(error)),
+        })  # fmt: skip
+    except (OSError, ValueError) as err:  # a full disk must not hide the run's own error: both are logged
+        log.error("the failure of this run (%s: %s) could not be recorded: %s", type(error).__name__, error, err)
+
+
+def clear_failure(run_dir: Path) -> None:
+    """Removes a superseded failure record (a rerun that starts, or one that finished)."""
+    (Path(run_dir) / FAILED).unlink(missing_ok=True)
+
+
+def read_failure(run_dir: Path) -> str:
+    """The recorded error of a failed run, or what is wrong with its unreadable failure record."""
+    path = Path(run_dir) / FAILED
+    try:
+        return str(read_json(path, "delete it; running the run again writes a new one if it fails again")["error"])
+    except UnreadableFile as err:
+        return f"(failure record unreadable) {err}"
+    except KeyError:
+        return f"(failure record unreadable) {path} has no \"error\" key"
 
 
 def summarize(sweep_dir: Path) -> dict:
-    """Every run directory under ``sweep_dir`` with its state: finished, failed or incomplete."""
+    """Every run directory under ``sweep_dir`` with its state: finished, failed, unreadable (a results.json
+    that is not valid JSON: the error says which and what to delete) or incomplete."""
     runs = []
     for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if (run_dir / "results.json").exists():
-            results = json.loads((run_dir / "results.json").read_text())
-            runs.append({"run": run_dir.name, "state": "finished", "test/acc": results["metrics"].get("test/acc")})
-        elif (run_dir / "failed.json").exists():
-            error = json.loads((run_dir / "failed.json").read_text())["error"]
-            runs.append({"run": run_dir.name, "state": "failed", "error": error})
+            try:
+                results = read_results(run_dir / "results.json")
+            except UnreadableFile as err:
+                runs.append({"run": run_dir.name, "state": "unreadable", "error": str(err)})
+                continue
+            acc = (results.get("metrics") or {}).get("test/acc")
+            runs.append({"run": run_dir.name, "state": "finished", "test/acc": acc})
+        elif (run_dir / FAILED).exists():
+            runs.append({"run": run_dir.name, "state": "failed", "error": read_failure(run_dir)})
         else:
             runs.append({"run": run_dir.name, "state": "incomplete"})
     failed = [r["run"] for r in runs if r["state"] != "finished"]
@@ -49,7 +77,7 @@ class SweepSummary(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         # A rerun of a failed run starts clean: its old failure is no longer the news.
-        (Path(config.paths.output_dir) / "failed.json").unlink(missing_ok=True)
+        clear_failure(Path(config.paths.output_dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

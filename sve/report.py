@@ -22,13 +22,15 @@ Outputs: ``<root>/tables/<name>.md``, ``.tex`` and ``.csv`` (``<root>`` is ``res
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from sve.errors import InputError
+from sve.results import UnreadableFile, read_json, read_results
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
     """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
     path = TABLES / f"{name}.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"no table definition {path}; choose one of {table_names()}")
+        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}")
     spec = OmegaConf.load(path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
@@ -151,8 +153,22 @@ def members_of(results: dict) -> int:
     return int(results["ensemble_size"])
 
 
+_reported: set[Path] = set()  # unreadable result files this process has reported already
+
+
+def first_report(path: Path) -> bool:
+    """True the first time this process reports the unreadable file ``path`` (a sweep that reported a run's
+    results.json as failed calls it too, so that the tables built after it do not say it again)."""
+    key = Path(path).absolute()
+    new = key not in _reported
+    _reported.add(key)
+    return new
+
+
 def load_runs(root: Path) -> list[Run]:
-    """Every results.json under ``root`` (``root/smoke`` excluded unless it is the root itself)."""
+    """Every results.json under ``root`` (``root/smoke`` excluded unless it is the root itself). A file that
+    is not valid JSON (``sve.results.read_results``) or lacks the keys of a run is skipped with a warning
+    naming it and what to do (once per file and process); its cell stays empty and listed as missing."""
     runs = []
     root = Path(root)
     for path in sorted(root.rglob("results.json")):
@@ -160,12 +176,17 @@ def load_runs(root: Path) -> list[Run]:
         if parts[0] == SMOKE or "tune" in parts[:-1]:  # smoke runs; tuning runs (the chosen one is copied)
             continue
         try:
-            results = json.loads(path.read_text())
+            results = read_results(path)
             config = results.get("config") or {}
             experiment = results.get("experiment") or config.get("experiment_name")
             runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))
+        except UnreadableFile as err:
+            if first_report(path):
+                log.warning("skipping a run: %s", err)
         except (ValueError, KeyError, TypeError) as err:
-            log.warning("skipping %s: %s", path, err)
+            if first_report(path):
+                log.warning("skipping %s: not the results of a run (%s: %s); %s", path, type(err).__name__, err,
+                            "delete it (or its run directory) to run that run again")  # fmt: skip
     return runs
 
 
@@ -359,10 +380,23 @@ def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def read_bench(path: Path, table: str) -> dict[str, dict[str, float]]:
+    """``cost_runs`` of a benchmark file; an ``InputError`` naming it when it is not valid JSON or not of the
+    schema of ``cost_runs``."""
+    fix = f"delete it to measure again (python scripts/sweep.py {table} --measure)"
+    bench = read_json(path, fix)
+    try:
+        return cost_runs(bench)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
+        raise InputError(f"{path} is not a benchmark file of this framework ({type(err).__name__}: {err}); expected "
+                         '{"setting": {...}, "methods": {"single": {...}, ...}} with parameters, train_memory_bytes, '
+                         f"infer_memory_bytes, infer_gflops and infer_ms for each method; {fix}") from None
+
+
 def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
     """Table 5: one block, one row per method; "–" everywhere while the benchmark file is absent."""
     bench_path = root / spec.bench
-    measured = cost_runs(json.loads(bench_path.read_text())) if bench_path.exists() else {}
+    measured = read_bench(bench_path, spec.name) if bench_path.exists() else {}
     metrics = [METRICS[k] for k in spec.metrics]
     paper, paper_source = paper_numbers(spec, with_paper)
     (experiment, title), = spec.experiments.items()
@@ -403,7 +437,8 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     elif spec.kind == "figureB":
         written += figures.figure_b(spec, runs, root / "figures")
     else:
-        raise ValueError(f"{name}: unknown kind {spec.kind!r} (metrics, cost, figure2, figure3, figureB)")
+        raise InputError(f"{TABLES / name}.yaml: kind={spec.kind!r} is not a kind of table; choose one of "
+                         "metrics, cost, figure2, figure3, figureB")
     return written
 
 

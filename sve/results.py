@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
-import os
 import platform
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from sve.errors import InputError
+from sve.writable import atomic_write
 
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "hydra-core", "timm", "transformers", "torchmetrics")
 
@@ -46,16 +49,65 @@ def command_line() -> str:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """Atomic write: a crash never leaves a half-written results file. NaN or infinity is an error (it is not
-    JSON, and a number that is not one must not reach a table)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomic write (``sve.writable.atomic_write``): a crash or a full disk never leaves a half-written file,
+    the previous file stays as it was, and a full disk or a read-only directory is an ``InputError`` naming
+    the file and the space left. NaN or infinity is an error (it is not JSON, and a number that is not one
+    must not reach a table)."""
+    path = Path(path)
     try:
         text = json.dumps(payload, indent=2, sort_keys=False, default=str, allow_nan=False)
     except ValueError as err:
         raise ValueError(f"{path}: not written, the results hold a non-finite number ({err})") from None
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    data = (text + "\n").encode()
+    atomic_write(path, lambda f: f.write(data), needed=len(data))
+
+
+class UnreadableFile(InputError):
+    """A stored file (a run's results.json, a row's tuned.json, ...) that cannot be read or is not what it
+    should be; ``path`` is the file. The message names it, says what is wrong and how to recover."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = Path(path)
+
+
+def read_json(path: Path, fix: str) -> dict:
+    """The JSON object stored in ``path``; ``UnreadableFile`` when it cannot be read, is not valid JSON (the
+    position named: a file cut short ends there) or holds something other than an object. ``fix`` ends the
+    message: what to do about it (e.g. "delete it to ...")."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        reason = f"{err.strerror or err} ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else str(err)
+        raise UnreadableFile(f"{path} cannot be read: {reason}; {fix}", path) from None
+    if not raw.strip():
+        raise UnreadableFile(f"{path} is empty ({len(raw)} bytes), not valid JSON: it was cut short (a full disk, "
+                             f"a killed process or copy); {fix}", path)  # fmt: skip
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{path} ({len(raw)} bytes) is not valid JSON: not UTF-8 text (byte {err.start}); "
+                             f"{fix}", path) from None  # fmt: skip
+    except json.JSONDecodeError as err:
+        cut = ", where it ends: it was cut short" if err.pos >= len(err.doc.rstrip()) else ""
+        raise UnreadableFile(f"{path} ({len(raw)} bytes) is not valid JSON: {err.msg} at line {err.lineno} column "
+                             f"{err.colno} (char {err.pos}){cut}; {fix}", path) from None  # fmt: skip
+    if not isinstance(value, dict):
+        raise UnreadableFile(f"{path} holds a JSON {type(value).__name__}, not an object ({{...}}); {fix}", path)
+    return value
+
+
+def rerun_hint(path: Path) -> str:
+    """What to do about a run's unreadable results.json: delete it to run the run again."""
+    return f"delete it (or the run directory {Path(path).parent}) to run that run again"
+
+
+def read_results(path: Path) -> dict:
+    """A run's ``results.json``; ``UnreadableFile`` (an ``InputError``) naming the file, what is wrong with
+    it (not valid JSON, at which position; empty; unreadable) and that deleting it (or the run directory)
+    runs that run again. Every reader of a finished run's results goes through here."""
+    return read_json(path, rerun_hint(path))
 
 
 def format_table(results: dict) -> str:

@@ -8,7 +8,6 @@ Under DDP every rank runs all of this; only rank 0 writes files."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -19,13 +18,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from sve.allocator import set_cpu_allocator
 from sve.backbones.hf import package_path
-from sve.checkpoint import LastCheckpoint, read_checkpoint, save_final
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from sve.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
+from sve.errors import InputError, RunInterrupted
 from sve.evaluation import evaluate
 from sve.metrics import UNITS
 from sve.module import EnsembleModule
 from sve.singular_values import save_singular_values
-from sve.results import command_line, format_table, git_commit, package_versions, write_json
-from sve.rundir import claim, run_id
+from sve.results import command_line, format_table, git_commit, package_versions, read_results, write_json
+from sve.rundir import (RUN_CONFIG, claim, config_changes, describe_changes, global_rank, read_run_config,
+                       remember_config, run_id)
 from sve.validate import check_config, probe
 
 log = logging.getLogger(__name__)
@@ -47,9 +50,11 @@ def instantiate(node: DictConfig, **kwargs):
 
 
 def build(cfg: DictConfig):
-    """Instantiates (backbone, datamodule, method, module) from a composed config."""
-    backbone = instantiate(cfg.backbone)
+    """Instantiates (backbone, datamodule, method, module) from a composed config. The data files are read
+    and checked first (``check_data``): a bad file fails before any download or SVD."""
     datamodule = instantiate(cfg.dataset)
+    datamodule.check_data()
+    backbone = instantiate(cfg.backbone)
     datamodule.attach(backbone)
     method = instantiate(
         cfg.method, backbone=backbone, ensemble_size=int(cfg.ensemble_size), num_classes=datamodule.num_classes,
@@ -60,6 +65,7 @@ def build(cfg: DictConfig):
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         aggregate=cfg.aggregate,
+        draw_seed=int(cfg.seed),
     )
     return backbone, datamodule, method, module
 
@@ -71,14 +77,68 @@ def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
 
 
 def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | None:
-    """``ckpt_path`` when given, else the run directory's own last checkpoint (a killed or requeued run)."""
+    """``ckpt_path`` when given, else the run directory's own last checkpoint (a killed or requeued run).
+    The checkpoint must be a training checkpoint written with this config (``resume_with_changes=true``
+    accepts another one)."""
     path = cfg.get("ckpt_path")
     if path is None and checkpoint is not None and checkpoint.path.exists():
         path = checkpoint.path
         log.info("resuming from %s (this run directory's last checkpoint)", path)
-    if path is not None:
-        read_checkpoint(path)  # a clear error for an empty, truncated or foreign file, before any work
-    return None if path is None else str(path)
+    if path is None:
+        return None
+    state = read_checkpoint(path)  # a clear error for an empty, truncated or foreign file, before any work
+    if "optimizer_states" not in state:
+        raise InputError(f"ckpt_path={path} holds the trained weights only ({FINAL}: for evaluate.py, which "
+                         f"re-evaluates a finished run), not a training state to resume; resume from "
+                         f"{Path(path).with_name(FILENAME)}, or run `python evaluate.py <run dir>`")  # fmt: skip
+    saved = state.get("callbacks", {}).get("LastCheckpoint", {}).get("run_config")
+    if saved is not None and not cfg.get("resume_with_changes", False):
+        changes = config_changes(saved, run_config(cfg))
+        if changes:
+            raise InputError(f"ckpt_path={path} was written by a run with another config: "
+                             f"{describe_changes(changes)}. Resume with the values it was started with, start "
+                             "afresh in another directory (hydra.run.dir=...), or pass resume_with_changes=true "
+                             "to continue it with these (its optimiser and schedule state stay the checkpoint's)")
+    return str(path)
+
+
+def run_config(cfg: DictConfig) -> dict:
+    """The resolved config as a plain dict (what run_config.yaml and checkpoints record)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("hydra", None)
+    return container
+
+
+def check_same_config(cfg: DictConfig, out_dir: Path) -> list:
+    """A run directory keeps the config it was started with (``run_config.yaml``); starting it again with
+    another config is refused, naming the keys that differ, unless ``resume_with_changes=true``. Returns
+    the accepted changes (recorded in results.json)."""
+    saved, current = read_run_config(out_dir), run_config(cfg)
+    if saved is None or global_rank() != 0:  # rank 0 decides (and has written it for this attempt already)
+        return []
+    changes = config_changes(saved, current)
+    if changes and not cfg.get("resume_with_changes", False):
+        finished = (out_dir / "results.json").exists()
+        raise InputError(
+            f"run directory {out_dir} was started with another config ({out_dir / RUN_CONFIG}): "
+            f"{describe_changes(changes)}. Use the values it was started with, another directory "
+            "(hydra.run.dir=...)" + (", or skip_finished=false to run it again with these" if finished else
+                                     ", or resume_with_changes=true to continue its checkpoint with these")
+        )
+    return [list(change) for change in changes]
+
+
+def planned_epochs(trainer: pl.Trainer, datamodule) -> int:
+    """The epochs this schedule trains: ``max_epochs``, or fewer when ``max_steps`` ends it first."""
+    datamodule.setup()
+    steps_per_epoch = -(-len(datamodule.splits["train"]) // datamodule.batch_size)
+    limit = trainer.limit_train_batches
+    if isinstance(limit, int) or (isinstance(limit, float) and limit > 1):
+        steps_per_epoch = min(steps_per_epoch, int(limit) // trainer.accumulate_grad_batches or 1)
+    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else float("inf")
+    if trainer.max_steps not in (None, -1):
+        epochs = min(epochs, -(-trainer.max_steps // steps_per_epoch))
+    return int(epochs) if epochs != float("inf") else 2**31
 
 
 def prediction_options(cfg: DictConfig) -> dict:
@@ -94,14 +154,24 @@ def run(cfg: DictConfig) -> dict:
     set_cpu_allocator(cfg.get("cpu_allocator", "system"))  # before any tensor: the whole run reuses its memory
     out_dir = Path(cfg.paths.output_dir)
     done = out_dir / "results.json"
-    if cfg.get("skip_finished", True) and done.exists():
+    skip = cfg.get("skip_finished", True)
+    if skip:
+        check_same_config(cfg, out_dir)  # a finished run is never silently returned for another config
+    if skip and done.exists():
         log.info("%s exists: this run has finished, skipping it (skip_finished=false runs it again)", done)
-        return json.loads(done.read_text())
+        return read_results(done)
     with claim(out_dir):
-        return _run(cfg, out_dir, start)
+        changes = check_same_config(cfg, out_dir) if skip else []
+        if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or not skip):
+            remember_config(out_dir, run_config(cfg))
+        try:
+            return _run(cfg, out_dir, start, changes)
+        except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
+            raise RunInterrupted(f"run in {out_dir} stopped by SIGTERM; nothing was written to results.json. "
+                                 "Start the same command again to resume from its last checkpoint") from None
 
 
-def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
+def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
     commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
     _, datamodule, method, module = build(cfg)
@@ -110,10 +180,13 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     checkpoint = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
+    if checkpoint is not None:
+        checkpoint.run_config = run_config(cfg)  # a resume from this checkpoint compares its config
     trainer = make_trainer(cfg, logger, callbacks)
     # The recipe's batch is the global batch: each process takes its share (sve.data.sampling).
     datamodule.distribute(trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches)
     datamodule.order_seed = int(cfg.seed)
+    method.check_training(planned_epochs(trainer, datamodule))  # e.g. too few epochs for M checkpoints
     ckpt_path = resume_path(cfg, checkpoint)
     unused = probe(module, datamodule)  # the method runs on this backbone and data, or fails now
     if unused:
@@ -134,6 +207,10 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
         checkpoint.save(trainer)  # last.ckpt with the final state (a posterior): a rerun of this run refits nothing
         save_final(trainer, checkpoint.dirpath)  # weights and method state only, for evaluate.py
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
+    if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
+        log.warning("%s was asked for ensemble_size=%d and predicts with %d member(s); results.json records both "
+                    "(ensemble_size, num_members)", type(method).__name__, method.ensemble_size,
+                    evaluation["num_members"])
 
     results = {
         "method": cfg.method.name,
@@ -163,6 +240,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float) -> dict:
             "precision": str(trainer.precision),
         },
         "resumed_from": ckpt_path,
+        "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
         # All attempts: earlier ones up to their last checkpoint, plus this one.
         "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
         "command": command_line(),

@@ -23,6 +23,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
 from sve.errors import InputError
 
 LOCK = ".lock"
@@ -140,3 +143,78 @@ def _adopt(lock: Path) -> bool:
     partial.write_text(json.dumps(record))
     os.replace(partial, lock)  # atomic: a reader sees the old record or the new one, never half of it
     return True
+
+
+# ----- the config a run directory was started with -------------------------------------------------------------
+RUN_CONFIG = "run_config.yaml"
+# Keys that change where and how a run is watched or cached, not what it computes: a resumed (or requeued)
+# run may change them freely. The device layout is among them (a requeued job may land on other hardware).
+FREE_KEYS = ("paths", "ckpt_path", "skip_finished", "resume_with_changes", "predictions", "logger", "callbacks",
+             "cpu_allocator", "method.svd_cache", "dataset.num_workers", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
+             "trainer.accelerator", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+             "trainer.log_every_n_steps", "trainer.default_root_dir")  # fmt: skip
+
+
+def _flat(tree, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+    """(key, saved value, current value) of every key that differs and matters for the results."""
+    a, b = _flat(saved), _flat(current)
+    free = lambda key: any(key == k or key.startswith(f"{k}.") for k in FREE_KEYS)  # noqa: E731
+    missing = "<absent>"
+    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
+            if not free(k) and a.get(k, missing) != b.get(k, missing)]  # fmt: skip
+
+
+def describe_changes(changes: list[tuple[str, object, object]], limit: int = 6) -> str:
+    shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changes[:limit])
+    return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
+def read_run_config(directory: Path) -> dict | None:
+    import yaml
+
+    path = Path(directory) / RUN_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"{path} is not readable YAML ({str(err).splitlines()[0]}); it records the config the "
+                         "run was started with: delete the run directory to start afresh") from None
+
+
+def remember_config(directory: Path, config: dict) -> None:
+    """Writes ``<dir>/run_config.yaml`` atomically (the config as resolved when the run started)."""
+    import yaml
+
+    path = Path(directory) / RUN_CONFIG
+    partial = path.with_name(f".{RUN_CONFIG}.{os.getpid()}")
+    partial.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(partial, path)
+
+
+class WritableRunDir(Callback):
+    """Hydra callback: the run (or sweep) directory can be written, checked before Hydra sets up its log file
+    there, which would otherwise fail with ``ValueError: Unable to configure handler 'file'``."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(directory: Path, key: str) -> None:
+        from sve.errors import one_line_errors
+        from sve.writable import check_writable
+
+        with one_line_errors():
+            check_writable(directory, "the run directory", hint=f"{key}=<a writable directory>")

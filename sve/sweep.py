@@ -7,9 +7,12 @@ Every (experiment, row, seed) of ``configs/tables/<name>.yaml`` is one run in it
 a run whose ``results.json`` exists is skipped, and tables sharing an experiment share its runs (Table 4
 reuses Table 1's CIFAR-100 runs). Full runs go through ``train.py`` in a subprocess (``hydra.run.dir`` set to
 that directory, output in ``train.log`` there); smoke runs compose the same config in this process and call
-``sve.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: failures are
-summarised at the end and the exit status is 1. A run whose recorded member count differs from its row's
-counts as failed, since its cell would stay empty.
+``sve.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: it leaves
+``failed.json`` in its directory (``sve.multirun.record_failure``, the record train.py's multirun writes too),
+failures are summarised at the end and the exit status is 1. A run whose recorded member count differs from
+its row's counts as failed, since its cell would stay empty; so does a run whose results.json is not valid
+JSON (cut short by a full disk, say): it is never taken as done, and the message names the file to delete to
+run it again. A store that is a file or not writable is refused before any run (``sve.writable``).
 
 Sweeps may share a result store. A run whose directory is held by a live run (``sve.rundir.holder``: another
 sweep, or a ``train.py`` started by hand) is left to that process: the sweep trains everything else, then
@@ -35,23 +38,27 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 from contextlib import ExitStack, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from sve.report import (METRICS, REPO, build, load_spec, members_of, parse_row, results_root, run_dir,
-                        table_names)  # fmt: skip
-from sve.results import git_commit
+from sve.errors import InputError
+from sve.multirun import clear_failure, record_failure
+from sve.report import (METRICS, REPO, build, first_report, load_spec, members_of, parse_row, results_root,
+                        run_dir, table_names)  # fmt: skip
+from sve.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
 from sve.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
+from sve.writable import check_writable, write_error
 
 POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
 HELD = object()  # what ``attempt`` returns for a run another process is training now
 
-# Every smoke run: a few batches on the CPU, no checkpoints, no logger files.
-SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger"]
+# Every smoke run: a few batches on the CPU, no checkpoints, no logger files, and the whole of the synthetic
+# data (an experiment's subset sizes are for its real data; larger than the data they are refused).
+SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger", "++dataset.train_size=null",
+                   "++dataset.val_size=null", "++dataset.test_size=null"]
 
 
 @dataclass
@@ -117,8 +124,24 @@ def choose(spec, row_dir: Path, tuned: list[tuple[Job, dict | None]]) -> dict:
     choice = {"key": tune.key, "value": best, "metric": f"val/{tune.metric}", "scores": scores,
               "grid": grid, "seed": int(tune.seed),
               "note": "chosen on the validation split only; every seed of this row uses it"}  # fmt: skip
-    row_dir.mkdir(parents=True, exist_ok=True)
-    (row_dir / "tuned.json").write_text(json.dumps(choice, indent=2) + "\n")
+    write_json(row_dir / TUNED, choice)
+    return choice
+
+
+TUNED = "tuned.json"
+
+
+def read_tuned(spec, path: Path) -> dict:
+    """A row's ``tuned.json``; ``UnreadableFile`` when it is not valid JSON, or not a choice of the table's
+    ``tune`` key from its grid (a choice made for another definition), saying to delete it to tune again."""
+    fix = f"delete it to choose again (the row's tuning runs under {path.parent / 'tune'} are kept and reused)"
+    choice = read_json(path, fix)
+    grid = [str(v) for v in spec.tune.grid]
+    if "key" not in choice or "value" not in choice:
+        raise UnreadableFile(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}", path)
+    if choice["key"] != spec.tune.key or str(choice["value"]) not in grid:
+        raise UnreadableFile(f"{path} chose {choice['key']}={choice['value']}, but the table tunes "
+                             f"{spec.tune.key} over {grid}; {fix}", path)  # fmt: skip
     return choice
 
 
@@ -126,7 +149,19 @@ def reuse_tuning_run(source: Path, target: Path) -> dict:
     """The chosen grid value's run is the tuning seed's run: copied (checkpoints left out), not retrained."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("checkpoints", ".lock"), dirs_exist_ok=True)
     (target / "REUSED.txt").write_text(f"copied from {source}: the tuning run with the chosen value is this seed's run\n")
-    return json.loads((target / "results.json").read_text())
+    return read_results(target / "results.json")
+
+
+def recorded_members(results: dict, path: Path) -> int:
+    """``members_of(results)``; ``UnreadableFile`` when the results lack what a finished run records (its
+    metrics and member count), saying to delete ``path`` to run that run again."""
+    try:
+        if not isinstance(results.get("metrics"), dict):
+            raise KeyError("metrics")
+        return members_of(results)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UnreadableFile(f"{path} lacks what a finished run records ({type(err).__name__}: {err}); "
+                             f"{rerun_hint(path)}", path) from None  # fmt: skip
 
 
 def run_in_process(job: Job) -> dict:
@@ -164,7 +199,7 @@ def run_subprocess(job: Job) -> dict:
         code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         raise RuntimeError(f"train.py exited with status {code}; see {job.dir / 'train.log'}")
-    return json.loads((job.dir / "results.json").read_text())
+    return read_results(job.dir / "results.json")
 
 
 def measure_costs(path: Path, smoke: bool) -> None:
@@ -187,8 +222,12 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
     ``<root>/sittings.jsonl`` (``record_run``)."""
     names = [names] if isinstance(names, str) else list(names)
     if rows and len(names) > 1:
-        raise ValueError(f"--rows limits one table; got {len(names)}: {names}")
+        raise InputError(f"--rows limits one table; got {len(names)}: {names}")
     root = results_root(smoke, root)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"--results: the result store {root} is a file, not a directory; name a directory")
+    if not dry_run:  # every run, tuned.json and table is written under it: a read-only store fails here, once
+        check_writable(root, "the result store", hint="--results <a writable directory>")
     failures: list[str] = []
     chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
     later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process now
@@ -200,8 +239,14 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
         training it (the caller comes back to it later)."""
         done = job.dir / "results.json"
         if dry_run:
+            try:
+                results = read_results(done) if done.exists() else None
+            except UnreadableFile as err:
+                print(f"{prefix}: UNREADABLE: {err}")
+                first_report(err.path)
+                return None
             print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
-            return json.loads(done.read_text()) if done.exists() else None
+            return results
         start = time.perf_counter()
         try:
             with ExitStack() as held:
@@ -215,24 +260,31 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                         left.add(job.dir)
                         return HELD
                 if done.exists():  # found, or finished by the process that held it (one that died left none)
-                    results = json.loads(done.read_text())
+                    results = read_results(done)  # not valid JSON: failed, saying to delete it (never "done")
                     status = "finished by another process" if job.dir in left else "done earlier"
                 else:
                     began = time.time()
                     results = (run_in_process if smoke else run_subprocess)(job)
                     status = f"trained in {time.perf_counter() - start:.1f} s"
                     record_run(root, job, began)
-                    (job.dir / "error.txt").unlink(missing_ok=True)  # an earlier attempt's failure, now superseded
-            if members_of(results) != job.members:
-                raise RuntimeError(f"recorded {members_of(results)} members, the table expects {job.members}")
+                    clear_failure(job.dir)  # an earlier attempt's failure, now superseded
+                    (job.dir / "error.txt").unlink(missing_ok=True)  # the same, as sweeps before failed.json wrote it
+            members = recorded_members(results, done)
+            if members != job.members:
+                raise RuntimeError(f"recorded {members} members, the table expects {job.members}")
             shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
+            acc = results["metrics"].get("test/acc")
             print(f"{prefix}: {status}, " + (f"val {spec.tune.metric} {shown:.4f}" if shown is not None else
-                                             f"acc {results['metrics']['test/acc']:.3f}"), flush=True)  # fmt: skip
+                                             f"acc {acc:.3f}" if acc is not None else "no test/acc"),
+                  flush=True)  # fmt: skip
             return results
         except Exception as err:  # noqa: BLE001 - one failing run must not stop the sweep
+            if isinstance(err, OSError) and err.filename:  # a full disk or a read-only directory, in words
+                err = write_error(Path(err.filename), err) or err
+            if isinstance(err, UnreadableFile):
+                first_report(err.path)  # the tables built after the sweep do not report it again
             print(f"{prefix}: FAILED: {err}", flush=True)
-            job.dir.mkdir(parents=True, exist_ok=True)
-            (job.dir / "error.txt").write_text(traceback.format_exc())
+            record_failure(job.dir, err)  # failed.json, as train.py's multirun writes it
             failures.append(f"{job} ({job.dir}): {err}")
             return None
 
@@ -251,10 +303,9 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                     return HELD
                 chosen[source_dir] = choice
             choice = chosen[source_dir]
-            if choice is not None and source is not job and not dry_run and not (row_dir / "tuned.json").exists():
-                row_dir.mkdir(parents=True, exist_ok=True)
+            if choice is not None and source is not job and not dry_run and not (row_dir / TUNED).exists():
                 own = {**choice, "from": source_dir.name, "note": f"the choice of {source_dir.name}, not tuned here"}
-                (row_dir / "tuned.json").write_text(json.dumps(own, indent=2) + "\n")
+                write_json(row_dir / TUNED, own)
             if choice is None:
                 if not dry_run:
                     failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
@@ -277,7 +328,7 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
             wanted = {parse_row(r) for r in rows}
             unknown = sorted(f"{m}:{k}" for m, k in wanted if f"{m}:{k}" not in known)
             if unknown:
-                raise ValueError(f"--rows {unknown} not in {name}; choose from {known}")
+                raise InputError(f"--rows {unknown} not in {name}; choose from {known}")
             todo = [job for job in todo if (job.method, job.members) in wanted]
         if spec.kind == "cost":
             bench = root / spec.bench
@@ -315,7 +366,7 @@ def borrowed_from(job: Job, first_jobs: dict) -> Job:
     key = (job.experiment, *job.tune_as)
     if key not in first_jobs or first_jobs[key].tune_as:
         rows = sorted(f"{m}:{k}" for (e, m, k), j in first_jobs.items() if e == job.experiment and not j.tune_as)
-        raise ValueError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
+        raise InputError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
                          f"choose one of {rows}")  # fmt: skip
     return first_jobs[key]
 
@@ -327,14 +378,22 @@ def smoke_skips_tuning(spec, smoke: bool) -> bool:
 def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
     """Runs (or finds) the row's grid and returns its choice; None when it cannot be made; ``HELD`` when
     another process is training one of its grid runs (the choice needs every value)."""
-    if (row_dir / "tuned.json").exists():
-        return json.loads((row_dir / "tuned.json").read_text())
+    def found() -> dict | None:
+        try:
+            return read_tuned(spec, row_dir / TUNED)
+        except UnreadableFile as err:  # the row cannot run until it is deleted: said once, the sweep goes on
+            print(f"  {job.experiment} {job.method} M={job.members}: FAILED: {err}", flush=True)
+            failures.append(str(err))
+            return None
+
+    if (row_dir / TUNED).exists():
+        return found()
     grid = tuning_jobs(spec, job)
     tuned = [(g, attempt(spec, g, f"  tune {g}")) for g in grid]
     if any(r is HELD for _, r in tuned):
         return HELD
-    if (row_dir / "tuned.json").exists():  # written by the process that finished the last grid run
-        return json.loads((row_dir / "tuned.json").read_text())
+    if (row_dir / TUNED).exists():  # written by the process that finished the last grid run
+        return found()
     if dry_run:
         return {"key": spec.tune.key, "value": "<best on validation>"}
     try:
@@ -373,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             if path.suffix == ".md":
                 print(path.read_text())
     if failures:
-        print(f"\n{len(failures)} run(s) failed (details in error.txt and train.log of each run directory):")
+        print(f"\n{len(failures)} run(s) failed (details in failed.json and train.log of each run directory):")
         print("\n".join(f"  - {line}" for line in failures))
         return 1
     return 0
@@ -387,14 +446,33 @@ def record_run(root: Path, job: Job, started: float) -> None:
     so a sweep killed later keeps the record of what it finished."""
     line = {"run": str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir),
             "started": started, "finished": time.time(), "pid": os.getpid(), "commit": git_commit()}  # fmt: skip
-    with (root / SITTINGS).open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    try:
+        with (root / SITTINGS).open("a") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError as err:  # the run itself finished: its results stand, only the wall-time record lacks it
+        reason = write_error(root / SITTINGS, err) or err
+        print(f"warning: the sitting of {job} was not recorded: {reason}", flush=True)
 
 
 def recorded_runs(root: Path) -> list[dict]:
     """The lines of ``<root>/sittings.jsonl`` (none when it does not exist)."""
     path = Path(root) / SITTINGS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            float(record["started"]), float(record["finished"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise InputError(f"{path}:{number} is not a record of a sitting ({type(err).__name__}: {err}; expected "
+                             'one JSON object a line with "started" and "finished" times): delete or repair that '
+                             "line (a sweep killed while appending it leaves such a line; the store's wall time "
+                             "then lacks that one run)") from None  # fmt: skip
+        records.append(record)
+    return records
 
 
 def wall_seconds(records: list[dict]) -> float | None:

@@ -41,6 +41,7 @@ def _require(ok: bool, key: str, value, valid: str) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Raises ``InputError`` naming the first invalid key."""
+    check_known_keys(cfg)
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
              "a positive integer, e.g. ensemble_size=4")  # fmt: skip
@@ -149,3 +150,88 @@ def probe(module, datamodule) -> list[str]:
             _restore(saved, module)
             module.train(was_training)
     return unused
+
+
+# ----- keys the code does not read: `+ensembel_size=2` (Hydra's own hint after a typo) adds a key silently ------
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# Hydra's instantiate keys and the group options' own label; no target receives them.
+SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "name"}
+# Bases whose ``**kwargs`` accept nothing a config could mean: a subclass chain that reaches them is closed.
+CLOSED_BASES = {object, torch.nn.Module}
+
+
+def root_keys() -> set[str]:
+    """The top-level keys a run reads: configs/train.yaml's own, its config groups, and what recipes and
+    experiments set at the top level."""
+    keys = {k for k in OmegaConf.load(CONFIGS / "train.yaml") if k not in ("defaults", "hydra")}
+    keys |= {p.name for p in CONFIGS.iterdir() if p.is_dir()}
+    for group in ("recipe", "experiment"):
+        for path in (CONFIGS / group).glob("*.yaml"):
+            keys |= {k for k in OmegaConf.load(path) if k != "defaults"}
+    return keys
+
+
+def accepted_keys(target: str) -> set[str] | None:
+    """The keyword arguments ``target`` (a class or function path) accepts, or None when it takes any.
+
+    A class whose ``__init__`` passes ``**kwargs`` on to its base accepts the base's arguments too: the walk
+    follows the MRO until an ``__init__`` without ``**kwargs`` (or a closed base) ends it."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    obj = get_object(target)
+    names: set[str] = set()
+    chain = [c for c in inspect.getmro(obj) if "__init__" in vars(c)] if inspect.isclass(obj) else [obj]
+    for item in chain:
+        if item in CLOSED_BASES or (inspect.isclass(item) and issubclass(torch.nn.Module, item)):
+            return names
+        try:
+            params = inspect.signature(item.__init__ if inspect.isclass(item) else item).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: take anything
+            return None
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None if chain and not inspect.isclass(obj) else names
+
+
+def _unknown(key: str, valid: set[str], where: str) -> InputError:
+    import difflib
+
+    name = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(name, sorted(valid), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return InputError(f"{key}: no such option{hint}. {where} reads: {', '.join(sorted(valid))}. A key added "
+                      "with + must be one the code reads; nothing would use this one")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every top-level key is one the run reads, and every key of a node with ``_target_`` is an argument of
+    that target (``+trainer.limit_train_batches=5`` passes; ``+trainer.limt_train_batches=5`` does not)."""
+    known = root_keys()
+    for key in cfg:
+        if key not in known:
+            raise _unknown(str(key), known, "the top level of configs/train.yaml")
+
+    def walk(node, prefix: str) -> None:
+        if not isinstance(node, DictConfig):
+            return
+        target = node.get("_target_") if "_target_" in node else None
+        if isinstance(target, str):
+            try:
+                valid = accepted_keys(target)
+            except Exception as err:  # noqa: BLE001 - any import failure is the user's target
+                raise InputError(f"{prefix}._target_={target!r} cannot be imported ({type(err).__name__}: "
+                                 f"{err}); expected a class or function path") from None
+            if valid is not None:
+                for key in node:
+                    if key not in SPECIAL_KEYS and key not in valid:
+                        raise _unknown(f"{prefix}.{key}", valid, target)
+        for key in node:
+            if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
+                walk(node[key], f"{prefix}.{key}" if prefix else str(key))
+
+    for key in cfg:
+        if key not in ("paths", "hydra"):
+            walk(cfg[key], str(key))

@@ -44,3 +44,34 @@ class Crash(pl.Callback):
         if self.seen == self.after_batches and not pathlib.Path(self.marker).exists():
             pathlib.Path(self.marker).touch()
             raise RuntimeError(f"simulated crash after {self.seen} training batches")
+
+
+class KillAt(pl.Callback):
+    """SIGKILLs its own process at one point of training, once (the marker file makes the rerun go through):
+    ``point`` is ``step:N`` (after training batch N, 0-based, before that step's checkpoint), ``epoch:N`` (at
+    the start of epoch N, after the previous epoch-end checkpoint) or ``validation:N`` (in epoch N's
+    validation). ``signal`` may be ``SIGTERM`` instead."""
+
+    def __init__(self, point: str, marker: str, signal: str = "SIGKILL"):
+        self.kind, self.value = point.split(":")[0], int(point.split(":")[1])
+        self.marker, self.signal = marker, signal
+
+    def _kill(self) -> None:
+        import os
+        import pathlib
+        import signal
+        if not pathlib.Path(self.marker).exists():
+            pathlib.Path(self.marker).touch()
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.kind == "step" and trainer.global_step == self.value + 1:
+            self._kill()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self.kind == "epoch" and trainer.current_epoch == self.value:
+            self._kill()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.kind == "validation" and trainer.current_epoch == self.value and not trainer.sanity_checking:
+            self._kill()

@@ -8,6 +8,7 @@ import torch
 from sve.backbones.choice_lm import letter_token_ids
 from sve.data import ARCEasyData
 from sve.data.arc import to_example
+from sve.errors import InputError
 from sve.methods.sve import SVE
 from sve.run import instantiate, run
 from tests.conftest import compose_cfg, shared_path
@@ -38,7 +39,7 @@ def test_arc_challenge_reads_its_own_local_files(tmp_path):
     datamodule.attach(instantiate(cfg.backbone))
     datamodule.setup()
     assert cfg.dataset.name == "arc_challenge" and len(datamodule.splits["test"]) == 2 * len(QUESTIONS)
-    with pytest.raises(FileNotFoundError, match=r"ARC-Challenge-train.jsonl.*hub_config='ARC-Challenge'"):
+    with pytest.raises(InputError, match=r"ARC-Challenge-train.jsonl.*hub_config='ARC-Challenge'"):
         easy_only = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_challenge", f"dataset.root={tmp_path}"])
         _write_arc(tmp_path, copies=1)  # ARC-Easy files only
         instantiate(easy_only.dataset).setup()
@@ -68,7 +69,7 @@ def test_local_jsonl_and_choice_mask(tmp_path):
 
 
 def test_missing_files_error_names_key_and_layout(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"arc_easy.*dataset.root.*ARC-Easy-\{train,validation,test\}.jsonl"):
+    with pytest.raises(InputError, match=r"arc_easy.*dataset.root.*ARC-Easy-\{train,validation,test\}.jsonl"):
         ARCEasyData(root=str(tmp_path)).load_splits()
 
 
@@ -177,5 +178,5 @@ def test_failed_hub_download_names_key_and_layout(monkeypatch):
         raise ConnectionError("offline")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match=r"arc_easy.*allenai/ai2_arc.*dataset\.root.*ARC-Easy-"):
+    with pytest.raises(InputError, match=r"arc_easy.*allenai/ai2_arc.*dataset\.root.*ARC-Easy-"):
         ARCEasyData(root=None).load_splits()

@@ -111,4 +111,4 @@ def test_evaluate_py_command_line(trained):
     same_metrics(trained["metrics"], json.loads((tmp_path / "evaluations" / "cli.json").read_text())["metrics"])
     done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "trainer.colour=red"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: trainer.colour")
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: trainer.colour")

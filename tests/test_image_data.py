@@ -21,6 +21,7 @@ from sve.data import (
     OxfordPetsData,
 )
 from sve.data.corruptions import CORRUPTIONS, Corrupter
+from sve.data.image_sets import CIFAR10_CLASSES
 from sve.errors import InputError
 
 # What attach() reads from an image backbone: resolution and normalisation (ImageNet statistics).
@@ -114,12 +115,11 @@ def test_cifar100_pickle_release(tmp_path):
 def test_cifar10_from_imagefolder_and_from_pickles(tmp_path):
     tree = tmp_path / "jpg"
     for split in ("train", "test"):
-        for name in ("airplane", "automobile", "bird"):
-            for i in range(3):
-                _jpg(tree / split / name / f"{i:04d}.jpg", size=(32, 32))
+        for name in CIFAR10_CLASSES:  # every class folder, as check_data requires
+            _jpg(tree / split / name / "0000.jpg", size=(32, 32))
     data = _loaded(CIFAR10Data(root=str(tree), val_holdout=2, batch_size=3))
-    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [7, 2, 9]
-    assert sorted({lbl for _, lbl in data.splits["test"]}) == [0, 1, 2]  # alphabetical = official order
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [8, 2, 10]
+    assert sorted({lbl for _, lbl in data.splits["test"]}) == list(range(10))  # alphabetical = official order
     files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     _cifar_pickles(tmp_path / "pkl", "cifar-10-batches-py", files, "labels", 4, 10, ("batches.meta", "label_names"))
     data = _loaded(CIFAR10Data(root=str(tmp_path / "pkl"), download=False, val_holdout=4))
@@ -150,7 +150,7 @@ def test_fashion_mnist_idx_files(tmp_path):
 def test_missing_data_error_names_dataset_key_and_layout(cls, layout, tmp_path):
     data = cls(root=str(tmp_path), download=False)
     data.attach(BACKBONE)
-    with pytest.raises(RuntimeError, match=rf"dataset {cls.name}.*dataset\.root.*{layout}"):
+    with pytest.raises(InputError, match=rf"dataset {cls.name}.*dataset\.root.*{layout}"):
         data.setup()
 
 
@@ -223,13 +223,13 @@ def test_cifar100_c_errors_name_the_key(tmp_path):
     _fake_cifar100(tmp_path)
     data = CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2, corrupted_root=str(tmp_path / "none"))
     data.attach(BACKBONE)
-    with pytest.raises(FileNotFoundError, match="dataset.corrupted_root.*labels.npy"):
+    with pytest.raises(InputError, match="dataset.corrupted_root.*labels.npy"):
         data.setup()
 
 
 def test_cifar10_as_the_ood_set_of_cifar100(tmp_path):
     _fake_cifar100(tmp_path / "c100")
-    for c in ("airplane", "truck"):
+    for c in CIFAR10_CLASSES:
         for split in ("train", "test"):
             _jpg(tmp_path / "c10" / split / c / "0000.jpg", size=(32, 32))
     ood = CIFAR10Data(root=str(tmp_path / "c10"), val_holdout=1, batch_size=2)
@@ -279,7 +279,7 @@ def test_failed_download_names_dataset_key_and_layout(monkeypatch, tmp_path):
     monkeypatch.setattr(image_sets, "_Flowers102", offline)
     data = Flowers102Data(root=None)
     data.attach(BACKBONE)
-    with pytest.raises(RuntimeError, match=r"dataset flowers102.*name resolution.*dataset\.root.*flowers-102/"):
+    with pytest.raises(InputError, match=r"dataset flowers102.*name resolution.*dataset\.root.*flowers-102/"):
         data.setup()
 
 

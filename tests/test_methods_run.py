@@ -21,7 +21,11 @@ FAST = ["backbone=tiny_bert", "dataset=synthetic_text", "trainer.limit_val_batch
 @pytest.mark.parametrize("method", BASELINES)
 def test_every_baseline_config_runs(method, tmp_path):
     extra = ["method.marglik_steps=3"] if method.startswith("bayes_lora") else []
+    if method == "checkpoint_ensemble":  # one epoch-end checkpoint per member
+        extra = ["trainer.max_epochs=2", "trainer.limit_train_batches=2"]
     results = run(compose_cfg([f"method={method}", *FAST, *extra], tmp_path))
+    assert results["num_members"] == (10 if method in ("mc_dropout", "blob", "bayes_lora_llla", "bayes_lora_la")
+                                      else results["ensemble_size"])  # fmt: skip
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["method"] == method and 0 <= written["metrics"]["test/acc"] <= 100
     assert results["parameters"]["trainable"] > 0

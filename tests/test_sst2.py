@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sve.data import SST2Data, SyntheticImageData, SyntheticTextData
+from sve.errors import InputError
 from sve.run import instantiate
 from tests.conftest import compose_cfg, shared_path
 
@@ -25,7 +26,7 @@ def test_local_tsv_keeps_quotes_and_splits(tmp_path):
 
 
 def test_missing_files_error_names_key_and_layout(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"dataset.root=.*train.tsv.*sentence<TAB>label"):
+    with pytest.raises(InputError, match=r"dataset.root=.*train.tsv.*sentence<TAB>label"):
         SST2Data(root=str(tmp_path)).load_splits()
 
 

@@ -69,7 +69,7 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
     assert "cifar100_dino svf M=1 seed 0: FAILED: boom" in out and "1 run(s) failed" in out
     assert len(calls) == 7  # every row was tried after the failure
     failed = run_dir(tmp_path / "smoke", "cifar100_dino", "svf", 1, 0)
-    assert "RuntimeError: boom" in (failed / "error.txt").read_text()
+    assert json.loads((failed / "failed.json").read_text())["error"] == "RuntimeError: boom"
 
     calls.clear()
     assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
@@ -214,7 +214,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_awaited_at_the_end(tmp_p
     assert f"{other}: being trained by another process (pid {os.getpid()}" in out
     assert f"{other}: finished by another process" in out
     assert out.index(f"{todo[-1]}: trained in") < out.index(f"{other}: finished by another process")
-    assert sorted(p.name for p in other.dir.iterdir()) == ["results.json"]  # no train.log, no error.txt
+    assert sorted(p.name for p in other.dir.iterdir()) == ["results.json"]  # no train.log, no failed.json
 
 
 def test_a_run_whose_holder_died_is_resumed_in_order(tmp_path, monkeypatch, capsys):
@@ -222,13 +222,13 @@ def test_a_run_whose_holder_died_is_resumed_in_order(tmp_path, monkeypatch, caps
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     held_lock(todo[1].dir, dead.pid)
-    (todo[1].dir / "error.txt").write_text("an earlier attempt failed")
+    (todo[1].dir / "failed.json").write_text('{"error": "an earlier attempt failed"}')
     order = []
     monkeypatch.setattr(sweep, "run_in_process", lambda job: order.append(job.dir) or finished(job, result(job)))
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     assert order == [job.dir for job in todo]  # nothing deferred
-    assert not (todo[1].dir / "error.txt").exists()  # superseded by the successful attempt
+    assert not (todo[1].dir / "failed.json").exists()  # superseded by the successful attempt
     assert "another process" not in capsys.readouterr().out
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sve.errors import InputError
 from sve.methods import SVE, SVF, Single
 from sve.module import EnsembleModule
 from sve.run import build, instantiate, run
@@ -111,9 +112,11 @@ def test_checkpoint_written_and_resumable(tmp_path):
     run(cfg)
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.exists()
-    cfg = compose_cfg(["backbone=tiny_vit", "callbacks=default", f"ckpt_path={last}", "trainer.max_epochs=2"],
-                      tmp_path / "resumed")  # fmt: skip
-    results = run(cfg)
+    # Training longer from a finished run's checkpoint changes its schedule: refused unless asked for.
+    longer = ["backbone=tiny_vit", "callbacks=default", f"ckpt_path={last}", "trainer.max_epochs=2"]
+    with pytest.raises(InputError, match=r"another config: trainer.max_epochs: 1 -> 2"):
+        run(compose_cfg(longer, tmp_path / "refused"))
+    results = run(compose_cfg([*longer, "resume_with_changes=true"], tmp_path / "resumed"))
     assert results["resumed_from"] == str(last) and results["metrics"]["test/acc"] >= 0
 
 

@@ -32,12 +32,15 @@ from the Hugging Face hub (``allenai/ai2_arc``, config ``ARC-Easy``). Sizes: 2,2
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import torch
 
 from sve.data.base import TextClassificationData
+from sve.data.checks import load_hub_dataset, read_utf8, require_files
+from sve.errors import InputError
 
 LETTERS = ("A", "B", "C", "D", "E")
 SCORINGS = ("letters", "cloze")
@@ -46,24 +49,61 @@ LAYOUT = (
     "{hub_config}-{{train,validation,test}}.jsonl (JSON lines with question, choices{{text,label}}, answerKey; "
     "e.g. ../shared/data/arc_easy for ARC-Easy)"
 )
+RECORD = "a JSON object with question, choices: {text: [...], label: [...]} and answerKey"
 
 
-def to_example(row: dict) -> tuple[str, int, int, str, tuple[str, ...]]:
-    """(lettered prompt, index of the answer, number of options, cloze stem, option texts) from one record."""
-    texts, labels = row["choices"]["text"], [str(label) for label in row["choices"]["label"]]
+def to_example(row: dict, where: str = "question") -> tuple[str, int, int, str, tuple[str, ...]]:
+    """(lettered prompt, index of the answer, number of options, cloze stem, option texts) from one record;
+    a bad record is an ``InputError`` starting with ``where`` (e.g. the file and line)."""
+    if not isinstance(row, dict):
+        raise InputError(f"{where}: expected {RECORD}, got a JSON {type(row).__name__}")
+    missing = [k for k in ("question", "choices", "answerKey") if k not in row]
+    choices = row.get("choices")
+    if not missing and not (isinstance(choices, dict) and isinstance(choices.get("text"), list)
+                            and isinstance(choices.get("label"), list)):  # fmt: skip
+        missing = ["choices.text", "choices.label"]
+    if missing:
+        raise InputError(f"{where}: the record lacks {missing}; expected {RECORD}")
+    qid = row.get("id")
+    texts, labels = choices["text"], [str(label) for label in choices["label"]]
+    if len(texts) != len(labels):
+        raise InputError(f"{where}: question {qid} has {len(texts)} option texts but {len(labels)} labels")
     if not 2 <= len(texts) <= len(LETTERS):
-        raise ValueError(f"question {row.get('id')} has {len(texts)} options; at most {len(LETTERS)} are supported")
+        raise InputError(f"{where}: question {qid} has {len(texts)} options; at least 2 and at most {len(LETTERS)} "
+                         f"are supported (the dataset has {len(LETTERS)} classes, options {LETTERS[0]}-{LETTERS[-1]})")
+    if not isinstance(row["question"], str) or not all(isinstance(t, str) for t in texts):
+        raise InputError(f"{where}: question {qid}: the question and the option texts must be strings")
+    if len(set(labels)) != len(labels):
+        raise InputError(f"{where}: question {qid}: the option labels {labels} repeat; each option needs its own")
     answer = str(row["answerKey"]).strip()
     if answer not in labels:
-        raise ValueError(f"question {row.get('id')}: answerKey {answer!r} is not among the labels {labels}")
+        raise InputError(f"{where}: question {qid}: answerKey {answer!r} is not among the option labels {labels}")
     options = "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, texts))
     stem = f"Question: {row['question']}\nAnswer:"
     return f"Question: {row['question']}\n{options}\nAnswer:", labels.index(answer), len(texts), stem, tuple(texts)
 
 
 def read_jsonl(path: Path) -> list[tuple]:
-    with open(path, encoding="utf-8") as f:
-        return [to_example(json.loads(line)) for line in f if line.strip()]
+    """The examples of one ARC file; any bad line is an error naming the file, the line and what is valid."""
+    examples, lines = [], {}
+    for n, line in enumerate(io.StringIO(read_utf8(path), newline=None), 1):  # lines as text-mode reading splits them
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno}); expected "
+                             f"{RECORD} on each line") from None  # fmt: skip
+        examples.append(to_example(row, f"{path}, line {n}"))
+        qid = row.get("id")
+        if qid is not None:
+            if qid in lines:
+                raise InputError(f"{path}, line {n}: question id {qid!r} repeats line {lines[qid]}; each question "
+                                 "once per file")  # fmt: skip
+            lines[qid] = n
+    if not examples:
+        raise InputError(f"{path}: no questions (the file is empty); expected {RECORD} on each line")
+    return examples
 
 
 class ARCEasyData(TextClassificationData):
@@ -89,16 +129,17 @@ class ARCEasyData(TextClassificationData):
     ):
         super().__init__(max_length=max_length, **kwargs)
         if scoring not in SCORINGS:
-            raise ValueError(f"dataset.scoring={scoring!r} is not valid; choose one of {list(SCORINGS)}")
+            raise InputError(f"dataset.scoring={scoring!r} is not valid; choose one of {list(SCORINGS)}")
         self.scoring = scoring
         self.root = root
         self.hub_name, self.hub_config = hub_name, hub_config
+        self.name = str(hub_config).lower().replace("-", "_")  # arc_easy, arc_challenge: in error messages
 
     def attach(self, backbone) -> None:
         super().attach(backbone)
         if self.scoring == "cloze":
             if not hasattr(backbone, "score_options"):
-                raise ValueError(f"dataset.scoring=cloze needs a causal-LM backbone that scores option texts "
+                raise InputError(f"dataset.scoring=cloze needs a causal-LM backbone that scores option texts "
                                  f"(sve.backbones.ChoiceCausalLMBackbone: smollm2_135m, llama2_7b), not "
                                  f"{type(backbone).__name__}")  # fmt: skip
             backbone.score_options(len(LETTERS))  # features: one score per option; the head starts as identity
@@ -106,29 +147,21 @@ class ARCEasyData(TextClassificationData):
         elif hasattr(backbone, "answer_tokens"):
             backbone.answer_tokens = list(LETTERS)
 
-    def load_splits(self):
+    def read_splits(self):
+        layout = LAYOUT.format(hub_config=self.hub_config)
         if self.root is not None:
             root = Path(self.root).expanduser()
             # The file prefix is the subset (hub_config), so ARC-Challenge and any ARC-format set load alike.
-            paths = {s: root / f"{self.hub_config}-{name}.jsonl" for s, name in SPLITS.items()}
-            missing = [p.name for p in paths.values() if not p.exists()]
-            if missing:
-                raise FileNotFoundError(
-                    f"dataset {self.hub_config.lower().replace('-', '_')}: dataset.root={self.root} lacks {missing} (dataset.hub_config={self.hub_config!r} "
-                    f"names the files); expected {LAYOUT.format(hub_config=self.hub_config)}"
-                )
-            return {s: read_jsonl(p) for s, p in paths.items()}
-        try:
-            import datasets
-
-            ds = datasets.load_dataset(self.hub_name, self.hub_config)
-        except Exception as err:
-            raise RuntimeError(
-                f"dataset arc_easy: could not download {self.hub_name}/{self.hub_config} from the Hugging Face "
-                f"hub ({type(err).__name__}: {err}); set dataset.root to a directory holding "
-                f"{LAYOUT.format(hub_config=self.hub_config)}"
-            ) from err
-        return {s: [to_example(row) for row in ds[name]] for s, name in SPLITS.items()}
+            names = {s: f"{self.hub_config}-{name}.jsonl" for s, name in SPLITS.items()}
+            layout += f" ({self.key}.hub_config={self.hub_config!r} names the files)"
+            require_files(root, list(names.values()), f"{self.key}.root", self.root, layout, self.what)
+            self.notes = {s: str(root / name) for s, name in names.items()}
+            return {s: read_jsonl(root / name) for s, name in names.items()}
+        ds = load_hub_dataset(self.hub_name, self.hub_config, self.what,
+                              f"set {self.key}.root to a directory holding {layout}")  # fmt: skip
+        self.notes = {s: f"{self.hub_name}/{self.hub_config} {name}" for s, name in SPLITS.items()}
+        return {s: [to_example(row, f"{self.hub_name}/{self.hub_config} {name} split, row {i}")
+                    for i, row in enumerate(ds[name])] for s, name in SPLITS.items()}  # fmt: skip
 
     def collate(self, examples: list[tuple]) -> dict:
         if self.scoring == "cloze":

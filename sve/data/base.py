@@ -8,6 +8,12 @@ which also decide what each process sees under DDP.
 A trained model is evaluated on named sets (``evaluation_sets``): ``val`` (temperature scaling is fitted on
 it), ``test``, ``ood`` when an OOD data module is attached, and for image data with ``corruptions`` set, the
 test split under each corruption and severity, ``shift/<corruption>/<severity>``.
+
+Checking the data (``check_data``): before the backbone exists, every data file the run will use is read,
+parsed and checked (each split, the OOD module's test split, the subset sizes, and for image files every image
+the chosen subsets read), and what was parsed is kept, so ``setup`` after ``attach`` reads nothing again. Any
+user error is one ``sve.errors.InputError`` naming the file and line or the config key, the value and what is
+expected. Constructing a data module reads nothing.
 """
 
 from __future__ import annotations
@@ -20,22 +26,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from sve.errors import InputError
+from sve.data.checks import check_count, check_subset_size, subset_indices
 from sve.data.corruptions import CORRUPTIONS, SEVERITIES, choose
 from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
 
 log = logging.getLogger(__name__)
 SHIFT = "shift"  # evaluation sets shift/<corruption>/<severity>
+SPLITS = ("train", "val", "test")
 
 
-def take_subset(dataset: Dataset, size: int | None, seed: int, name: str) -> Dataset:
-    """A seeded random subset of ``size`` examples (all of them when size is None or too large)."""
-    n = len(dataset)
-    if size is None or size >= n:
-        return dataset
-    if size < 1:
-        raise ValueError(f"dataset.{name}_size must be a positive integer or null, got {size}")
-    g = torch.Generator().manual_seed(seed)
-    return Subset(dataset, torch.randperm(n, generator=g)[:size].tolist())
+def take_subset(dataset: Dataset, size: int | None, seed: int, name: str, key: str = "dataset") -> Dataset:
+    """A seeded random subset of ``size`` examples; the dataset itself when size is None or its length. A
+    size above its length is an error (``check_data`` finds it before any work)."""
+    what = "each corrupted test set" if name == "shift" else f"the {name} split"
+    check_subset_size(f"{key}.{name}_size", size, len(dataset), what)
+    indices = subset_indices(len(dataset), size, seed)
+    return dataset if indices is None else Subset(dataset, indices)
 
 
 class ClassificationData(pl.LightningDataModule):
@@ -43,8 +49,10 @@ class ClassificationData(pl.LightningDataModule):
 
     Args:
         batch_size: the global batch size (Table 7), split across devices and accumulation steps.
-        eval_batch_size: global batch size for validation and test (default: ``batch_size``).
-        train_size, val_size, test_size: optional subset sizes (seeded by ``subset_seed``).
+        eval_batch_size: examples per validation and test batch on each process (default: ``batch_size``); the
+            batches are the same on any number of processes (``sve.data.sampling``).
+        train_size, val_size, test_size: optional subset sizes (seeded by ``subset_seed``), at most the
+            split's size.
         num_workers: DataLoader workers.
         ood: another data module whose test split is the out-of-distribution set (e.g. CIFAR-10 for
             CIFAR-100, Table 4); the test loop then also reports OOD AUROC, AUPRC and FPR@95%TPR.
@@ -69,13 +77,22 @@ class ClassificationData(pl.LightningDataModule):
                            "num_workers": num_workers + 1}.items():  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
+        for split, size in {"train": train_size, "val": val_size, "test": test_size}.items():
+            check_count(f"dataset.{split}_size", size, null=True)
         self.ood = ood
+        self.key = "dataset"  # the config key of this module, in error messages
+        self.used_splits = SPLITS  # the splits a run reads (an OOD module: its test split only)
+        if ood is not None:
+            ood.key, ood.used_splits = "dataset.ood", ("test",)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.subset_seed = subset_seed
         self.num_workers = num_workers
         self.splits: dict[str, Dataset] = {}
+        self.parsed: dict[str, Dataset] | None = None  # the full splits as read by check_data
+        self.notes: dict[str, str] = {}  # where each split comes from, for error messages (read_splits)
+        self._verified = False
         self.backbone = None
         # Set by ``run`` (``distribute``) and by the checkpoint callback on resume.
         self.world_size, self.rank, self.accumulate = 1, 0, 1
@@ -86,7 +103,7 @@ class ClassificationData(pl.LightningDataModule):
 
     def attach(self, backbone) -> None:
         if backbone.modality != self.modality:
-            raise ValueError(
+            raise InputError(
                 f"dataset {type(self).__name__} is {self.modality} data but backbone "
                 f"{type(backbone).__name__} takes {backbone.modality} inputs; pick a matching pair"
             )
@@ -94,16 +111,71 @@ class ClassificationData(pl.LightningDataModule):
         if self.ood is not None:
             self.ood.attach(backbone)
 
-    def load_splits(self) -> dict[str, Dataset]:  # pragma: no cover - abstract
-        """Returns the full ``train``, ``val`` and ``test`` datasets."""
+    @property
+    def what(self) -> str:
+        """``dataset <name>`` (``dataset.ood <name>`` for an OOD module), as error messages name it."""
+        return f"{self.key} {getattr(self, 'name', None) or type(self).__name__}"
+
+    def read_splits(self) -> dict[str, Dataset]:  # pragma: no cover - abstract
+        """The full ``train``, ``val`` and ``test`` datasets as read from the files, checked, without the
+        backbone; any user error is an ``InputError``. May fill ``notes`` (split -> where it comes from)."""
         raise NotImplementedError
+
+    def check_data(self) -> None:
+        """Reads, parses and checks every data file the run will use, before the backbone exists: the three
+        splits and, with ``ood``, the OOD module's data; the subset sizes (``train_size``, ``val_size``,
+        ``test_size``, ``shift_size``) against the data; and for data read from image files, every image of
+        the chosen subsets (decoded once). Any user error is one ``InputError``; a failed download too.
+
+        Idempotent: what it parsed is kept (``parsed``) and ``setup`` uses it, so nothing is read twice;
+        ``setup`` calls it too. The cheap checks of every module come before any image is decoded."""
+        self._parse()
+        self._verify()
+
+    def _parse(self) -> None:
+        if self.parsed is None:
+            parsed = self.read_splits()
+            for split in SPLITS:
+                dataset = parsed[split]
+                where = f"the {split} split of {self.what}" + (f" ({self.notes[split]})" if split in self.notes else "")
+                if len(dataset) == 0:
+                    raise InputError(f"{where} is empty")
+                check_subset_size(f"{self.key}.{split}_size", self.sizes[split], len(dataset), where)
+                check_labels(dataset, self.num_classes, f"{self.what} {split} split")
+            self.check_parsed(parsed)
+            self.parsed = parsed
+        if self.ood is not None:
+            self.ood._parse()
+
+    def _verify(self) -> None:
+        if not self._verified:
+            self.verify_selected({
+                s: (self.parsed[s], subset_indices(len(self.parsed[s]), self.sizes[s], self.subset_seed))
+                for s in self.used_splits
+            })  # fmt: skip
+            self._verified = True
+        if self.ood is not None:
+            self.ood._verify()
+
+    def check_parsed(self, parsed: dict[str, Dataset]) -> None:
+        """Checks of the parsed splits beyond their sizes and labels (a subclass's hook)."""
+
+    def verify_selected(self, selected: dict[str, tuple[Dataset, list[int] | None]]) -> None:
+        """Checks the examples the run reads, ``{split: (full split, subset indices or None for all)}``,
+        e.g. decodes their image files (a subclass's hook; the data in memory needs none)."""
+
+    def load_splits(self) -> dict[str, Dataset]:
+        """The full ``train``, ``val`` and ``test`` datasets as the loaders read them (image data: after
+        ``attach``, with the backbone's transforms)."""
+        self.check_data()
+        return dict(self.parsed)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
+        self.check_data()
         for split, dataset in self.load_splits().items():
-            self.splits[split] = take_subset(dataset, self.sizes[split], self.subset_seed, split)
-            check_labels(self.splits[split], self.num_classes, f"{type(self).__name__} {split} split")
+            self.splits[split] = take_subset(dataset, self.sizes[split], self.subset_seed, split, self.key)
         log.info("%s: %s", type(self).__name__, {k: len(v) for k, v in self.splits.items()})
 
     def collate(self, examples: list) -> dict:  # pragma: no cover - abstract
@@ -132,7 +204,7 @@ class ClassificationData(pl.LightningDataModule):
     def eval_loader(self, dataset: Dataset, persistent: bool = True) -> DataLoader:
         """This process's share of ``dataset``, each example once over all processes (``valid`` marks the
         padding); ``persistent=False`` for a loader used once, so its workers end with it."""
-        sampler = EvalBatchSampler(len(dataset), -(-self.eval_batch_size // self.world_size), self.world_size,
+        sampler = EvalBatchSampler(len(dataset), self.eval_batch_size, self.world_size,
                                    self.rank)  # fmt: skip
         return self._loader(dataset, sampler, persistent)
 
@@ -258,6 +330,23 @@ class ImageClassificationData(ClassificationData):
                              "test examples)")
         self.shift_size = shift_size
 
+    def shifted_length(self, parsed: dict[str, Dataset]) -> int:
+        """The number of examples of each corrupted test set (before ``test_size``)."""
+        return len(parsed["test"])
+
+    def check_parsed(self, parsed: dict[str, Dataset]) -> None:
+        """With ``corruptions``: ``test_size`` and ``shift_size`` fit the corrupted sets (``evaluation_loader``
+        takes the ``test_size`` subset of each, then ``shift_size`` of those)."""
+        super().check_parsed(parsed)
+        if not self.corruptions:
+            return
+        n, test_size = self.shifted_length(parsed), self.sizes["test"]
+        if n != len(parsed["test"]):
+            check_subset_size(f"{self.key}.test_size", test_size, n, f"each corrupted test set of {self.what}")
+        of = f"{self.key}.test_size={test_size}" if test_size is not None else "its whole test split"
+        check_subset_size(f"{self.key}.shift_size", self.shift_size, n if test_size is None else test_size,
+                          f"the test subset each corrupted set of {self.what} is made from ({of})")  # fmt: skip
+
     def shifted_test(self, corruption: str, severity: int) -> Dataset:
         """The whole test split (before ``test_size``) under one corruption at one severity."""
         raise InputError(f"dataset {type(self).__name__} cannot make corrupted test sets; set dataset.corruptions=null")
@@ -272,8 +361,8 @@ class ImageClassificationData(ClassificationData):
         _, corruption, severity = name.split("/")
         self.setup()
         shifted = self.shifted_test(corruption, int(severity))
-        dataset = take_subset(shifted, self.sizes["test"], self.subset_seed, "test")  # the test split's examples
-        dataset = take_subset(dataset, self.shift_size, self.subset_seed, "shift")  # some of them
+        dataset = take_subset(shifted, self.sizes["test"], self.subset_seed, "test", self.key)  # the test examples
+        dataset = take_subset(dataset, self.shift_size, self.subset_seed, "shift", self.key)  # some of them
         return self.eval_loader(dataset, persistent=False)
 
     def collate(self, examples: list) -> dict:

@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
+from sve.data.checks import one_line
 from sve.data.corruptions import SEVERITIES
 from sve.data.image_sets import ArrayImages, CIFAR100Data
 from sve.data.vision import Transformed
+from sve.errors import InputError
 
 PER_SEVERITY = 10_000
 RELEASE_LAYOUT = (
@@ -28,19 +30,32 @@ RELEASE_LAYOUT = (
 )
 
 
+def _load(path: Path, mmap: bool) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None)
+    except Exception as err:  # not a .npy file, truncated, ...
+        raise InputError(f"dataset cifar100_c: {path} is not a readable .npy file ({one_line(err)}); expected "
+                         f"{RELEASE_LAYOUT}") from None  # fmt: skip
+
+
 def read_release(root: Path, corruption: str, severity: int, per_severity: int | None = None) -> ArrayImages:
     """One (corruption, severity) slice of the release, memory-mapped (the files are 150 MB each)."""
     images_path, labels_path = root / f"{corruption}.npy", root / "labels.npy"
     for path in (images_path, labels_path):
-        if not path.exists():
-            raise FileNotFoundError(
+        if not path.is_file():
+            raise InputError(
                 f"dataset cifar100_c: {path} not found; set dataset.corrupted_root to a directory with {RELEASE_LAYOUT}"
             )
-    images = np.load(images_path, mmap_mode="r")
-    labels = np.load(labels_path)
+    images = _load(images_path, mmap=True)
+    labels = _load(labels_path, mmap=False)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise InputError(f"{images_path}: {images.dtype} of shape {images.shape}; expected uint8 of shape "
+                         "(5 * N, height, width, 3)")  # fmt: skip
+    if labels.ndim != 1:
+        raise InputError(f"{labels_path}: shape {labels.shape}; expected one label per image, (5 * N,)")
     n = per_severity or len(labels) // len(SEVERITIES)  # 10,000 in the release; fewer in test fixtures
-    if images.shape[0] != len(labels) or len(labels) != n * len(SEVERITIES):
-        raise ValueError(
+    if n == 0 or images.shape[0] != len(labels) or len(labels) != n * len(SEVERITIES):
+        raise InputError(
             f"{images_path}: {images.shape[0]} images and {len(labels)} labels; expected 5 severities x {n} each"
         )
     part = slice((severity - 1) * n, severity * n)
@@ -62,14 +77,30 @@ class CIFAR100CData(CIFAR100Data):
     def __init__(self, corrupted_root: str | None = None, corruptions: str | list[str] | None = "all", **kwargs):
         super().__init__(corruptions=corruptions, **kwargs)
         self.corrupted_root = corrupted_root
+        self.release_length: int | None = None  # images per corruption and severity in the release
 
-    def load_splits(self):
-        splits = super().load_splits()
-        if self.corrupted_root is not None:  # every release file is checked now, not after training
+    def check_parsed(self, parsed):
+        """Every release file the run reads is checked now (``check_data``), not after training."""
+        if self.corrupted_root is not None and self.corruptions:
+            root = Path(self.corrupted_root).expanduser()
+            missing = [f"{c}.npy" for c in self.corruptions if not (root / f"{c}.npy").is_file()]
+            missing += [] if (root / "labels.npy").is_file() else ["labels.npy"]
+            if missing:
+                raise InputError(f"{self.what}: {self.key}.corrupted_root={self.corrupted_root} lacks {missing}; "
+                                 f"expected {RELEASE_LAYOUT}")  # fmt: skip
             for corruption in self.corruptions:
                 for severity in self.severities:
-                    read_release(Path(self.corrupted_root).expanduser(), corruption, severity)
-        return splits
+                    self.release_length = len(read_release(root, corruption, severity))
+            labels = _load(root / "labels.npy", mmap=False)
+            if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= self.num_classes:
+                raise InputError(f"{root / 'labels.npy'}: labels {labels.dtype} from {labels.min()} to {labels.max()}; "
+                                 f"expected integers in 0..{self.num_classes - 1}")  # fmt: skip
+        super().check_parsed(parsed)
+
+    def shifted_length(self, parsed) -> int:
+        if self.corrupted_root is not None and self.release_length is not None:
+            return self.release_length
+        return super().shifted_length(parsed)
 
     def shifted_test(self, corruption: str, severity: int) -> Dataset:
         if self.corrupted_root is None:

@@ -24,6 +24,8 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage, signal
 
+from sve.errors import InputError
+
 Array = np.ndarray
 Rng = np.random.Generator
 
@@ -257,7 +259,7 @@ def choose(value, allowed: tuple, key: str) -> list:
     values = list(allowed) if value in (None, "all") else [value] if isinstance(value, (str, int)) else list(value)
     bad = [v for v in values if v not in allowed]
     if bad:
-        raise ValueError(f"dataset.{key} has unknown entries {bad}; choose from {list(allowed)}")
+        raise InputError(f"dataset.{key} has unknown entries {bad}; choose from {list(allowed)}")
     return values
 
 

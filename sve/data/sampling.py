@@ -12,9 +12,11 @@ Random augmentations of example i in epoch e draw from a generator seeded by (se
 global one: the data are the same on any number of devices and workers, and prefetching a batch before a
 checkpoint does not shift the random numbers that dropout sees after it.
 
-Evaluation. Rank r takes examples r, r + N, r + 2N, ...; ranks with one example fewer get one padding example
-marked ``valid = False`` (never counted), so every rank runs the same number of batches and every example is
-counted exactly once.
+Evaluation. The batches are cut from the examples in order, whatever the number of processes N, and rank r
+takes batches r, r + N, r + 2N, ...; a rank with one batch fewer gets one padding example marked
+``valid = False`` (never counted), so every rank runs the same number of batches and every example is counted
+exactly once. Each batch's random draws are seeded by the batch itself (``EnsembleModule.draws``): sampled
+methods predict the same on any number of processes.
 """
 
 from __future__ import annotations
@@ -89,23 +91,28 @@ class TrainBatchSampler(Sampler):
 
 
 class EvalBatchSampler(Sampler):
-    """Yields this rank's evaluation batches as lists of ``(index, valid)`` keys for ``Keyed``."""
+    """Yields this rank's evaluation batches as lists of ``(index, valid)`` keys for ``Keyed``.
+
+    The batches are the same on any number of processes: batch b holds examples ``b*B .. b*B + B - 1`` and
+    rank r takes batches r, r + W, r + 2W, ...; a rank left with one batch fewer runs one padding example
+    marked ``valid = False``, so every rank runs the same number of batches. Random numbers drawn while
+    evaluating a batch (dropout, posterior samples) are seeded by the batch (``EnsembleModule``), so the
+    predictive does not depend on how the batches are spread over the processes.
+    """
 
     def __init__(self, num_examples: int, batch_size: int, world_size: int = 1, rank: int = 0):
         self.n, self.batch_size, self.world_size, self.rank = num_examples, batch_size, world_size, rank
 
-    def keys(self) -> list[tuple[int, bool]]:
-        mine = [(i, True) for i in range(self.rank, self.n, self.world_size)]
-        per_rank = -(-self.n // self.world_size)
-        return mine + [(mine[0][0] if mine else 0, False)] * (per_rank - len(mine))
+    def batches(self) -> list[list[tuple[int, bool]]]:
+        starts = range(self.rank * self.batch_size, self.n, self.world_size * self.batch_size)
+        mine = [[(i, True) for i in range(start, min(start + self.batch_size, self.n))] for start in starts]
+        return mine + [[(0, False)]] * (len(self) - len(mine))
 
     def __iter__(self) -> Iterator[list[tuple[int, bool]]]:
-        keys = self.keys()
-        for start in range(0, len(keys), self.batch_size):
-            yield keys[start : start + self.batch_size]
+        yield from self.batches()
 
     def __len__(self) -> int:
-        return -(-(-(-self.n // self.world_size)) // self.batch_size)
+        return -(-(-(-self.n // self.batch_size)) // self.world_size)
 
 
 class Keyed(Dataset):

@@ -1,6 +1,6 @@
 """GLUE SST-2 (binary sentiment). The paper reports on the dev set (872 sentences) as its test set.
 
-Local layout (``dataset.root``): ``train.tsv`` and ``dev.tsv``, tab separated with header
+Local layout (``dataset.root``): ``train.tsv`` and ``dev.tsv``, UTF-8, tab separated with header
 ``sentence<TAB>label``, read without quote handling (sentences contain literal quote characters).
 Without ``root`` the data comes from the Hugging Face hub (``glue``/``sst2``).
 Validation is a seeded hold-out of ``val_holdout`` training sentences, so the test set is never used for
@@ -10,11 +10,13 @@ model selection.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import torch
 
 from sve.data.base import TextClassificationData
+from sve.data.checks import is_int, load_hub_dataset, read_utf8, require_files
 from sve.errors import InputError
 
 LAYOUT = "a directory with train.tsv and dev.tsv (columns: sentence<TAB>label, with a header row)"
@@ -22,17 +24,23 @@ LAYOUT = "a directory with train.tsv and dev.tsv (columns: sentence<TAB>label, w
 
 def read_tsv(path: Path, num_classes: int = 2) -> list[tuple[str, int]]:
     """(sentence, label) rows; any bad row is an error naming the file, the line and what is valid."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if rows.fieldnames is None or not {"sentence", "label"} <= set(rows.fieldnames):
-            raise InputError(f"{path}: expected a header with 'sentence' and 'label', got {rows.fieldnames}")
-        examples = []
-        for row in rows:
-            label = (row["label"] or "").strip()  # None when the row has fewer fields than the header
-            if not label.isdigit() or int(label) >= num_classes:
-                raise InputError(f"{path}, line {rows.line_num}: label {row['label']!r} is not valid; expected "
-                                 f"an integer in 0..{num_classes - 1} in the 'label' column")  # fmt: skip
-            examples.append((row["sentence"] or "", int(label)))
+    rows = csv.DictReader(io.StringIO(read_utf8(path), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    if rows.fieldnames is None:
+        raise InputError(f"{path} is empty; expected a header row sentence<TAB>label, then one row per sentence")
+    if not {"sentence", "label"} <= set(rows.fieldnames):
+        raise InputError(f"{path}, line 1: expected a header with 'sentence' and 'label' (tab separated), got "
+                         f"{rows.fieldnames}")  # fmt: skip
+    examples = []
+    for row in rows:
+        extra = row.get(None)  # fields beyond the header's: a tab inside the sentence? (a trailing tab is harmless)
+        if extra and any(field.strip() for field in extra):
+            raise InputError(f"{path}, line {rows.line_num}: {len(rows.fieldnames) + len(extra)} tab-separated fields "
+                             f"where the header has {len(rows.fieldnames)}; expected sentence<TAB>label")  # fmt: skip
+        label = (row["label"] or "").strip()  # None when the row has fewer fields than the header
+        if not (label.isascii() and label.isdigit()) or int(label) >= num_classes:
+            raise InputError(f"{path}, line {rows.line_num}: label {row['label']!r} is not valid; expected "
+                             f"an integer in 0..{num_classes - 1} in the 'label' column")  # fmt: skip
+        examples.append((row["sentence"] or "", int(label)))
     if not examples:
         raise InputError(f"{path}: no rows after the header")
     return examples
@@ -44,6 +52,7 @@ class SST2Data(TextClassificationData):
     val_holdout: training sentences held out (seeded by ``subset_seed``) for validation.
     """
 
+    name = "sst2"
     num_classes = 2
 
     def __init__(self, root: str | None = None, val_holdout: int = 872, **kwargs):
@@ -51,30 +60,28 @@ class SST2Data(TextClassificationData):
         self.root = root
         self.val_holdout = val_holdout
 
-    def _read(self) -> tuple[list, list]:
+    def _read(self) -> tuple[list, list, str]:
+        """(train rows, dev rows, where they come from)."""
         if self.root is not None:
             root = Path(self.root).expanduser()
-            missing = [f for f in ("train.tsv", "dev.tsv") if not (root / f).exists()]
-            if missing:
-                raise FileNotFoundError(f"dataset.root={self.root} lacks {missing}; expected {LAYOUT}")
-            return read_tsv(root / "train.tsv", self.num_classes), read_tsv(root / "dev.tsv", self.num_classes)
-        try:
-            import datasets
-
-            ds = datasets.load_dataset("glue", "sst2")
-        except Exception as err:
-            raise RuntimeError(
-                f"could not download SST-2 from the Hugging Face hub ({type(err).__name__}: {err}); "
-                f"set dataset.root to {LAYOUT}"
-            ) from err
+            require_files(root, ("train.tsv", "dev.tsv"), f"{self.key}.root", self.root, LAYOUT, self.what)
+            train, dev = (read_tsv(root / f, self.num_classes) for f in ("train.tsv", "dev.tsv"))
+            return train, dev, str(root / "train.tsv")
+        ds = load_hub_dataset("glue", "sst2", self.what, f"set {self.key}.root to {LAYOUT}")
         as_pairs = lambda split: list(zip(ds[split]["sentence"], ds[split]["label"]))  # noqa: E731
-        return as_pairs("train"), as_pairs("validation")
+        return as_pairs("train"), as_pairs("validation"), "glue/sst2 train"
 
-    def load_splits(self):
-        train, dev = self._read()
-        if not isinstance(self.val_holdout, int) or not 0 < self.val_holdout < len(train):
-            raise InputError(f"dataset.val_holdout={self.val_holdout!r} is not valid: it must be an integer between 1 "
-                             f"and {len(train) - 1} (the training file has {len(train)} sentences)")  # fmt: skip
+    def read_splits(self):
+        train, dev, source = self._read()
+        if not is_int(self.val_holdout) or not 0 < self.val_holdout < len(train):
+            raise InputError(f"{self.key}.val_holdout={self.val_holdout!r} is not valid: it must be an integer between "
+                             f"1 and {len(train) - 1} (the training file has {len(train)} sentences)")  # fmt: skip
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
         val_idx, train_idx = order[: self.val_holdout], order[self.val_holdout :]
+        self.notes = {
+            "train": f"the {len(train)} sentences of {source} less the {self.key}.val_holdout={self.val_holdout} held "
+                     "out for validation",
+            "val": f"the {self.key}.val_holdout={self.val_holdout} sentences held out of {source}",
+            "test": "the dev set" if self.root is None else str(Path(self.root).expanduser() / "dev.tsv"),
+        }
         return {"train": [train[i] for i in train_idx], "val": [train[i] for i in val_idx], "test": dev}

@@ -8,11 +8,19 @@ from PIL import Image
 from torch.utils.data import Dataset, TensorDataset
 
 from sve.data.base import ImageClassificationData, TextClassificationData
+from sve.data.checks import check_count
 from sve.data.corruptions import Corrupter
 
 
 def _split_sizes(num_train: int, num_val: int, num_test: int) -> dict[str, int]:
-    return {"train": num_train, "val": num_val, "test": num_test}
+    counts = {"train": num_train, "val": num_val, "test": num_test}
+    for split, n in counts.items():
+        check_count(f"dataset.num_{split}", n)
+    return counts
+
+
+def _notes(counts: dict[str, int]) -> dict[str, str]:
+    return {split: f"dataset.num_{split}={n}" for split, n in counts.items()}
 
 
 class SyntheticImageData(ImageClassificationData):
@@ -25,6 +33,8 @@ class SyntheticImageData(ImageClassificationData):
         seed: generator seed; the same seed gives the same data.
     """
 
+    name = "synthetic_image"
+
     def __init__(
         self,
         num_classes: int = 4,
@@ -36,12 +46,19 @@ class SyntheticImageData(ImageClassificationData):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_count("dataset.num_classes", num_classes)
         self.num_classes = num_classes
         self.counts = _split_sizes(num_train, num_val, num_test)
         self.noise = noise
         self.seed = seed
 
+    def read_splits(self):
+        """The labels of each split: the images are made at the backbone's resolution (``load_splits``)."""
+        self.notes = _notes(self.counts)
+        return {split: torch.arange(n) % self.num_classes for split, n in self.counts.items()}
+
     def load_splits(self):
+        self.check_data()
         size = self.backbone.image_size if self.backbone is not None else 32
         g = torch.Generator().manual_seed(self.seed)
         # Low-frequency prototypes (8x8 upsampled) so that patch-based models can see them.
@@ -90,6 +107,8 @@ class SyntheticTextData(TextClassificationData):
         seed: generator seed.
     """
 
+    name = "synthetic_text"
+
     NEUTRAL = ["the", "a", "movie", "was", "and", "it", "plot", "film", "story", "very"]
 
     def __init__(
@@ -103,6 +122,8 @@ class SyntheticTextData(TextClassificationData):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_count("dataset.num_classes", num_classes)
+        check_count("dataset.words_per_sentence", words_per_sentence)
         self.num_classes = num_classes
         self.counts = _split_sizes(num_train, num_val, num_test)
         self.words_per_sentence = words_per_sentence
@@ -111,7 +132,8 @@ class SyntheticTextData(TextClassificationData):
     def class_words(self, c: int) -> list[str]:
         return [f"w{c}x{i}" for i in range(4)]
 
-    def load_splits(self):
+    def read_splits(self):
+        self.notes = _notes(self.counts)
         g = torch.Generator().manual_seed(self.seed)
         splits = {}
         for split, n in self.counts.items():

@@ -12,6 +12,10 @@ Where a dataset has no official validation split, ``val_holdout`` training image
 ``subset_seed``. ``test_corruption``/``test_severity`` corrupt the test split with the generator of
 ``sve.data.corruptions`` (e.g. CIFAR-10-C made on the fly); ``corruptions``/``severities`` instead evaluate on
 every corruption and severity as sets of their own, beside the clean test split (``ImageClassificationData``).
+
+``check_data`` needs no backbone: it finds what is missing under ``root`` (and downloads it where the dataset
+allows and ``download`` is set), parses every metadata file, and decodes every image file of the chosen
+subsets (``sve.data.checks.decode_images``); ``setup`` after ``attach`` only adds the transforms.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from pathlib import Path
 import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
+from torchvision import datasets as tvd
 from torchvision import transforms as T
+from torchvision.datasets.folder import default_loader
 
 from sve.data.base import ImageClassificationData
-from sve.data.corruptions import Corrupter
+from sve.data.checks import decode_images, is_int, one_line
+from sve.data.corruptions import CORRUPTIONS, SEVERITIES, Corrupter
+from sve.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +74,37 @@ class Transformed(Dataset):
         return self.transform(image), int(label)
 
 
-def hold_out(dataset: Dataset, size: int, seed: int) -> tuple[Subset, Subset]:
+class ImageFiles(Dataset):
+    """(PIL image, label) from a list of image files, read as torchvision's dataset classes read them."""
+
+    def __init__(self, files: list[Path], labels: list[int]):
+        self.files, self.labels = list(files), list(labels)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        return default_loader(self.files[i]), self.labels[i]
+
+
+def image_files(dataset: Dataset, indices: list[int] | None = None) -> list[Path]:
+    """The files behind examples ``indices`` (None: all) of ``dataset`` (through any ``Subset``), or [] for
+    images held in memory."""
+    indices = list(range(len(dataset))) if indices is None else list(indices)
+    while isinstance(dataset, Subset):
+        indices, dataset = [dataset.indices[i] for i in indices], dataset.dataset
+    if isinstance(dataset, ImageFiles):
+        return [dataset.files[i] for i in indices]
+    if isinstance(dataset, tvd.DatasetFolder):
+        return [Path(dataset.samples[i][0]) for i in indices]
+    return []
+
+
+def hold_out(dataset: Dataset, size: int, seed: int, key: str = "dataset.val_holdout") -> tuple[Subset, Subset]:
     """Splits ``dataset`` into (rest, ``size`` held-out examples), seeded."""
-    if size is None or not 0 < size < len(dataset):
-        raise ValueError(f"dataset.val_holdout={size} must be between 1 and {len(dataset) - 1}")
+    if not is_int(size) or not 0 < size < len(dataset):
+        raise InputError(f"{key}={size!r} is not valid: it must be an integer between 1 and {len(dataset) - 1}, the "
+                         f"number of the {len(dataset)} training images held out for validation")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     return Subset(dataset, order[size:]), Subset(dataset, order[:size])
 
@@ -80,14 +115,18 @@ class VisionData(ImageClassificationData):
     Args:
         root: local directory in the layout named by the subclass (``LAYOUT``); None uses
             ``~/.cache/sve/data/<name>`` and downloads there.
-        download: let torchvision download what is missing under ``root``.
+        download: let torchvision download what is missing under ``root`` (in ``check_data``).
         val_holdout: training images held out for validation where the dataset has no official split.
         test_corruption: corrupt the test split with this corruption (see ``sve.data.corruptions``).
         test_severity: its severity, 1 to 5.
+
+    A subclass names the files it needs (``required``), reads them (``read_raw``: every user error an
+    ``InputError`` naming the file) and, where torchvision can, downloads them (``fetch``).
     """
 
     name: str  # the config option name, used in error messages
     LAYOUT: str  # the expected on-disk layout, shown when loading fails
+    downloadable = True  # torchvision can download it (dataset.download=true)
     # Test crop fraction; None takes the backbone's. Small, object-centred images (CIFAR, Fashion-MNIST)
     # use 1.0: they are resized to the backbone's resolution whole (Appendix D), not cropped.
     test_crop_pct: float | None = None
@@ -102,45 +141,93 @@ class VisionData(ImageClassificationData):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if test_corruption is not None and test_corruption not in CORRUPTIONS:
+            raise InputError(f"dataset.test_corruption={test_corruption!r} is not valid; choose one of "
+                             f"{list(CORRUPTIONS)} or null")  # fmt: skip
+        if test_corruption is not None and test_severity not in SEVERITIES:
+            raise InputError(f"dataset.test_severity={test_severity!r} is not valid; choose one of {list(SEVERITIES)}")
+        if not isinstance(download, bool):
+            raise InputError(f"dataset.download={download!r} is not valid; expected true or false")
         self.root = root
         self.download = download
         self.val_holdout = val_holdout
         self.test_corruption = test_corruption
         self.test_severity = test_severity
         self.train_transform = self.test_transform = None
-        self.raw_test: Dataset | None = None  # the test images before any transform (set by load_splits)
+        self.raw_test: Dataset | None = None  # the test images before any transform (set by read_splits)
 
     def attach(self, backbone) -> None:
         super().attach(backbone)
         self.train_transform, self.test_transform = image_transforms(backbone, self.test_crop_pct)
 
-    def raw_splits(self, root: Path, download: bool) -> dict[str, Dataset]:  # pragma: no cover - abstract
-        """``train``, ``val`` (or None to hold out of train) and ``test`` datasets of (PIL image, label)."""
+    def required(self, root: Path) -> list[str]:  # pragma: no cover - abstract
+        """The files and directories (ending in ``/``) that must exist under ``root``, relative to it."""
+        raise NotImplementedError
+
+    def missing(self, root: Path) -> list[str]:
+        exists = lambda r: (root / r).is_dir() if r.endswith("/") else (root / r).is_file()  # noqa: E731
+        return [r for r in self.required(root) if not exists(r)]
+
+    def fetch(self, root: Path) -> None:  # pragma: no cover - abstract
+        """Downloads the dataset to ``root`` (torchvision)."""
+        raise NotImplementedError
+
+    def read_raw(self, root: Path) -> dict[str, Dataset]:  # pragma: no cover - abstract
+        """``train``, ``val`` (or None to hold out of train) and ``test`` datasets of (PIL image, label), read
+        from ``root`` (where ``required`` exists) and checked."""
         raise NotImplementedError
 
     def resolved_root(self) -> Path:
         return Path(self.root).expanduser() if self.root else (CACHE / self.name).expanduser()
 
     def load_raw(self) -> dict[str, Dataset]:
+        """The raw splits; what is missing is downloaded first (``download``), or one error says what is
+        missing where and how to provide it."""
         root = self.resolved_root()
+        configured = f"{self.key}.root={self.root}" if self.root else f"{self.key}.root=null ({root})"
+        provide = f"set {self.key}.root to a directory holding {self.LAYOUT}"
+        missing = self.missing(root)
+        if missing and self.download and self.downloadable:
+            log.info("%s: %s lacks %s; downloading", self.what, root, missing)
+            try:
+                self.fetch(root)
+            except Exception as err:  # torchvision raises RuntimeError, URLError, OSError, ... when offline
+                raise InputError(f"{self.what}: {configured} lacks {missing} and downloading them there failed "
+                                 f"({one_line(err)}); without network {provide}") from None  # fmt: skip
+            missing = self.missing(root)
+        if missing:
+            if self.downloadable and not self.download:
+                provide += f", or {self.key}.download=true to download it there"
+            raise InputError(f"{self.what}: {configured} lacks {missing}; {provide}")
         try:
-            return self.raw_splits(root, self.download)
-        except Exception as err:  # torchvision raises RuntimeError, URLError, OSError, ... when offline
-            raise RuntimeError(
-                f"dataset {self.name}: could not load from {root} ({type(err).__name__}: {err}). "
-                f"Without network access set dataset.root to a directory holding {self.LAYOUT}"
-            ) from err
+            return self.read_raw(root)
+        except OSError as err:  # a file that cannot be read (permissions, I/O error, ...)
+            raise InputError(f"{self.what}: cannot read {configured} ({one_line(err)})") from None
+
+    def read_splits(self) -> dict[str, Dataset]:
+        raw = self.load_raw()
+        if raw.get("val") is None:
+            raw["train"], raw["val"] = hold_out(raw["train"], self.val_holdout, self.subset_seed,
+                                                f"{self.key}.val_holdout")  # fmt: skip
+            held = f"{self.key}.val_holdout={self.val_holdout}"
+            self.notes.update(train=f"the training images less the {held} held out for validation",
+                              val=f"the {held} images held out of the training images")
+        self.raw_test = raw["test"]
+        return raw
+
+    def verify_selected(self, selected) -> None:
+        """Decodes every image file the chosen subsets read (once each)."""
+        files = dict.fromkeys(f for dataset, indices in selected.values() for f in image_files(dataset, indices))
+        decode_images(list(files), self.what)
 
     def load_splits(self) -> dict[str, Dataset]:
         if self.train_transform is None:
             raise RuntimeError(f"dataset {self.name}: call attach(backbone) before setup()")
-        raw = self.load_raw()
-        if raw.get("val") is None:
-            raw["train"], raw["val"] = hold_out(raw["train"], self.val_holdout, self.subset_seed)
+        self.check_data()
+        raw = self.parsed
         corrupt = None
         if self.test_corruption:
             corrupt = Corrupter(self.test_corruption, self.test_severity, self.corruption_seed)
-        self.raw_test = raw["test"]
         return {
             "train": Transformed(raw["train"], self.train_transform),
             "val": Transformed(raw["val"], self.test_transform),

@@ -148,6 +148,17 @@ class EnsembleMethod(nn.Module):
         """Every member's head starts from the backbone's own head: nothing in the heads tells members apart."""
         return self.head_init != "random"
 
+    def warn_if_members_start_alike(self, noise_key: str, noise: float) -> None:
+        """Members with pretrained heads and no init noise start as one model, see the same batches and stay
+        identical (disagreement 0): say so, naming the key that makes them differ."""
+        if noise == 0 and self.head_pretrained and self.ensemble_size > 1 and not self.shared_head:
+            warnings.warn(f"{type(self).__name__}: the head is {self.head_init} and {noise_key}=0, so the "
+                          f"{self.ensemble_size} members start as one model, see the same batches and stay "
+                          f"identical; set {noise_key} > 0 (e.g. 0.01) for members that differ", stacklevel=3)
+
+    def check_training(self, epochs: int) -> None:
+        """Refuses, before training, a schedule of ``epochs`` on which this method cannot build its members."""
+
     # ----- the shared preparation ---------------------------------------------------------------------------
     def make_layer(self, layer: nn.Module) -> MemberLayer | None:
         """The member layer replacing a target layer; None (the default) wraps nothing."""

@@ -17,8 +17,6 @@ heads; with ``true`` add the backbone minus the target layers' pretrained biases
 
 from __future__ import annotations
 
-import warnings
-
 from torch import nn
 
 from sve.layers.batch_ensemble import BatchEnsembleLayer
@@ -36,10 +34,7 @@ class BatchEnsemble(EnsembleMethod):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.train_backbone = train_backbone
         self.init_std = init_std
-        if init_std == 0 and self.head_pretrained and self.ensemble_size > 1:
-            warnings.warn(f"BatchEnsemble: the head is {self.head_init} and the fast weights start at one, so the "
-                          f"{self.ensemble_size} members start as one model, see the same batches and stay "
-                          f"identical; set method.init_std > 0 (e.g. 0.01) for members that differ", stacklevel=2)
+        self.warn_if_members_start_alike("method.init_std", init_std)  # fast weights all start at one
         self.adapt()
 
     def make_layer(self, layer: nn.Module) -> BatchEnsembleLayer:

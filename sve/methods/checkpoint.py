@@ -5,7 +5,7 @@ One model (a rank-8 LoRA on the target layers and one head) is trained as usual;
 copies its trainable tensors (LoRA factors and head; a few MB even for a 7B backbone), keeping the last M.
 After ``after_fit``, the snapshots are the members: their stacked LoRA factors become the layers' member set
 (``MemberLayer.use_bank``) and their heads the member heads, so they run like any ensemble's members. With
-fewer epochs than M, the ensemble has as many members as epochs (``num_members``, recorded in results.json).
+fewer epochs than M the ensemble could not have M members: such a schedule is refused before training.
 The snapshots are part of the module's state (``get_extra_state``), so a checkpoint carries them.
 """
 
@@ -16,6 +16,7 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
+from sve.errors import InputError
 from sve.methods.lora import LoRAEnsemble
 
 
@@ -38,6 +39,13 @@ class CheckpointEnsemble(LoRAEnsemble):
         """Copies the trainable tensors; keeps the last ``ensemble_size`` copies."""
         self.checkpoints.append({n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad})
         self.checkpoints = self.checkpoints[-self.ensemble_size:]
+
+    def check_training(self, epochs: int) -> None:
+        if epochs < self.ensemble_size:
+            raise InputError(f"method=checkpoint_ensemble keeps the last ensemble_size epoch-end checkpoints: "
+                             f"ensemble_size={self.ensemble_size} needs at least {self.ensemble_size} epochs, and "
+                             f"this schedule trains {epochs} (trainer.max_epochs / trainer.max_steps); train longer "
+                             "or lower ensemble_size")
 
     def on_train_epoch_end(self, module) -> None:
         self.snapshot()

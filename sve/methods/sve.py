@@ -51,6 +51,8 @@ class SVE(EnsembleMethod):
                  inference: str = "auto", svd_cache: str | None = None, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.sigma_init = sigma_init
+        if self.fixed_ensemble_size is None:  # SVF has one member by design
+            self.warn_if_members_start_alike("sigma_init", sigma_init)
         self.member_bias = member_bias
         self.svd_dtype = getattr(torch, svd_dtype)
         self.factor_dtype = getattr(torch, factor_dtype) if factor_dtype else None

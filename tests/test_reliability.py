@@ -1,0 +1,216 @@
+"""No silent outcomes (issue 21): a killed or stopped run ends non-zero and resumes to the last digit, a run
+directory refuses another config, unknown keys and impossible member counts are refused before any work,
+divergence names its step and learning rate, and every user error is one line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sve.errors import InputError, TrainingDiverged
+from sve.run import run
+from tests.conftest import ROOT, compose_cfg
+
+# SVE with dropout (random states matter as well as weights), 6 steps per epoch, 3 epochs, validation every
+# epoch, a checkpoint every 2 steps: a kill between two checkpoints redoes steps.
+RUN = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "trainer=cpu",
+       "trainer.max_epochs=3", "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
+       "+backbone.model_kwargs.drop_rate=0.2", "dataset.num_train=48", "dataset.num_val=8", "dataset.num_test=32",
+       "method.lr=3e-2", "trainer.log_every_n_steps=1", "+trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def train(run_dir, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "train.py", *RUN, f"hydra.run.dir={run_dir}", *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def metrics(run_dir) -> dict:
+    results = json.loads((run_dir / "results.json").read_text())
+    return {k: v for k, v in results["metrics"].items() if k != "test/seconds"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("whole")
+    done = train(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return metrics(run_dir)
+
+
+@pytest.mark.parametrize(("point", "sig"), [
+    ("step:8", "SIGKILL"),  # epoch 1, batch 3: the last checkpoint is step 7's, step 8 is trained again
+    ("epoch:2", "SIGKILL"),  # at the epoch boundary, after epoch 1's end checkpoint
+    ("validation:1", "SIGKILL"),  # in epoch 1's validation, before its epoch-end checkpoint
+    ("step:3", "SIGTERM"),  # stopped from outside: exit 143, no results, resumes like a kill
+])  # fmt: skip
+def test_interrupted_run_ends_non_zero_and_resumes_to_the_last_digit(point, sig, uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=tests.helpers.KillAt", f"+callbacks.kill.point={point}",
+            f"+callbacks.kill.marker={tmp_path / 'killed'}", f"+callbacks.kill.signal={sig}"]  # fmt: skip
+    first = train(run_dir, *kill)
+    assert first.returncode == (-signal.SIGKILL if sig == "SIGKILL" else 128 + signal.SIGTERM), first.stderr[-2000:]
+    assert not (run_dir / "results.json").exists()
+    if sig == "SIGTERM":
+        assert first.stderr.strip().splitlines()[-1].startswith("error: run in") and "SIGTERM" in first.stderr
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    s = state["state_dict"]
+    assert all(float(v.min()) >= 0 for k, v in s.items() if k.endswith("singular_values"))  # projected, then saved
+    second = train(run_dir, *kill)  # the same command: it finds its checkpoint and goes on
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert metrics(run_dir) == uninterrupted  # every metric, to the last digit
+
+
+def crashed_run(tmp_path, *extra):
+    """A run that crashed after 4 training batches (its checkpoint holds step 3)."""
+    overrides = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default",
+                 "callbacks.checkpoint.every_n_steps=1", "trainer.max_epochs=2", "trainer.limit_train_batches=4",
+                 *extra]  # fmt: skip
+    crash = ["+callbacks.crash._target_=tests.helpers.Crash", "+callbacks.crash.after_batches=3",
+             f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(compose_cfg([*overrides, *crash], tmp_path / "run"))
+    return overrides + crash
+
+
+def test_a_run_directory_refuses_another_config(tmp_path):
+    overrides = crashed_run(tmp_path)
+    assert (tmp_path / "run" / "run_config.yaml").exists()
+    with pytest.raises(InputError, match=r"started with another config .*optimizer\.lr: 0\.001 -> 0\.5"):
+        run(compose_cfg([*overrides, "optimizer.lr=0.5"], tmp_path / "run"))
+    with pytest.raises(InputError, match=r"ensemble_size: 2 -> 3.*resume_with_changes=true"):
+        run(compose_cfg([*overrides, "ensemble_size=3"], tmp_path / "run"))
+    # Watching differently is no change: more frequent checkpoints, another logger setting.
+    results = run(compose_cfg([*overrides, "callbacks.checkpoint.every_n_steps=2", "trainer.log_every_n_steps=3"],
+                              tmp_path / "run"))  # fmt: skip
+    assert results["resumed_from"] and results["config_changes_on_resume"] == []
+    # A finished run is not returned for another config either.
+    with pytest.raises(InputError, match=r"seed: 0 -> 1.*skip_finished=false"):
+        run(compose_cfg([*overrides, "seed=1"], tmp_path / "run"))
+
+
+def test_resume_with_changes_continues_and_records_them(tmp_path):
+    overrides = crashed_run(tmp_path)
+    results = run(compose_cfg([*overrides, "trainer.gradient_clip_val=0.5", "resume_with_changes=true"],
+                              tmp_path / "run"))  # fmt: skip
+    assert results["config_changes_on_resume"] == [["trainer.gradient_clip_val", 1.0, 0.5]]
+
+
+def test_a_checkpoint_of_another_shape_or_kind_is_refused_in_one_line(tmp_path):
+    crashed_run(tmp_path)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    base = ["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2"]
+    with pytest.raises(InputError, match=r"written by a run with another config: ensemble_size: 2 -> 3"):
+        run(compose_cfg([*base, "ensemble_size=3", f"ckpt_path={last}"], tmp_path / "other"))
+    # Without the config in it (a checkpoint from elsewhere), the tensors' shapes name the difference.
+    state = torch.load(last, weights_only=True)
+    state["callbacks"]["LastCheckpoint"]["run_config"] = None
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save(state, foreign)
+    with pytest.raises(InputError, match=r"another model: \d+ tensor\(s\) of another shape, e.g. \S+singular_values "
+                                         r"\[2, \d+\] \(model \[3, \d+\]\)"):
+        run(compose_cfg([*base, "ensemble_size=3", f"ckpt_path={foreign}"], tmp_path / "other2"))
+    # final.ckpt holds weights for evaluate.py, not a training state.
+    done = run(compose_cfg(["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default"],
+                           tmp_path / "done"))  # fmt: skip
+    assert done["num_members"] == 2
+    final = tmp_path / "done" / "checkpoints" / "final.ckpt"
+    with pytest.raises(InputError, match=r"final.ckpt holds the trained weights only.*evaluate.py"):
+        run(compose_cfg([*base, "ensemble_size=2", f"ckpt_path={final}"], tmp_path / "other3"))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("+ensembel_size=2", r"ensembel_size: no such option \(did you mean ensemble_size\?\)"),
+    ("+trainer.limt_train_batches=3", r"trainer.limt_train_batches: no such option \(did you mean limit_train_batches"),
+    ("+method.sigma_int=0.1", r"method.sigma_int: no such option \(did you mean sigma_init\?\). sve.methods.SVE"),
+    ("+dataset.trian_size=3", r"dataset.trian_size: no such option \(did you mean train_size\?\)"),
+    ("+optimizer.betas2=[0.9,0.99]", r"optimizer.betas2: no such option \(did you mean betas\?\)"),
+    ("+callbacks.checkpoint.every_n_step=3", r"callbacks.checkpoint.every_n_step: .*every_n_steps"),
+    ("+logger.versoin=1", r"logger.versoin: no such option"),
+    ("+backbone.model_kwargs.dropp_rate=0.1", None),  # a plain dict passed on whole: timm's to judge
+])  # fmt: skip
+def test_keys_the_code_does_not_read_are_refused(override, message, tmp_path):
+    cfg = compose_cfg([override, "trainer.max_epochs=1", "callbacks=default"], tmp_path)
+    if message is None:
+        from sve.validate import check_known_keys
+        check_known_keys(cfg)
+        return
+    with pytest.raises(InputError, match=message):
+        run(cfg)
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_method_that_cannot_build_its_members_is_refused_before_training(tmp_path):
+    cfg = compose_cfg(["method=checkpoint_ensemble", "ensemble_size=4", "trainer.max_epochs=2", "callbacks=default"],
+                      tmp_path)  # fmt: skip
+    with pytest.raises(InputError, match=r"ensemble_size=4 needs at least 4 epochs.*trains 2"):
+        run(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+    cfg = compose_cfg(["method=checkpoint_ensemble", "ensemble_size=4", "trainer.max_epochs=9",
+                       "+trainer.max_steps=6", "trainer.limit_train_batches=3"], tmp_path / "steps")  # fmt: skip
+    with pytest.raises(InputError, match=r"trains 2 \(trainer.max_epochs / trainer.max_steps\)"):
+        run(cfg)
+
+
+def test_sve_warns_when_a_pretrained_head_and_no_noise_make_members_identical(monkeypatch):
+    from sve.backbones.timm_vit import TimmBackbone
+    from sve.run import build
+
+    monkeypatch.setattr(TimmBackbone, "initial_head",
+                        lambda self, task, C: (torch.zeros(C, self.feature_dim), torch.zeros(C)))
+    with pytest.warns(UserWarning, match=r"sigma_init=0, so the 4 members start as one model.*sigma_init > 0"):
+        build(compose_cfg(["method=sve", "sigma_init=0"]))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        build(compose_cfg(["method=sve", "sigma_init=0.01"]))  # the noise tells them apart
+        build(compose_cfg(["method=svf", "ensemble_size=1"]))  # one member by design
+
+
+def test_divergence_names_the_step_and_learning_rate(tmp_path):
+    # Huge but finite weights: the loss of the next step, or the weights themselves, stop the run.
+    cfg = compose_cfg(["method=single", "method.lr=1e20", "trainer.gradient_clip_val=null"], tmp_path)
+    with pytest.raises(TrainingDiverged, match=r"diverged: .* step \d+ \(epoch 0\) with learning rate \d\S*e\+(19|20)"):
+        run(cfg)
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_non_finite_inputs_are_the_data_s_fault(tmp_path, monkeypatch):
+    from sve.data.synthetic import SyntheticImageData
+
+    collate = SyntheticImageData.collate
+
+    def poisoned(self, examples):
+        batch = collate(self, examples)
+        batch["pixel_values"][0, 0, 0, 0] = float("nan")
+        return batch
+
+    monkeypatch.setattr(SyntheticImageData, "collate", poisoned)
+    with pytest.raises(InputError, match=r"training batch of step 0 .* non-finite input values \(pixel_values: 1 NaN"):
+        run(compose_cfg(["method=single"], tmp_path))
+
+
+def test_user_errors_are_one_line_and_a_debug_flag_shows_the_traceback(tmp_path):
+    cmd = [sys.executable, "train.py", "trainer=debug", "+ensembel_size=2", f"hydra.run.dir={tmp_path / 'a'}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith(
+        "error: ensembel_size: no such option (did you mean ensemble_size?)")
+    debug = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**_env(), "SVE_DEBUG": "1"})
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "check_known_keys" in debug.stderr
+    # A run directory that cannot be written: one line before Hydra's log file would fail on it.
+    (tmp_path / "file").write_text("")
+    cmd = [sys.executable, "train.py", "trainer=debug", f"hydra.run.dir={tmp_path / 'file' / 'run'}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: the run directory {tmp_path / 'file' / 'run'} "
+                                                           "is not writable")
+
+
+def _env() -> dict:
+    import os
+    return dict(os.environ)
