@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import pytorch_lightning as pl
@@ -12,10 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sve.checkpoint import LeanCheckpointing
+from sve.draws import training_draws, unfuse_attention_dropout
 from sve.errors import InputError, TrainingDiverged
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
 from sve.metrics import classification_metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +44,9 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         scheduler: partial ``sve.optim.warmup_schedule`` (or None), called with the optimiser and the step
             count; stepped every optimiser step.
         aggregate: ``probs`` (mean of member softmaxes, Eq. 2) or ``logits`` (softmax of mean logits).
-        draw_seed: seeds the random numbers drawn in evaluation, batch by batch (``draws``).
+        draw_seed: seeds the random numbers drawn in evaluation, batch by batch (``draws``), and with
+            ``exact_draws`` those of training, step by step.
+        exact_draws: training draws that are the same on any number of devices (``sve.draws``).
     """
 
     def __init__(
@@ -50,6 +56,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         scheduler: Callable | None = None,
         aggregate: str = "probs",
         draw_seed: int = 0,
+        exact_draws: bool = True,
     ):
         super().__init__()
         predictive(torch.zeros(1, 1, 2), aggregate)  # validates the name early
@@ -60,15 +67,21 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         self.val_metrics = classification_metrics().clone(prefix="val/")
         self.predictions: Predictions | None = None  # of the last evaluation set (trainer.test)
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
-        self.draw_seed = draw_seed  # seeds the evaluation draws (``draws``): the run's seed
+        self.draw_seed = draw_seed  # seeds the training and evaluation draws: the run's seed
+        self.exact_draws = exact_draws
 
     def forward(self, batch: dict) -> Tensor:
         return self.method(batch)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         scale = batch.pop("loss_scale", 1.0)  # this micro-batch's share of the global batch (sve.data.sampling)
-        logits = check_member_logits(self.method(batch))
-        loss = self.method.loss(logits, batch["labels"])
+        rows = batch.pop("rows", None)  # its place in the global batch
+        # A tuple of ints hashes alike in every process (strings do not); -1 keeps it apart from ``draws``'.
+        seed = hash((self.draw_seed, -1, self.global_step)) % 2**63
+        draws = training_draws(seed, rows, batch["labels"].shape[0]) if self.exact_draws else nullcontext()
+        with draws:
+            logits = check_member_logits(self.method(batch))
+            loss = self.method.loss(logits, batch["labels"])
         self.check_finite(loss, batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
         return loss * scale
@@ -158,6 +171,12 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
             logits, labels = logits[:, valid], labels[valid]
         if labels.numel():
             self.val_metrics.update(predictive(logits, self.aggregate), labels)
+
+    def on_fit_start(self) -> None:
+        if self.exact_draws:
+            changed = unfuse_attention_dropout(self.method.backbone)
+            if changed:
+                log.info("exact_draws: attention with dropout runs unfused (%s)", ", ".join(changed[:4]))
 
     def on_validation_epoch_end(self) -> None:
         metrics = {k: v.float() for k, v in self.val_metrics.compute().items()}

@@ -66,6 +66,7 @@ def build(cfg: DictConfig):
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         aggregate=cfg.aggregate,
         draw_seed=int(cfg.seed),
+        exact_draws=bool(cfg.get("exact_draws", True)),
     )
     return backbone, datamodule, method, module
 

@@ -126,6 +126,7 @@ def probe(module, datamodule) -> list[str]:
     gradient."""
     batch = next(iter(datamodule.train_dataloader()))
     batch.pop("loss_scale", None)
+    batch.pop("rows", None)
     batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     saved = {k: v.detach().clone() for k, v in module.state_dict().items()  # e.g. BatchNorm statistics
              if isinstance(v, torch.Tensor)}  # (method extra state is not touched by a forward)

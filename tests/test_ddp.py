@@ -23,11 +23,9 @@ METHODS = config_options("method")
 DATA = ["backbone=tiny_vit", "dataset=synthetic_image", "ensemble_size=2", "trainer.max_epochs=2",
         "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
         "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=21"]  # fmt: skip
-# Evaluation draws (dropout, posterior samples) are seeded per batch and the batches are the same on any
-# number of processes, so sampled predictives match too (Bayes-LoRA samples only in evaluation). These two
-# also draw per example in *training* (dropout masks, BLoB's per-example weight samples), from each rank's
-# share of the batch: only their counts and the validity of their metrics can match.
-TRAINING_DRAWS = {"mc_dropout", "blob"}
+# Sampled methods match too: evaluation draws are seeded per batch (the batches are the same on any number of
+# processes), and training draws per optimiser step, made for the whole global batch (sve.draws): MC
+# dropout's masks and BLoB's per-example weight samples are those of one process.
 
 
 def overrides(method: str, trainer: str) -> list[str]:
@@ -61,8 +59,6 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
         # Rank 0 saved both ranks' examples, each once, in dataset order.
         saved = np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")
         assert saved["index"].tolist() == list(range(21)) and saved["member_logits"].shape[1] == 21, method
-        if method in TRAINING_DRAWS:
-            continue
         single = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["metrics"]
         assert single["test/examples"] == 21
         alone = np.load(tmp_path / "single" / method / "predictions" / "test.npz")

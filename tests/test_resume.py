@@ -25,9 +25,11 @@ def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_pa
     assert any(name.endswith(".U") or name.endswith(".V") for name in frozen) or len(frozen) > 10
     assert not list((tmp_path / "checkpoints").glob(".*tmp"))  # written, then renamed
 
-    # Resuming onto a different frozen part (another seed draws another random backbone) fails clearly.
+    # Resuming onto a different frozen part (another seed draws another random backbone) fails clearly, even
+    # when the changed config is accepted (resume_with_changes): the frozen tensors' fingerprints differ.
     cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2", "seed=1",
-                       f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"], tmp_path / "other")  # fmt: skip
+                       f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}", "resume_with_changes=true"],
+                      tmp_path / "other")  # fmt: skip
     with pytest.raises(ValueError, match="frozen tensor.*differ.*config the run started with"):
         run(cfg)
 

@@ -3,6 +3,8 @@ seen once, split N*A ways, weighted back to its mean; evaluation counts every ex
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from sve.data.sampling import EvalBatchSampler, TrainBatchSampler
@@ -19,11 +21,15 @@ def test_ranks_and_accumulation_steps_share_each_global_batch(n, batch, world, a
     for step, whole in enumerate(single):
         parts = [m for r in ranks for m in r[step * accumulate : (step + 1) * accumulate]]
         real = [key for part in parts for key in part if key[2] > 0]
-        assert sorted(i for i, _, _ in real) == sorted(i for i, _, _ in whole)  # the same examples, once
+        assert sorted(key[0] for key in real) == sorted(key[0] for key in whole)  # the same examples, once
         # DDP averages over ranks, Lightning over steps: each example's weight in the loss is 1 / global batch.
         for part in parts:
-            for _, _, scale in part:
+            for _, _, scale, _, _ in part:
                 assert scale / (len(part) * world * accumulate) == pytest.approx(1 / len(whole) if scale else 0)
+        # Each micro-batch knows its rows of the global batch (sve.draws): together they are the whole batch.
+        rows = sorted((part[0][3], len(part)) for part in parts if part[0][2] > 0)
+        assert all(part[0][4] == len(whole) for part in parts)
+        assert [offset for offset, _ in rows] == list(itertools.accumulate([0] + [n for _, n in rows][:-1]))
 
 
 def test_epochs_differ_and_resume_skips_what_was_done():

@@ -35,7 +35,8 @@ def split_sizes(total: int, parts: int) -> list[int]:
 
 
 class TrainBatchSampler(Sampler):
-    """Yields this rank's micro-batches as lists of ``(index, epoch, loss_scale)`` keys for ``Keyed``.
+    """Yields this rank's micro-batches as lists of ``(index, epoch, loss_scale, offset, total)`` keys for
+    ``Keyed``: ``offset`` and ``total`` place the micro-batch in its global batch (``sve.draws``).
 
     Args:
         num_examples: size of the training split.
@@ -76,7 +77,9 @@ class TrainBatchSampler(Sampler):
             for part in range(self.rank * A, self.rank * A + A):
                 mine = chunk[bounds[part] : bounds[part + 1]]
                 scale = len(mine) * parts / len(chunk)
-                batches.append([(i, epoch, scale) for i in mine] or [(chunk[0], epoch, 0.0)])
+                # (offset, total): these examples' rows in the global batch (sve.draws)
+                offset, total = int(bounds[part]), len(chunk)
+                batches.append([(i, epoch, scale, offset, total) for i in mine] or [(chunk[0], epoch, 0.0, 0, total)])
         return batches
 
     def __iter__(self) -> Iterator[list[tuple[int, int, float]]]:
@@ -131,7 +134,7 @@ class Keyed(Dataset):
     def __getitem__(self, key):
         if len(key) == 2:  # evaluation: no randomness to control
             return self.dataset[key[0]], key
-        index, epoch, _ = key
+        index, epoch = key[0], key[1]
         example_seed = hash((self.seed, epoch, index)) % 2**31
         state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
@@ -146,8 +149,9 @@ class Keyed(Dataset):
 
 
 class KeyedCollate:
-    """Wraps a collate function: the batch also gets ``loss_scale`` (training) or ``valid`` and ``index``, the
-    examples' positions in the dataset (evaluation: saved predictions are put back in dataset order)."""
+    """Wraps a collate function: the batch also gets ``loss_scale`` and ``rows`` (training: the micro-batch's
+    offset in its global batch and that batch's size) or ``valid`` and ``index``, the examples' positions in
+    the dataset (evaluation: saved predictions are put back in dataset order)."""
 
     def __init__(self, collate, plain: bool = False):
         self.collate, self.plain = collate, plain  # plain: the batch without the sampler's extra key
@@ -162,4 +166,6 @@ class KeyedCollate:
             batch["index"] = torch.tensor([index for index, _ in keys])
         else:
             batch["loss_scale"] = keys[0][2]
+            if len(keys[0]) == 5:
+                batch["rows"] = keys[0][3:]
         return batch

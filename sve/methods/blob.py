@@ -19,6 +19,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import Tensor, nn
 
+from sve.draws import rows_to_draw
 from sve.layers.blob import BLoBLayer
 from sve.members import MemberLayoutError, member_rows
 from sve.methods.base import EnsembleMethod, batch_size
@@ -53,10 +54,12 @@ class BLoB(EnsembleMethod):
 
     @contextmanager
     def samples(self, K: int) -> Iterator[None]:
-        """K fresh posterior samples as every layer's member set, inside the context."""
+        """K fresh posterior samples as every layer's member set, inside the context. In training they are
+        drawn for the whole global batch and this micro-batch keeps its examples' (``sve.draws``)."""
+        count, mine = rows_to_draw(K) if self.training else (K, slice(None))
         with ExitStack() as stack:
             for layer in self.member_layers():
-                stack.enter_context(layer.use_bank(**layer.draw(K)))
+                stack.enter_context(layer.use_bank(**{k: v[mine] for k, v in layer.draw(count).items()}))
             yield
 
     def forward(self, batch: dict) -> Tensor:

@@ -1,0 +1,94 @@
+"""Training draws that do not depend on how a global batch is spread over processes and accumulation steps.
+
+With ``exact_draws`` (configs/train.yaml, on by default) every training micro-batch draws from a generator
+seeded by (seed, optimiser step), so all micro-batches of a step, on every rank, start from one state; and
+each per-example draw is made for the whole global batch, of which the micro-batch keeps its own rows
+(``rows``, from the sampler). Each example then gets the dropout mask, or the weight sample, it gets on one
+device without accumulation, and a resumed run draws what the uninterrupted one drew.
+
+What is covered: ``torch.nn.functional.dropout`` (which ``nn.Dropout`` and Hugging Face attention call), and
+per-example weight samples that ask ``rows_to_draw`` (BLoB). Attention that fuses its dropout into one kernel
+(timm's ``fused_attn``, PyTorch's SDPA in Hugging Face models) draws inside the kernel with the local batch's
+shape, so where attention dropout is on it runs unfused (``unfuse_attention_dropout``; slower attention, the
+price of exactness; ``exact_draws=false`` keeps the fused kernels and per-process draws). Other samplers (e.g.
+timm's stochastic depth) draw per process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_plain_dropout = F.dropout
+_rows: tuple[int, int, int] | None = None  # (offset, local, total): this micro-batch's rows of the global batch
+_warned: set[tuple[int, ...]] = set()
+
+
+def rows_to_draw(local: int) -> tuple[int, slice]:
+    """How many per-example samples to draw for a micro-batch of ``local`` examples, and which to keep."""
+    if _rows is not None and _rows[1] == local:
+        offset, _, total = _rows
+        return total, slice(offset, offset + local)
+    return local, slice(None)
+
+
+def _global_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    if not training or p == 0 or _rows is None:
+        return _plain_dropout(input, p, training, inplace)
+    offset, local, total = _rows
+    if input.dim() == 0 or input.shape[0] % local:
+        if tuple(input.shape) not in _warned:
+            _warned.add(tuple(input.shape))
+            warnings.warn(f"a dropout input of shape {tuple(input.shape)} is not batch-first for this micro-batch of "
+                          f"{local}: its mask is drawn per process (exact_draws)", stacklevel=2)  # fmt: skip
+        return _plain_dropout(input, p, training, inplace)
+    K = input.shape[0] // local  # members stacked member-major: row k * local + j
+    # As the CPU kernel of F.dropout: a Bernoulli(1 - p) mask scaled by 1 / (1 - p), here for all global rows.
+    noise = torch.empty((K, total, *input.shape[1:]), dtype=input.dtype, device=input.device).bernoulli_(1 - p)
+    noise = noise[:, offset : offset + local].reshape(input.shape)
+    noise = noise.div_(1 - p) if p < 1 else noise.zero_()
+    return input.mul_(noise) if inplace else input * noise
+
+
+@contextmanager
+def training_draws(seed: int, rows: tuple[int, int] | None, local: int) -> Iterator[None]:
+    """Inside: draws seeded by ``seed``, dropout drawn for the global batch ``rows = (offset, total)``; the
+    global random state is as it was afterwards."""
+    global _rows
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    previous = _rows
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        _rows = None if rows is None else (int(rows[0]), local, int(rows[1]))
+        F.dropout = _global_dropout
+        try:
+            yield
+        finally:
+            F.dropout = _plain_dropout
+            _rows = previous
+
+
+def unfuse_attention_dropout(model: nn.Module) -> list[str]:
+    """Runs attention whose dropout is on without fused kernels (their draws cannot be made per example).
+    Returns the names of what changed."""
+    changed = []
+    for name, module in model.named_modules():
+        drop = getattr(module, "attn_drop", None)
+        if getattr(module, "fused_attn", False) and isinstance(drop, nn.Dropout) and drop.p > 0:
+            module.fused_attn = False  # timm: the unfused path calls attn_drop, i.e. F.dropout
+            changed.append(name)
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    attention_dropout = any(getattr(m, "attention_dropout", 0) or 0 for m in model.modules()) or any(
+        (getattr(c, "attention_probs_dropout_prob", 0) or 0) > 0 or (getattr(c, "attention_dropout", 0) or 0) > 0
+        for c in configs.values())  # fmt: skip
+    for config in configs.values():
+        if attention_dropout and config._attn_implementation not in (None, "eager"):
+            config._attn_implementation = "eager"  # Hugging Face: eager attention calls F.dropout
+            changed.append(f"{type(config).__name__}._attn_implementation=eager")
+    return changed
