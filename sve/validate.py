@@ -8,6 +8,7 @@ trainable parameters that receive no gradient (under DDP these stop training, so
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -161,7 +162,8 @@ SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "
 CLOSED_BASES = {object, torch.nn.Module}
 
 
-def root_keys() -> set[str]:
+@functools.cache
+def root_keys() -> frozenset[str]:
     """The top-level keys a run reads: configs/train.yaml's own, its config groups, and what recipes and
     experiments set at the top level."""
     keys = {k for k in OmegaConf.load(CONFIGS / "train.yaml") if k not in ("defaults", "hydra")}
@@ -169,7 +171,7 @@ def root_keys() -> set[str]:
     for group in ("recipe", "experiment"):
         for path in (CONFIGS / group).glob("*.yaml"):
             keys |= {k for k in OmegaConf.load(path) if k != "defaults"}
-    return keys
+    return frozenset(keys)
 
 
 def accepted_keys(target: str) -> set[str] | None:

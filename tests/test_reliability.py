@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +25,12 @@ RUN = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_s
        "method.lr=3e-2", "trainer.log_every_n_steps=1", "+trainer.enable_progress_bar=false"]  # fmt: skip
 
 
-def train(run_dir, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "train.py", *RUN, f"hydra.run.dir={run_dir}", *extra]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+POINTS = [
+    ("step:8", "SIGKILL"),  # epoch 1, batch 3: the last checkpoint is step 7's, step 8 is trained again
+    ("epoch:2", "SIGKILL"),  # at the epoch boundary, after epoch 1's end checkpoint
+    ("validation:1", "SIGKILL"),  # in epoch 1's validation, before its epoch-end checkpoint
+    ("step:3", "SIGTERM"),  # stopped from outside: exit 143, no results, resumes like a kill
+]
 
 
 def metrics(run_dir) -> dict:
@@ -35,34 +39,47 @@ def metrics(run_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("whole")
-    done = train(run_dir)
+def interrupted(tmp_path_factory):
+    """The uninterrupted run, then for every point a run interrupted there and the same run started again,
+    each in a process of its own (forked by tests.fork_runs, so the imports are paid once)."""
+    root = tmp_path_factory.mktemp("interrupted")
+    plan = [{"dir": str(root / "whole"), "overrides": RUN}]
+    for point, sig in POINTS:
+        name = f"{point.replace(':', '')}_{sig}"
+        kill = ["+callbacks.kill._target_=tests.helpers.KillAt", f"+callbacks.kill.point={point}",
+                f"+callbacks.kill.marker={root / name / 'killed'}", f"+callbacks.kill.signal={sig}"]  # fmt: skip
+        plan += [{"dir": str(root / name / "run"), "overrides": RUN + kill}] * 2
+    (root / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run([sys.executable, "-m", "tests.fork_runs", str(root / "plan.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return metrics(run_dir)
+    return root, json.loads((root / "plan.json").read_text()), done.stderr
 
 
-@pytest.mark.parametrize(("point", "sig"), [
-    ("step:8", "SIGKILL"),  # epoch 1, batch 3: the last checkpoint is step 7's, step 8 is trained again
-    ("epoch:2", "SIGKILL"),  # at the epoch boundary, after epoch 1's end checkpoint
-    ("validation:1", "SIGKILL"),  # in epoch 1's validation, before its epoch-end checkpoint
-    ("step:3", "SIGTERM"),  # stopped from outside: exit 143, no results, resumes like a kill
-])  # fmt: skip
-def test_interrupted_run_ends_non_zero_and_resumes_to_the_last_digit(point, sig, uninterrupted, tmp_path):
-    run_dir = tmp_path / "run"
-    kill = ["+callbacks.kill._target_=tests.helpers.KillAt", f"+callbacks.kill.point={point}",
-            f"+callbacks.kill.marker={tmp_path / 'killed'}", f"+callbacks.kill.signal={sig}"]  # fmt: skip
-    first = train(run_dir, *kill)
-    assert first.returncode == (-signal.SIGKILL if sig == "SIGKILL" else 128 + signal.SIGTERM), first.stderr[-2000:]
-    assert not (run_dir / "results.json").exists()
-    if sig == "SIGTERM":
-        assert first.stderr.strip().splitlines()[-1].startswith("error: run in") and "SIGTERM" in first.stderr
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    s = state["state_dict"]
-    assert all(float(v.min()) >= 0 for k, v in s.items() if k.endswith("singular_values"))  # projected, then saved
-    second = train(run_dir, *kill)  # the same command: it finds its checkpoint and goes on
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert metrics(run_dir) == uninterrupted  # every metric, to the last digit
+@pytest.mark.parametrize(("point", "sig"), POINTS)
+def test_interrupted_run_ends_non_zero_and_resumes_to_the_last_digit(point, sig, interrupted):
+    root, plan, stderr = interrupted
+    first, second = (spec for spec in plan if spec["dir"] == str(root / f"{point.replace(':', '')}_{sig}" / "run"))
+    assert plan[0]["status"] == 0, stderr[-3000:]
+    assert first["status"] == (-signal.SIGKILL if sig == "SIGKILL" else 128 + signal.SIGTERM), stderr[-3000:]
+    assert second["status"] == 0, stderr[-3000:]  # the same command: it found its checkpoint and went on
+    run_dir = Path(second["dir"])
+    assert json.loads((run_dir / "results.json").read_text())["resumed_from"] == str(run_dir / "checkpoints" /
+                                                                                     "last.ckpt")  # fmt: skip
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(float(v.min()) >= 0 for k, v in state.items() if k.endswith("singular_values"))  # projected
+    assert metrics(run_dir) == metrics(Path(plan[0]["dir"]))  # every metric, to the last digit
+
+
+def test_sigterm_ends_train_py_with_143_and_one_line(tmp_path):
+    # train.py itself (the runs above are forked from one interpreter): exit 143, one line, no results.
+    kill = ["+callbacks.kill._target_=tests.helpers.KillAt", "+callbacks.kill.point=step:2",
+            f"+callbacks.kill.marker={tmp_path / 'killed'}", "+callbacks.kill.signal=SIGTERM"]  # fmt: skip
+    cmd = [sys.executable, "train.py", *RUN, "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / 'run'}", *kill]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: run in {tmp_path / 'run'} stopped by SIGTERM")
+    assert not (tmp_path / "run" / "results.json").exists() and (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
 
 
 def crashed_run(tmp_path, *extra):
@@ -194,14 +211,23 @@ def test_non_finite_inputs_are_the_data_s_fault(tmp_path, monkeypatch):
         run(compose_cfg(["method=single"], tmp_path))
 
 
-def test_user_errors_are_one_line_and_a_debug_flag_shows_the_traceback(tmp_path):
+def test_user_errors_are_one_line_and_a_debug_flag_shows_the_traceback(tmp_path, monkeypatch, capsys):
     cmd = [sys.executable, "train.py", "trainer=debug", "+ensembel_size=2", f"hydra.run.dir={tmp_path / 'a'}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith(
         "error: ensembel_size: no such option (did you mean ensemble_size?)")
-    debug = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**_env(), "SVE_DEBUG": "1"})
-    assert debug.returncode != 0 and "Traceback" in debug.stderr and "check_known_keys" in debug.stderr
+    from sve.errors import one_line_errors
+
+    with pytest.raises(SystemExit) as exit_, one_line_errors():
+        raise InputError("dataset.root=/x: no such directory")
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: dataset.root=/x: no such directory")
+    monkeypatch.setenv("SVE_DEBUG", "1")  # the traceback instead
+    with pytest.raises(InputError, match="no such directory"), one_line_errors():
+        raise InputError("dataset.root=/x: no such directory")
+    monkeypatch.delenv("SVE_DEBUG")
+    with pytest.raises(KeyError), one_line_errors():  # a bug keeps its traceback, flag or not
+        raise KeyError("bug")
     # A run directory that cannot be written: one line before Hydra's log file would fail on it.
     (tmp_path / "file").write_text("")
     cmd = [sys.executable, "train.py", "trainer=debug", f"hydra.run.dir={tmp_path / 'file' / 'run'}"]
@@ -209,8 +235,3 @@ def test_user_errors_are_one_line_and_a_debug_flag_shows_the_traceback(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: the run directory {tmp_path / 'file' / 'run'} "
                                                            "is not writable")
-
-
-def _env() -> dict:
-    import os
-    return dict(os.environ)
