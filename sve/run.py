@@ -175,20 +175,20 @@ def run(cfg: DictConfig) -> dict:
 def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
     commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
-    _, datamodule, method, module = build(cfg)
-    datamodule.setup()  # reads and checks every data file now, before any training
-
-    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     checkpoint = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
     if checkpoint is not None:
         checkpoint.run_config = run_config(cfg)  # a resume from this checkpoint compares its config
+    ckpt_path = resume_path(cfg, checkpoint)  # the checkpoint's file and config, before any download or SVD
+    _, datamodule, method, module = build(cfg)
+    datamodule.setup()  # reads and checks every data file now, before any training
+
+    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
     trainer = make_trainer(cfg, logger, callbacks)
     # The recipe's batch is the global batch: each process takes its share (sve.data.sampling).
     datamodule.distribute(trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches)
     datamodule.order_seed = int(cfg.seed)
     method.check_training(planned_epochs(trainer, datamodule))  # e.g. too few epochs for M checkpoints
-    ckpt_path = resume_path(cfg, checkpoint)
     unused = probe(module, datamodule)  # the method runs on this backbone and data, or fails now
     if unused:
         message = f"{len(unused)} trainable parameter(s) get no gradient: {unused[:4]}"

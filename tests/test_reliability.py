@@ -117,12 +117,14 @@ def test_resume_with_changes_continues_and_records_them(tmp_path):
     assert results["config_changes_on_resume"] == [["trainer.gradient_clip_val", 1.0, 0.5]]
 
 
-def test_a_checkpoint_of_another_shape_or_kind_is_refused_in_one_line(tmp_path):
+def test_a_checkpoint_of_another_shape_or_kind_is_refused_in_one_line(tmp_path, monkeypatch):
     crashed_run(tmp_path)
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     base = ["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2"]
-    with pytest.raises(InputError, match=r"written by a run with another config: ensemble_size: 2 -> 3"):
-        run(compose_cfg([*base, "ensemble_size=3", f"ckpt_path={last}"], tmp_path / "other"))
+    with monkeypatch.context() as patch:  # refused before the model (its download, its SVD) is built
+        patch.setattr("sve.run.build", lambda cfg: pytest.fail("built the model before checking the checkpoint"))
+        with pytest.raises(InputError, match=r"written by a run with another config: ensemble_size: 2 -> 3"):
+            run(compose_cfg([*base, "ensemble_size=3", f"ckpt_path={last}"], tmp_path / "other"))
     # Without the config in it (a checkpoint from elsewhere), the tensors' shapes name the difference.
     state = torch.load(last, weights_only=True)
     state["callbacks"]["LastCheckpoint"]["run_config"] = None
