@@ -1,0 +1,31 @@
+"""The package: ``import sve`` names its map and version and loads no torch; its public names load on use."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+import sve
+from tests.conftest import ROOT
+
+
+def test_import_sve_is_light_and_names_its_map():
+    code = "import sys, sve; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
+    assert "Package map" in sve.__doc__ and "``methods``" in sve.__doc__
+
+
+def test_version_is_the_installed_distribution_s():
+    assert sve.__version__ == importlib.metadata.version("sve")
+
+
+def test_public_names_load_on_first_use():
+    from sve.methods.sve import SVE
+
+    assert sve.SVE is SVE and {"SVE", "EnsembleModule", "run", "InputError"} <= set(sve.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        sve.nope  # noqa: B018
