@@ -56,9 +56,10 @@ def _global_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplac
 
 
 @contextmanager
-def training_draws(seed: int, rows: tuple[int, int] | None, local: int) -> Iterator[None]:
-    """Inside: draws seeded by ``seed``, dropout drawn for the global batch ``rows = (offset, total)``; the
-    global random state is as it was afterwards."""
+def seeded_draws(seed: int, rows: tuple[int, int] | None = None, local: int = 0) -> Iterator[None]:
+    """Inside: draws seeded by ``seed`` and, with ``rows = (offset, total)`` (training), dropout drawn for
+    the global batch of which this micro-batch of ``local`` examples holds those rows; the global random
+    state is as it was afterwards."""
     global _rows
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     previous = _rows

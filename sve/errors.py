@@ -3,8 +3,8 @@
 ``InputError``: what the user gave (config values, data files, checkpoint files, run directories) is wrong,
 found before any work. ``TrainingDiverged``: the run's own numbers went non-finite (names the step and the
 learning rate). ``RunInterrupted``: stopped from outside (SIGTERM). ``one_line_errors`` turns them into one
-``error: ...`` line and a non-zero exit status; ``SVE_DEBUG=1`` (or Hydra's ``HYDRA_FULL_ERROR=1``) shows the
-traceback instead. Any other exception is a bug and keeps its traceback.
+``error: ...`` line and a non-zero exit status; ``SVE_DEBUG=1`` (or Hydra's ``HYDRA_FULL_ERROR=1``) prints the
+traceback before it. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 from contextlib import contextmanager
 
 
@@ -43,6 +44,7 @@ def one_line_errors():
         raise SystemExit(128 + signal.SIGTERM) from None
     except (InputError, TrainingDiverged) as err:
         if debugging():
-            raise
-        print(f"error: {err} (SVE_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+            traceback.print_exc()
+        hint = "" if debugging() else " (SVE_DEBUG=1 shows the traceback)"
+        print(f"error: {err}{hint}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import copy
 import importlib
-import inspect
 import logging
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
@@ -48,6 +46,7 @@ from sve.errors import InputError
 from sve.evaluation import PREDICTIONS, evaluate
 from sve.results import command_line, git_commit, package_versions, read_results, write_json
 from sve.rundir import claim
+from sve.validate import accepted_keys
 from sve.run import build, instantiate, make_trainer, prediction_options
 from sve.writable import check_writable
 
@@ -162,30 +161,6 @@ def locate(path: str):
             found = getattr(found, attr)
         return found
     raise ModuleNotFoundError(f"no module named {parts[0]!r}")
-
-
-def accepted_keys(target) -> set[str] | None:
-    """The keyword arguments ``target`` (a class or a function) takes, from its signature and, for a class
-    whose ``__init__`` passes ``**kwargs`` on, its bases' (this framework's classes pass them to
-    ``super().__init__``); None when it takes any keyword (``**kwargs`` that go elsewhere)."""
-    chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
-    names: set[str] = set()
-    for owner in chain:
-        if owner in (object, torch.nn.Module):  # they take no keyword arguments
-            return names
-        function = vars(owner)["__init__"] if inspect.isclass(owner) else owner
-        try:
-            parameters = list(inspect.signature(function).parameters.values())
-        except (TypeError, ValueError):
-            return None
-        if inspect.isclass(owner):
-            parameters = parameters[1:]  # self
-        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return names
-        if not inspect.isclass(owner) or not owner.__module__.startswith("sve."):
-            return None  # **kwargs of a function or of another package's class: anything may be valid
-    return None
 
 
 def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sve.checkpoint import LeanCheckpointing
-from sve.draws import training_draws, unfuse_attention_dropout
+from sve.draws import seeded_draws, unfuse_attention_dropout
 from sve.errors import InputError, TrainingDiverged
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
@@ -78,7 +78,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         rows = batch.pop("rows", None)  # its place in the global batch
         # A tuple of ints hashes alike in every process (strings do not); -1 keeps it apart from ``draws``'.
         seed = hash((self.draw_seed, -1, self.global_step)) % 2**63
-        draws = training_draws(seed, rows, batch["labels"].shape[0]) if self.exact_draws else nullcontext()
+        draws = seeded_draws(seed, rows, batch["labels"].shape[0]) if self.exact_draws else nullcontext()
         with draws:
             logits = check_member_logits(self.method(batch))
             loss = self.method.loss(logits, batch["labels"])
@@ -92,21 +92,21 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         finite = bool(torch.isfinite(loss.detach()).all())
         if self.trainer.world_size > 1:
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
+            self.last_finite_loss = (self.global_step, float(loss.detach()))
+            return
         bad_inputs = {k: int((~torch.isfinite(v)).sum()) for k, v in (batch or {}).items()
-                      if not finite and isinstance(v, Tensor) and v.is_floating_point()
-                      and not bool(torch.isfinite(v).all())}  # fmt: skip
+                      if isinstance(v, Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())}
         if bad_inputs:
             raise InputError(f"the training batch of step {self.global_step} (epoch {self.current_epoch}) holds "
                              f"non-finite input values ({', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
                              "); the data must be finite (check the dataset files and any preprocessing)")
-        if not finite:
-            last = self.last_loss()
-            raise TrainingDiverged(
-                f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "
-                f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}; last "
-                f"finite loss: {last}. Nothing was written to results.json; try a smaller optimizer.lr or method.lr"
-            )
-        self.last_finite_loss = (self.global_step, float(loss.detach()))
+        raise TrainingDiverged(
+            f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "
+            f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}; last "
+            f"finite loss: {self.last_loss()}. Nothing was written to results.json; try a smaller optimizer.lr or "
+            "method.lr"
+        )
 
     def last_loss(self) -> str:
         return "none" if self.last_finite_loss is None else "{1:.6g} at step {0}".format(*self.last_finite_loss)
@@ -157,9 +157,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         if index is None or not len(index):
             yield
             return
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(hash((self.draw_seed, int(index[0]), len(index))) % 2**63)
+        with seeded_draws(hash((self.draw_seed, int(index[0]), len(index))) % 2**63):
             yield
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

@@ -156,13 +156,12 @@ def run(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.paths.output_dir)
     done = out_dir / "results.json"
     skip = cfg.get("skip_finished", True)
-    if skip:
-        check_same_config(cfg, out_dir)  # a finished run is never silently returned for another config
+    # A finished run is never silently returned for another config, nor an unfinished one continued with it.
+    changes = check_same_config(cfg, out_dir) if skip else []
     if skip and done.exists():
         log.info("%s exists: this run has finished, skipping it (skip_finished=false runs it again)", done)
         return read_results(done)
     with claim(out_dir):
-        changes = check_same_config(cfg, out_dir) if skip else []
         if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or not skip):
             remember_config(out_dir, run_config(cfg))
         try:

@@ -213,16 +213,9 @@ class WritableRunDir(Callback):
 
     @staticmethod
     def _check(directory: Path, key: str) -> None:
-        import sys
-        import traceback
-
-        from sve.errors import debugging
+        from sve.errors import one_line_errors
         from sve.writable import check_writable
 
-        try:
+        # SystemExit, not the exception: Hydra would turn a callback's exception into a warning and go on.
+        with one_line_errors():
             check_writable(directory, "the run directory", hint=f"{key}=<a writable directory>")
-        except InputError as err:  # Hydra turns a callback's exception into a warning: exit here, in one line
-            if debugging():
-                traceback.print_exc()
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None

@@ -9,6 +9,7 @@ trainable parameters that receive no gradient (under DDP these stop training, so
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import socket
@@ -158,8 +159,6 @@ def probe(module, datamodule) -> list[str]:
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Hydra's instantiate keys and the group options' own label; no target receives them.
 SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "name"}
-# Bases whose ``**kwargs`` accept nothing a config could mean: a subclass chain that reaches them is closed.
-CLOSED_BASES = {object, torch.nn.Module}
 
 
 @functools.cache
@@ -174,29 +173,29 @@ def root_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
-def accepted_keys(target: str) -> set[str] | None:
-    """The keyword arguments ``target`` (a class or function path) accepts, or None when it takes any.
-
-    A class whose ``__init__`` passes ``**kwargs`` on to its base accepts the base's arguments too: the walk
-    follows the MRO until an ``__init__`` without ``**kwargs`` (or a closed base) ends it."""
-    import inspect
-
-    from hydra.utils import get_object
-
-    obj = get_object(target)
+def accepted_keys(target) -> set[str] | None:
+    """The keyword arguments ``target`` (a class or a function) takes, from its signature and, for a class
+    whose ``__init__`` passes ``**kwargs`` on, its bases' (this framework's classes pass them to
+    ``super().__init__``); None when it takes any keyword (``**kwargs`` of a function or of another
+    package's class, which may go anywhere)."""
+    chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
     names: set[str] = set()
-    chain = [c for c in inspect.getmro(obj) if "__init__" in vars(c)] if inspect.isclass(obj) else [obj]
-    for item in chain:
-        if item in CLOSED_BASES or (inspect.isclass(item) and issubclass(torch.nn.Module, item)):
+    for owner in chain:
+        if owner in (object, torch.nn.Module):  # they take no keyword arguments
             return names
+        function = vars(owner)["__init__"] if inspect.isclass(owner) else owner
         try:
-            params = inspect.signature(item.__init__ if inspect.isclass(item) else item).parameters.values()
-        except (TypeError, ValueError):  # a builtin without a signature: take anything
+            parameters = list(inspect.signature(function).parameters.values())
+        except (TypeError, ValueError):
             return None
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
+        if inspect.isclass(owner):
+            parameters = parameters[1:]  # self
+        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return names
-    return None if chain and not inspect.isclass(obj) else names
+        if not inspect.isclass(owner) or not owner.__module__.startswith("sve."):
+            return None
+    return None
 
 
 def _unknown(key: str, valid: set[str], where: str) -> InputError:
@@ -220,10 +219,12 @@ def check_known_keys(cfg: DictConfig) -> None:
     def walk(node, prefix: str) -> None:
         if not isinstance(node, DictConfig):
             return
-        target = node.get("_target_") if "_target_" in node else None
+        target = node.get("_target_")
         if isinstance(target, str):
+            from hydra.utils import get_object
+
             try:
-                valid = accepted_keys(target)
+                valid = accepted_keys(get_object(target))
             except Exception as err:  # noqa: BLE001 - any import failure is the user's target
                 raise InputError(f"{prefix}._target_={target!r} cannot be imported ({type(err).__name__}: "
                                  f"{err}); expected a class or function path") from None

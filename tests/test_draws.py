@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sve.draws import rows_to_draw, training_draws, unfuse_attention_dropout
+from sve.draws import rows_to_draw, seeded_draws, unfuse_attention_dropout
 from sve.run import build, run
 from tests.conftest import compose_cfg
 
@@ -17,30 +17,30 @@ from tests.conftest import compose_cfg
 def test_a_micro_batch_gets_its_rows_of_the_global_batch_mask():
     x = torch.randn(8, 5, 3)
     drop = nn.Dropout(0.3).train()
-    with training_draws(123, (0, 8), 8):
+    with seeded_draws(123, (0, 8), 8):
         whole = drop(x)
-    with training_draws(123, (0, 8), 5):
+    with seeded_draws(123, (0, 8), 5):
         first = drop(x[:5])
-    with training_draws(123, (5, 8), 3):
+    with seeded_draws(123, (5, 8), 3):
         second = drop(x[5:])
     assert torch.equal(whole, torch.cat([first, second]))
     torch.manual_seed(123)  # on the CPU the global-batch mask is exactly F.dropout's
     assert torch.equal(whole, nn.functional.dropout(x, 0.3, True))
     # Members stacked member-major (K copies of the micro-batch): member k's rows are its rows of the global mask.
     stacked = torch.cat([x, x + 1])  # K = 2 members of 8 examples
-    with training_draws(7, (0, 8), 8):
+    with seeded_draws(7, (0, 8), 8):
         both = drop(stacked)
-    with training_draws(7, (5, 8), 3):
+    with seeded_draws(7, (5, 8), 3):
         part = drop(torch.cat([x[5:], x[5:] + 1]))
     assert torch.equal(part, torch.cat([both[5:8], both[13:16]]))
     assert nn.functional.dropout is torch.nn.functional.dropout  # restored after the context
 
 
 def test_a_draw_that_is_not_batch_first_falls_back_with_a_warning():
-    with training_draws(0, (0, 8), 8), pytest.warns(UserWarning, match=r"not batch-first.*drawn per process"):
+    with seeded_draws(0, (0, 8), 8), pytest.warns(UserWarning, match=r"not batch-first.*drawn per process"):
         nn.Dropout(0.5).train()(torch.randn(3, 4))
     assert rows_to_draw(4) == (4, slice(None))  # outside the context: this micro-batch only
-    with training_draws(0, (4, 10), 4):
+    with seeded_draws(0, (4, 10), 4):
         assert rows_to_draw(4) == (10, slice(4, 8))
 
 
