@@ -20,9 +20,11 @@ waits for it and reads its results, without writing into its directory. Two proc
 table thus split its runs between them. A run whose holder has died is trained here, from its checkpoint.
 
 A table may tune one hyper-parameter per row on the validation split (``tune:`` in its definition, e.g. the
-learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; the
-value with the best validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written to
-``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
+learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; while
+the best value is on the grid's edge, the grid grows by the next value of its log ladder beyond it
+(``sve.tuning``: bounded, and a choice still on an edge is recorded as such). The value with the best
+validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written, with the whole
+searched grid, to ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
 (same config, same seed), so it is copied to its seed directory rather than trained twice. A row with
 ``tune_as: method:members`` takes the choice of that row of the same experiment instead of a grid of its own
 (SVE at M = 1, 2, 4 sharing the learning rate tuned for SVF, as the paper's recipe shares it); the choice is
@@ -48,6 +50,8 @@ from sve.errors import InputError
 from sve.multirun import clear_failure, record_failure
 from sve.report import (METRICS, REPO, build, first_report, load_spec, members_of, parse_row, results_root,
                         run_dir, table_names)  # fmt: skip
+from sve.tuning import choice as tuning_choice
+from sve.tuning import next_value, settings
 from sve.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
 from sve.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
 from sve.writable import check_writable, write_error
@@ -96,36 +100,30 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
 # --- tuning on the validation split ------------------------------------------------------------------------
 
 
-def tuning_jobs(spec, job: Job) -> list[Job]:
-    """One run per grid value of ``spec.tune`` at its seed, for the row of ``job``."""
+def tuning_jobs(spec, job: Job, values: list) -> list[Job]:
+    """One run per grid value at the tuning seed, for the row of ``job``."""
     tune = spec.tune
     row_dir = job.dir.parent
     return [Job(job.experiment, job.method, job.members, int(tune.seed), [*job.overrides[:-1], f"{tune.key}={value}",
                 f"seed={tune.seed}"], row_dir / "tune" / f"{tune.key}_{value}", tuning=f"{tune.key}={value}")
-            for value in tune.grid]  # fmt: skip
+            for value in values]  # fmt: skip
 
 
-def choose(spec, row_dir: Path, tuned: list[tuple[Job, dict | None]]) -> dict:
-    """The grid value with the best validation metric (``tuned``: each grid run and its results or None);
-    written to ``<row dir>/tuned.json``."""
+def grid_scores(spec, tuned: list[tuple[Job, dict | None]], values: list, row_dir: Path) -> dict:
+    """Each grid value's validation metric (``tuned``: each grid run and its results or None); a
+    ``RuntimeError`` naming the values whose runs have not finished, since a choice from part of the grid
+    would be a different experiment."""
     tune = spec.tune
-    metric = METRICS[tune.metric]
     scores = {}
-    for job, results in tuned:
-        value = (results or {}).get("metrics", {}).get(f"val/{tune.metric}")
-        if value is not None:
-            scores[job.tuning.split("=", 1)[1]] = float(value)
-    grid = [str(v) for v in tune.grid]
-    missing = [v for v in grid if v not in scores]
-    if missing:  # a choice from part of the grid would be a different experiment: wait for the rest
+    for value, (_, results) in zip(values, tuned):
+        score = (results or {}).get("metrics", {}).get(f"val/{tune.metric}")
+        if score is not None:
+            scores[value] = float(score)
+    missing = [str(v) for v in values if v not in scores]
+    if missing:
         raise RuntimeError(f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
-                           f"finished with a validation {tune.metric} (of the grid {grid})")
-    best = (max if metric.higher_is_better else min)(scores, key=scores.get)
-    choice = {"key": tune.key, "value": best, "metric": f"val/{tune.metric}", "scores": scores,
-              "grid": grid, "seed": int(tune.seed),
-              "note": "chosen on the validation split only; every seed of this row uses it"}  # fmt: skip
-    write_json(row_dir / TUNED, choice)
-    return choice
+                           f"finished with a validation {tune.metric} (of the grid {[str(v) for v in values]})")
+    return scores
 
 
 TUNED = "tuned.json"
@@ -133,15 +131,17 @@ TUNED = "tuned.json"
 
 def read_tuned(spec, path: Path) -> dict:
     """A row's ``tuned.json``; ``UnreadableFile`` when it is not valid JSON, or not a choice of the table's
-    ``tune`` key from its grid (a choice made for another definition), saying to delete it to tune again."""
+    ``tune`` key over a grid holding its starting grid (a choice made for another definition), saying to
+    delete it to tune again."""
     fix = f"delete it to choose again (the row's tuning runs under {path.parent / 'tune'} are kept and reused)"
     choice = read_json(path, fix)
-    grid = [str(v) for v in spec.tune.grid]
     if "key" not in choice or "value" not in choice:
         raise UnreadableFile(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}", path)
-    if choice["key"] != spec.tune.key or str(choice["value"]) not in grid:
-        raise UnreadableFile(f"{path} chose {choice['key']}={choice['value']}, but the table tunes "
-                             f"{spec.tune.key} over {grid}; {fix}", path)  # fmt: skip
+    start = [str(v) for v in settings(spec.tune)[0]]
+    searched = [str(v) for v in choice.get("grid", [])]
+    if choice["key"] != spec.tune.key or str(choice["value"]) not in searched or not set(start) <= set(searched):
+        raise UnreadableFile(f"{path} chose {choice['key']}={choice['value']} over {searched}, but the table tunes "
+                             f"{spec.tune.key} starting from {start}; {fix}", path)  # fmt: skip
     return choice
 
 
@@ -376,8 +376,9 @@ def smoke_skips_tuning(spec, smoke: bool) -> bool:
 
 
 def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
-    """Runs (or finds) the row's grid and returns its choice; None when it cannot be made; ``HELD`` when
-    another process is training one of its grid runs (the choice needs every value)."""
+    """Runs (or finds) the row's grid, growing it while its best value is on an edge (``sve.tuning``), and
+    returns the choice; None when it cannot be made; ``HELD`` when another process is training one of its grid
+    runs (the choice, and whether the grid grows, need every value's score)."""
     def found() -> dict | None:
         try:
             return read_tuned(spec, row_dir / TUNED)
@@ -388,20 +389,32 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
 
     if (row_dir / TUNED).exists():
         return found()
-    grid = tuning_jobs(spec, job)
-    tuned = [(g, attempt(spec, g, f"  tune {g}")) for g in grid]
-    if any(r is HELD for _, r in tuned):
-        return HELD
-    if (row_dir / TUNED).exists():  # written by the process that finished the last grid run
-        return found()
-    if dry_run:
-        return {"key": spec.tune.key, "value": "<best on validation>"}
-    try:
-        choice = choose(spec, row_dir, tuned)
-    except RuntimeError as err:
-        failures.append(str(err))
-        return None
-    print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']} "
+    metric = METRICS[spec.tune.metric]
+    values = settings(spec.tune)[0]
+    while True:
+        grid = tuning_jobs(spec, job, values)
+        tuned = [(g, attempt(spec, g, f"  tune {g}")) for g in grid]
+        if any(r is HELD for _, r in tuned):
+            return HELD
+        if (row_dir / TUNED).exists():  # written by the process that finished the last grid run
+            return found()
+        if dry_run:
+            return {"key": spec.tune.key, "value": "<best on validation; the grid grows while it is on an edge>"}
+        try:
+            scores = grid_scores(spec, tuned, values, row_dir)
+        except RuntimeError as err:
+            failures.append(str(err))
+            return None
+        following = next_value(spec.tune, scores, metric.higher_is_better)
+        if following is None:
+            break
+        print(f"  {job.experiment} {job.method} M={job.members}: best {spec.tune.key} on the edge of "
+              f"{[str(v) for v in sorted(values)]}: trying {following}", flush=True)  # fmt: skip
+        values = [*values, following]
+    choice = tuning_choice(spec.tune, scores, metric.higher_is_better, str)
+    write_json(row_dir / TUNED, choice)
+    edge = f", left on the {choice['edge']} edge" if choice["edge"] else ""
+    print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']}{edge} "
           f"(validation {spec.tune.metric}: {choice['scores']})", flush=True)  # fmt: skip
     return choice
 

@@ -138,7 +138,8 @@ def test_a_row_can_take_another_rows_tuned_value(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     assert sweep.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
-    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"), ("svf", 0, "0.01", "method.lr=0.01")]
+    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"), ("svf", 0, "0.01", "method.lr=0.01"),
+                                            ("svf", 0, "0.03", "method.lr=0.03")]  # the grid grew past its edge
     assert [t for t in trained if not t[3]] == [("sve", 0, "0.01", None)]
     sve_row = run_dir(tmp_path / "smoke", "mini_arc_smollm2", "sve", 2, 0).parent
     choice = json.loads((sve_row / "tuned.json").read_text())
@@ -255,7 +256,7 @@ def test_a_row_whose_tuning_another_process_trains_waits_until_the_rest_is_done(
     todo = sweep.jobs(spec, tmp_path / "smoke", smoke=True)
     first = todo[0]
     rest = [job for job in todo if job.method != first.method]
-    other = sweep.tuning_jobs(spec, first)[1]
+    other = sweep.tuning_jobs(spec, first, sweep.settings(spec.tune)[0])[1]
     held_lock(other.dir, os.getpid())
     order = []
 

@@ -1,0 +1,108 @@
+"""Tuning grows its log grid until the choice is interior, or says that it is left on an edge."""
+
+import json
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from sve import sweep
+from sve.errors import InputError
+from sve.report import run_dir
+from sve.tuning import choice, ladder_position, ladder_value, next_value, settings
+
+
+def tune(**kwargs):
+    return OmegaConf.create({"key": "method.lr", "metric": "nll", "seed": 0, **kwargs})
+
+
+def search(block, objective):
+    """What the sweep does with a grid: score every value, grow while ``next_value`` says so."""
+    values = settings(block)[0]
+    scores = {}
+    while True:
+        scores.update({v: objective(v) for v in values if v not in scores})
+        following = next_value(block, scores, higher_is_better=False)
+        if following is None:
+            return scores
+        values = [*values, following]
+
+
+def test_the_ladder_is_exact_decimal_values():
+    assert [ladder_value(p, 2) for p in range(-8, -4)] == [1e-4, 3e-4, 1e-3, 3e-3]
+    assert [ladder_value(p, 3) for p in range(-3, 1)] == [0.1, 0.2, 0.5, 1.0]
+    assert str(ladder_value(-7, 2)) == "0.0003"  # the run directory name a YAML grid value gets
+    assert ladder_position(3e-4, 2) == -7 and ladder_position(1e-3, 1) == -3
+    with pytest.raises(InputError, match=r"0\.0004 is not on the log ladder with per_decade=2 \(values like 1e-4, 3e-4\)"):
+        ladder_position(4e-4, 2)
+    with pytest.raises(InputError, match=r"per_decade=4 is not supported; choose one of \[1, 2, 3\]"):
+        ladder_position(1e-3, 4)
+
+
+def test_an_optimum_beyond_the_first_grid_is_found():
+    # A smooth objective in log(lr) with its minimum at 1e-2, two half-decade steps above the grid's top.
+    def objective(lr):
+        return (math.log10(lr) + 2.0) ** 2
+
+    block = tune(grid=[1e-4, 3e-4, 1e-3])
+    scores = search(block, objective)
+    record = choice(block, scores, False, str)
+    assert record["value"] == "0.01" and record["edge"] is None
+    assert record["grid"] == ["0.0001", "0.0003", "0.001", "0.003", "0.01", "0.03"]
+    assert record["extended"] == ["0.003", "0.01", "0.03"] and record["initial_grid"] == ["0.0001", "0.0003", "0.001"]
+
+
+def test_an_optimum_below_the_grid_grows_it_downwards():
+    scores = search(tune(grid=[1e-3, 3e-3]), lambda lr: abs(math.log10(lr) + 3.5))  # minimum at 3e-4
+    assert min(scores, key=scores.get) == 3e-4 and sorted(scores) == [1e-4, 3e-4, 1e-3, 3e-3]
+
+
+def test_an_edge_that_the_bound_stops_is_reported():
+    block = tune(grid=[1e-4, 3e-4], extend=2)
+    scores = search(block, lambda lr: -lr)  # better and better upwards: never interior
+    record = choice(block, scores, False, str)
+    assert sorted(scores) == [1e-4, 3e-4, 1e-3, 3e-3] and record["value"] == "0.003"
+    assert record["edge"] == "upper" and "left on the upper edge of the searched grid after 2 of at most 2" in record["note"]
+
+
+def test_a_fixed_grid_is_searched_as_given():
+    block = tune(grid=["adamw", "sgd"], extend=0)
+    scores = {"adamw": 0.3, "sgd": 0.5}
+    assert next_value(block, scores, False) is None
+    assert choice(block, scores, False, str)["value"] == "adamw"
+
+
+def test_the_sweep_grows_the_grid_and_records_the_search(tmp_path, monkeypatch):
+    # Fake runs whose validation NLL falls with the learning rate up to 0.1: the smoke grid [1e-3, 1e-2] grows
+    # to 3e-2, 0.1 and 0.3 (where NLL rises again); the seeds train at 0.1.
+    trained = []
+
+    def fake_run(job):
+        lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
+        trained.append((job.method, job.seed, lr, job.tuning is not None))
+        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
+                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 1)}}
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        return results
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
+    record = json.loads((row / "tuned.json").read_text())
+    assert record["value"] == "0.1" and record["edge"] is None
+    assert record["grid"] == ["0.001", "0.01", "0.03", "0.1", "0.3"]
+    assert [lr for m, _, lr, tuning in trained if m == "sve" and tuning] == [1e-3, 1e-2, 3e-2, 0.1, 0.3]
+    assert [(s, lr) for m, s, lr, tuning in trained if m == "sve" and not tuning] == [(1, 0.1)]  # seed 0 is reused
+    trained.clear()
+    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert trained == []  # a rerun finds every run, the grown grid included
+
+
+def test_a_choice_over_another_grid_is_refused(tmp_path):
+    spec = sweep.load_spec("mini_table2", smoke=True)
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"key": "method.lr", "value": "0.5", "grid": ["0.5", "1.0"]}))
+    with pytest.raises(sweep.UnreadableFile, match=r"starting from \['0.001', '0.01'\]; delete it"):
+        sweep.read_tuned(spec, path)
