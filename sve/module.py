@@ -160,15 +160,22 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         with seeded_draws(hash((self.draw_seed, int(index[0]), len(index))) % 2**63):
             yield
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def val_predictive(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """The ensemble's predictive (N, C) and labels (N,) of one validation batch, padding rows dropped:
+        what validation scores, here and in the learning curve (``sve.curves``)."""
+        batch = dict(batch)
         valid = batch.pop("valid", None)
         with self.draws(batch.pop("index", None)):
             logits = check_member_logits(self.method(batch))
         labels = batch["labels"]
         if valid is not None:
             logits, labels = logits[:, valid], labels[valid]
+        return predictive(logits, self.aggregate), labels
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        probs, labels = self.val_predictive(batch)
         if labels.numel():
-            self.val_metrics.update(predictive(logits, self.aggregate), labels)
+            self.val_metrics.update(probs, labels)
 
     def on_fit_start(self) -> None:
         if self.exact_draws:

@@ -20,6 +20,7 @@ from sve.allocator import set_cpu_allocator
 from sve.backbones.hf import package_path
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from sve.curves import LearningCurve
 from sve.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
 from sve.errors import InputError, RunInterrupted
 from sve.evaluation import evaluate
@@ -176,6 +177,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     pl.seed_everything(cfg.seed, workers=True)
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     checkpoint = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
+    curve = next((c for c in callbacks if isinstance(c, LearningCurve)), None)
     if checkpoint is not None:
         checkpoint.run_config = run_config(cfg)  # a resume from this checkpoint compares its config
     ckpt_path = resume_path(cfg, checkpoint)  # the checkpoint's file and config, before any download or SVD
@@ -239,6 +241,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "precision": str(trainer.precision),
         },
+        "curve": curve.record() if curve is not None else None,  # validation metrics during training
         "resumed_from": ckpt_path,
         "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
         # All attempts: earlier ones up to their last checkpoint, plus this one.

@@ -69,6 +69,11 @@ def test_interrupted_run_ends_non_zero_and_resumes_to_the_last_digit(point, sig,
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert all(float(v.min()) >= 0 for k, v in state.items() if k.endswith("singular_values"))  # projected
     assert metrics(run_dir) == metrics(Path(plan[0]["dir"]))  # every metric, to the last digit
+    assert curve(run_dir) == curve(Path(plan[0]["dir"]))  # and the learning curve, points before the kill included
+
+
+def curve(run_dir) -> list[dict]:
+    return json.loads((run_dir / "results.json").read_text())["curve"]["points"]
 
 
 def test_sigterm_ends_train_py_with_143_and_one_line(tmp_path):
