@@ -5,7 +5,9 @@
   ``shift.by_severity`` records (also written as tables, ``figure3.md`` / ``.csv``);
 - Figs. 4-6 (Appendix B): relative change (%) of the top singular values from the pretrained ones, per
   member and layer, from a run's ``singular_values.npz``;
-- reliability diagrams, one panel per method, from a run's ``reliability`` record or saved predictions.
+- reliability diagrams, one panel per method, from a run's ``reliability`` record or saved predictions;
+- learning curves: validation NLL, ECE and accuracy against optimiser steps, one line per method (mean over
+  seeds), from the runs' ``curve`` records (``sve.curves``), so a reader sees whether each method converged.
 
 A figure without any data is not drawn (the table beside it lists what is missing).
 """
@@ -257,3 +259,54 @@ def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
         written += _save(fig, out_dir, f"{spec.name}_reliability_{experiment}")
     return written
 
+
+
+# --- learning curves ------------------------------------------------------------------------------------
+
+CURVE_METRICS = ("nll", "ece", "acc")
+
+
+def mean_curve(found: dict[int, Run], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(steps, mean, std) over the seeds of one row at the steps every seed's curve has; None without curves."""
+    curves = [{p["step"]: p[key] for p in (r.results.get("curve") or {}).get("points", []) if key in p}
+              for r in found.values()]
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    values = np.array([[c[s] for s in steps] for c in curves])
+    return np.array(steps), values.mean(axis=0), values.std(axis=0, ddof=1) if len(curves) > 1 else 0 * values[0]
+
+
+def learning_curves(spec, runs: list[Run], out_dir: Path) -> list[Path]:
+    """Per experiment of a table: one panel per metric (validation NLL, ECE, accuracy) against optimiser
+    steps, one line per row, the mean over its seeds with a band of one standard deviation."""
+    written = []
+    for experiment, title in spec.experiments.items():
+        series = {}
+        for row in spec.rows:
+            found = select(runs, experiment, row.method, int(row.members))
+            curves = {key: mean_curve(found, f"val/{key}") for key in CURVE_METRICS}
+            if all(c is not None for c in curves.values()):
+                series[_label(row.method, int(row.members))] = (curves, len(found))
+        if not series:
+            continue
+        fig, axes = plt.subplots(1, len(CURVE_METRICS), figsize=(4.2 * len(CURVE_METRICS), 3.4), squeeze=False)
+        markers = "osD^v<>pP*X"
+        for i, (label, (curves, seeds)) in enumerate(series.items()):
+            for ax, key in zip(axes.flat, CURVE_METRICS):
+                steps, mean, std = curves[key]
+                scale = METRICS[key].scale
+                (line,) = ax.plot(steps, mean * scale, marker=markers[i % len(markers)], ms=3.5, lw=1.2,
+                                  label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")  # fmt: skip
+                ax.fill_between(steps, (mean - std) * scale, (mean + std) * scale, color=line.get_color(), alpha=0.12)
+        for ax, key in zip(axes.flat, CURVE_METRICS):
+            metric = METRICS[key]
+            ax.set_title(f"validation {metric.label} {metric.arrow}".strip(), fontsize=9)
+            ax.set_xlabel("optimiser step")
+            ax.grid(alpha=0.3)
+        axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+        fig.suptitle(f"Learning curves: {title}", fontsize=10)
+        fig.tight_layout()
+        written += _save(fig, out_dir, f"{spec.name}_curves_{experiment}")
+    return written

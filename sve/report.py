@@ -428,6 +428,7 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
         table = metric_table(spec, runs, root, with_paper)
         written += render.write_table(table, root / "tables")
         written += figures.reliability_diagrams(spec, runs, root / "figures")
+        written += figures.learning_curves(spec, runs, root / "figures")
         if spec.kind == "figure2":
             written += figures.figure2(table, root / "figures")
     elif spec.kind == "cost":

@@ -104,3 +104,23 @@ def test_reliability_diagrams_from_saved_predictions(tmp_path):
         np.savez(run / "predictions" / "test.npz", member_logits=logits[:members], labels=rng.integers(0, 5, 50))
     build("table2", root=tmp_path)
     assert_figure(tmp_path / "figures" / "table2_reliability_sst2_bert.png")
+
+
+def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):
+    # Two seeds' curves; the second lacks step 5, which is therefore left out of the mean.
+    def points(steps, nll):
+        return {"points": [{"step": s, "val/nll": v, "val/ece": 0.1, "val/acc": 0.5} for s, v in zip(steps, nll)]}
+
+    write_run(tmp_path, "mini_sst2_minilm", "sve", 4, 0, {"acc": 0.8}, curve=points([0, 5, 10], [0.7, 0.5, 0.3]))
+    write_run(tmp_path, "mini_sst2_minilm", "sve", 4, 1, {"acc": 0.8}, curve=points([0, 10], [0.7, 0.5]))
+    write_run(tmp_path, "mini_sst2_minilm", "single", 1, 0, {"acc": 0.8})  # no curve recorded: no line
+    from sve.figures import mean_curve
+    from sve.report import load_runs, select
+
+    found = select(load_runs(tmp_path), "mini_sst2_minilm", "sve", 4)
+    steps, mean, std = mean_curve(found, "val/nll")
+    assert steps.tolist() == [0, 10] and mean.tolist() == pytest.approx([0.7, 0.4])
+    assert std.tolist() == pytest.approx([0.0, np.std([0.3, 0.5], ddof=1)])
+    assert mean_curve(select(load_runs(tmp_path), "mini_sst2_minilm", "single", 1), "val/nll") is None
+    build("mini_table2", root=tmp_path)
+    assert_figure(tmp_path / "figures" / "mini_table2_curves_mini_sst2_minilm.png")
