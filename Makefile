@@ -76,8 +76,8 @@ $(MINI_WORKERS):
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
 	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
-mini-budget: ## The single model's validation curve over SST-2 training-set sizes (how mini Table 2's budget was chosen)
-	$(PYTHON) scripts/mini_budget.py
+mini-budget: ## The budget measured for every method from the runs (minutes per run, run counts, convergence along each learning curve) -> results/mini/budget.md
+	$(PYTHON) scripts/mini_budget.py --results $(or $(RESULTS),results/mini)
 mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
 mini-figure2: ## Mini Fig. 2: SST-2 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
 mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and SVE at M=1,2,4, LoRA-Ensemble

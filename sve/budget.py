@@ -1,0 +1,161 @@
+"""The miniature's budget, measured for every method: ``make mini-budget`` (``scripts/mini_budget.py``).
+
+The budget rule. A budget chosen on one method favours it (methods that train fewer parameters may need more
+steps), so the miniature does not choose its budget on any method: every experiment trains for the paper's
+epoch count (Table 7: 3 on SST-2, 10 on the vision tasks, 5 on ARC-Easy) on the largest training subset that
+the time budget of ``make mini`` allows. This module is the measurement behind both halves of the rule, read
+from the runs of a result store (tuning runs included):
+
+- **time**: minutes per run by experiment and method (``wall_time_s``), how many runs each table needs
+  (its rows x seeds plus the tuning runs its grid grew to), and the total against the time budget;
+- **convergence**: for every method at its tuned learning rate, the validation NLL along its learning curve
+  (``sve.curves``; mean over seeds): where the best point lies, and whether the curve was still falling at
+  the end (the last point better than the one before by more than the tolerance). A method still falling
+  needed more budget than it got; a method whose best point is earlier had enough.
+- **the curve's share**: the curve's evaluations as a fraction of the run, estimated from the run's own test
+  throughput (``test/seconds`` over ``test/examples``) and the examples the curve scored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from sve.report import METHOD_NAMES, load_spec, run_dir
+
+TOLERANCE = 0.01  # nats of validation NLL: smaller changes between curve points are not a trend
+
+
+def convergence(points: list[dict], key: str = "val/nll", tolerance: float = TOLERANCE) -> dict | None:
+    """Where a (mean) curve of a lower-is-better metric is best, and whether it was still falling at its end."""
+    points = [p for p in points if key in p]
+    if len(points) < 2:
+        return None
+    best = min(points, key=lambda p: p[key])
+    last, before = points[-1], points[-2]
+    falling = before[key] - last[key] > tolerance
+    return {"start": points[0][key], "best": best[key], "best_step": best["step"], "final": last[key],
+            "final_step": last["step"], "still_falling": falling,
+            "verdict": "still falling at the end" if falling else
+                       "converged (best at the end)" if best is last else
+                       f"converged (best at step {best['step']} of {last['step']}, then {last[key] - best[key]:+.3f})"}
+
+
+def mean_points(curves: list[list[dict]], key: str = "val/nll") -> list[dict]:
+    """The mean over seeds of curves, at the steps every one of them has."""
+    curves = [{p["step"]: p[key] for p in c if key in p} for c in curves if c]
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [{"step": s, key: statistics.fmean(c[s] for c in curves)} for s in steps]
+
+
+def curve_share(results: dict) -> float | None:
+    """The curve's evaluations as a fraction of the run's wall time, at the run's own test throughput."""
+    curve = results.get("curve") or {}
+    metrics = results.get("metrics") or {}
+    seconds, examples = metrics.get("test/seconds"), metrics.get("test/examples")
+    wall = results.get("wall_time_s")
+    if not curve.get("points") or not seconds or not examples or not wall:
+        return None
+    scored = sum(p.get("examples", 0) for p in curve["points"])
+    return scored * float(seconds) / float(examples) / float(wall)
+
+
+def all_runs(root: Path) -> list[tuple[Path, dict]]:
+    """Every finished run under ``root/runs`` (tuning runs included; copies of a tuning run left out)."""
+    found = []
+    for path in sorted(Path(root, "runs").rglob("results.json")):
+        if (path.parent / "REUSED.txt").exists():
+            continue  # the tuning run it copies is counted
+        try:
+            found.append((path.parent, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2) -> tuple[str, dict]:
+    """``budget.md`` and ``budget.json``: time by experiment and method, each table's run count, and every
+    row's convergence at its tuned learning rate."""
+    runs = all_runs(root)
+    minutes: dict[tuple[str, str], list[float]] = defaultdict(list)
+    shares: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for _, results in runs:
+        experiment = results.get("experiment") or (results.get("config") or {}).get("experiment_name")
+        key = (experiment, f"{results['method']}:{results.get('num_members', results.get('ensemble_size'))}")
+        if results.get("wall_time_s"):
+            minutes[key].append(float(results["wall_time_s"]) / 60)
+        if (share := curve_share(results)) is not None:
+            shares[key].append(share)
+    lines = ["# The miniature's budget, measured for every method", "",
+             "Written by `make mini-budget` (`sve/budget.py`) from the runs under `runs/`. The rule: every "
+             "experiment trains for the paper's epoch count (Table 7) on the largest training subset that the "
+             "time budget allows; no method chooses it.", ""]  # fmt: skip
+    record: dict = {"tables": {}, "budget_hours": budget_hours, "workers": workers}
+    total_minutes = 0.0
+    seen_runs: set[Path] = set()
+    for name in tables:
+        spec = load_spec(name)
+        if spec.kind not in ("metrics", "figure2"):
+            continue
+        rows = []
+        for experiment in spec.experiments:
+            for row in spec.rows:
+                members = int(row.members)
+                key = (experiment, f"{row.method}:{members}")
+                row_dir = run_dir(root, experiment, row.method, members, 0).parent
+                tuned = row_dir / "tuned.json"
+                choice = json.loads(tuned.read_text()) if tuned.exists() else None
+                curves, directories = [], []
+                for seed in spec.seeds:
+                    path = run_dir(root, experiment, row.method, members, int(seed)) / "results.json"
+                    if path.exists():
+                        curves.append((json.loads(path.read_text()).get("curve") or {}).get("points", []))
+                directories = [d for d, _ in runs if d.is_relative_to(row_dir)]
+                fresh = [d for d in directories if d not in seen_runs]
+                seen_runs.update(fresh)
+                spent = sum(minutes_of(d, runs) for d in fresh)
+                total_minutes += spent
+                state = convergence(mean_points(curves))
+                rows.append({"experiment": experiment, "row": key[1], "runs": len(directories),
+                             "minutes_per_run": statistics.fmean(minutes[key]) if minutes[key] else None,
+                             "minutes": spent, "curve_share": statistics.fmean(shares[key]) if shares[key] else None,
+                             "lr": choice and choice.get("value"), "edge": choice and choice.get("edge"),
+                             "seeds": len(curves), "convergence": state})  # fmt: skip
+        record["tables"][name] = rows
+        lines += [f"## {spec.title}", "",
+                  "| experiment | method | runs | min/run | curve share | lr | val NLL: start → best (step) → final | "
+                  "verdict |", "|:--|:--|--:|--:|--:|--:|:--|:--|"]  # fmt: skip
+        for r in rows:
+            c = r["convergence"]
+            name_ = METHOD_NAMES.get(r["row"].split(":")[0], r["row"])
+            members = r["row"].split(":")[1]
+            lines.append(
+                f"| `{r['experiment']}` | {name_} (M={members}) | {r['runs']} | "
+                f"{fmt(r['minutes_per_run'], '.1f')} | {fmt(r['curve_share'] and 100 * r['curve_share'], '.0f', '%')} | "
+                f"{r['lr'] or '–'}{' (edge: ' + r['edge'] + ')' if r['edge'] else ''} | "
+                + (f"{c['start']:.3f} → {c['best']:.3f} ({c['best_step']}) → {c['final']:.3f} | {c['verdict']} |"
+                   if c else "– | no curve yet |"))
+        lines.append("")
+    hours = total_minutes / 60
+    record["core_hours"] = hours
+    lines += [f"Measured: {hours:.2f} h of runs (one CPU thread each), {hours / workers:.2f} h of wall time at "
+              f"{workers} runs at a time, against a budget of {budget_hours:g} h. Curves are means over the seeds "
+              f"found at the tuned learning rate; a change under {TOLERANCE} nats between the last two points "
+              "is not called falling.", ""]  # fmt: skip
+    return "\n".join(lines), record
+
+
+def minutes_of(directory: Path, runs: list[tuple[Path, dict]]) -> float:
+    for d, results in runs:
+        if d == directory:
+            return float(results.get("wall_time_s") or 0.0) / 60
+    return 0.0
+
+
+def fmt(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:{spec}}{suffix}"
