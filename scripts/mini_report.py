@@ -1,6 +1,6 @@
 """Writes results/mini/README.md from the miniature's runs: ``make mini-report`` (``make mini`` ends with it).
 
-The prose is the template ``configs/claims/mini_readme.md``; everything numeric is filled in from the runs:
+The prose is the template ``sve/configs/claims/mini_readme.md``; everything numeric is filled in from the runs:
 
 - ``{{runs}}``: how many runs, from which commits (a ``-dirty`` commit is flagged);
 - ``{{times}}``: per experiment, the runs trained (tuning included) and their summed wall time;
@@ -8,26 +8,25 @@ The prose is the template ``configs/claims/mini_readme.md``; everything numeric 
   (chosen on validation, ``tuned.json``, or fixed);
 - ``{{table:<name>}}``: the built table ``<root>/tables/<name>.md`` (``make mini-tables`` builds them);
 - ``{{figure:<file>}}``: a link to ``<root>/figures/<file>`` when it exists;
-- ``{{claims}}``: the verdicts of ``configs/claims/mini.yaml`` (``sve.claims``).
+- ``{{claims}}``: the verdicts of ``sve/configs/claims/mini.yaml`` (``sve.claims``): each comparison's difference
+  with its paired-bootstrap 95% interval, "held", "reversed" or "unresolved";
+- ``{{procedure}}``: one paragraph on how those intervals and verdicts are made, with the claims file's
+  bootstrap settings (``sve.claims.procedure``).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from sve.claims import claims_markdown  # noqa: E402
+from sve.claims import CLAIMS, claims_markdown, load_claims, procedure  # noqa: E402
 from sve.report import METHOD_NAMES, load_runs  # noqa: E402
 from sve.results import read_json, read_results  # noqa: E402
 from sve.sweep import SITTINGS, recorded_runs, wall_seconds  # noqa: E402
 
-TEMPLATE = REPO / "configs" / "claims" / "mini_readme.md"
+TEMPLATE = CLAIMS / "mini_readme.md"
 
 
 def all_results(root: Path) -> list[tuple[Path, dict]]:
@@ -144,7 +143,8 @@ def render(root: Path, template: str) -> str:
     runs = load_runs(root)
     fill = {"runs": lambda: runs_section(found), "times": lambda: times_section(found, root),
             "settings": lambda: settings_section(root, found),
-            "claims": lambda: claims_markdown("mini", root, runs)}  # fmt: skip
+            "claims": lambda: claims_markdown("mini", root, runs),
+            "procedure": lambda: procedure(load_claims("mini"))}  # fmt: skip
 
     def replace(match: re.Match) -> str:
         key, _, arg = match.group(1).partition(":")
@@ -162,7 +162,7 @@ def render(root: Path, template: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write results/mini/README.md from the miniature's runs.")
-    parser.add_argument("--results", type=Path, default=REPO / "results" / "mini")
+    parser.add_argument("--results", type=Path, default=Path("results") / "mini")
     parser.add_argument("--template", type=Path, default=TEMPLATE)
     args = parser.parse_args(argv)
     text = render(args.results, args.template.read_text())

@@ -167,5 +167,5 @@ def verdict(ratios: list[float], limit: float, at_most: bool = True) -> str:
     return "holds" if inside(median) else "within noise" if any(map(inside, ratios)) else "does not hold"
 
 
-__all__ = ["PeakTensorMemory", "resident_bytes", "peak_memory", "count_flops", "minor_faults", "interleaved_times", "paired_ratio",
-           "paired_ratios", "verdict"]
+__all__ = ["PeakTensorMemory", "resident_bytes", "peak_memory", "count_flops", "minor_faults", "interleaved_times",
+           "paired_ratio", "paired_ratios", "verdict"]

@@ -136,7 +136,8 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
             members = r["row"].split(":")[1]
             lines.append(
                 f"| `{r['experiment']}` | {name_} (M={members}) | {r['runs']} | "
-                f"{fmt(r['minutes_per_run'], '.1f')} | {fmt(r['curve_share'] and 100 * r['curve_share'], '.0f', '%')} | "
+                f"{fmt(r['minutes_per_run'], '.1f')} | "
+                f"{fmt(r['curve_share'] and 100 * r['curve_share'], '.0f', '%')} | "
                 f"{r['lr'] or '–'}{' (edge: ' + r['edge'] + ')' if r['edge'] else ''} | "
                 + (f"{c['start']:.3f} → {c['best']:.3f} ({c['best_step']}) → {c['final']:.3f} | {c['verdict']} |"
                    if c else "– | no curve yet |"))

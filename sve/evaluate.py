@@ -44,15 +44,15 @@ from omegaconf import DictConfig, OmegaConf
 from sve.checkpoint import FINAL, read_checkpoint
 from sve.errors import InputError
 from sve.evaluation import PREDICTIONS, evaluate
+from sve.paths import CONFIGS
 from sve.results import command_line, git_commit, package_versions, read_results, write_json
+from sve.run import build, instantiate, make_trainer, prediction_options
 from sve.rundir import claim
 from sve.validate import accepted_keys
-from sve.run import build, instantiate, make_trainer, prediction_options
 from sve.writable import check_writable
 
 log = logging.getLogger(__name__)
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
 EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")

@@ -15,6 +15,10 @@ Saved predictions, ``<out_dir>/predictions/<set>.npz`` (``numpy.load``, no pickl
   that order; fewer than the set when ``trainer.limit_test_batches`` cut it);
 - ``aggregate``: the run's rule for the predictive (``sve.members.predictive``), also in results.json.
 
+Beside them, ``<out_dir>/predictive/<set>.npz`` for the test, OOD and shift sets (not ``val``), written whether
+or not predictions are saved: the ensemble predictive's per-example statistics from which ``sve.bootstrap``
+computes the claims' paired-bootstrap intervals (layout there; small enough to commit, unlike predictions).
+
 What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.run``):
 
 - ``num_members``; ``predictions``: {set: path relative to the run directory};
@@ -43,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sve.bootstrap import PREDICTIVE, write_predictive
 from sve.calibration import fit_temperature, temperature_scaled
 from sve.data.base import SHIFT
 from sve.errors import InputError
@@ -119,6 +124,9 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
             paths[name] = f"{save_to}/{name}.npz"
             if trainer.is_global_zero:
                 write_predictions(Path(out_dir) / paths[name], found, aggregate, float16_above_mb)
+        if name != "val" and trainer.is_global_zero:  # beside save_to: predictive/ or evaluations/<name>/predictive/
+            write_predictive(Path(out_dir) / Path(save_to).parent / PREDICTIVE / f"{name}.npz", name,
+                             predictive(found.member_logits, aggregate), found.labels, found.index)  # fmt: skip
         if name.startswith(f"{SHIFT}/"):  # scored now and let go: 95 sets of CIFAR-100-C need not fit at once
             _, corruption, severity = name.split("/")
             probs = predictive(found.member_logits, aggregate)

@@ -111,4 +111,5 @@ def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
     raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
-__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch", "check_member_logits", "predictive", "log_predictive"]
+__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch",
+           "check_member_logits", "predictive", "log_predictive"]

@@ -99,7 +99,8 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
                       if isinstance(v, Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())}
         if bad_inputs:
             raise InputError(f"the training batch of step {self.global_step} (epoch {self.current_epoch}) holds "
-                             f"non-finite input values ({', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
+                             "non-finite input values ("
+                             f"{', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
                              "); the data must be finite (check the dataset files and any preprocessing)")
         raise TrainingDiverged(
             f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "

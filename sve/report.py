@@ -12,7 +12,7 @@ seeds and metrics; the sweep driver ``sve.sweep`` trains the same grid). The bui
   a cell with fewer seeds than the table asks for is marked with †;
 - within each experiment the best displayed value of each column is bold and the second best underlined,
   in the metric's direction (acc, AUROC, AUPRC up; ECE, NLL, Brier, FPR95 and costs down);
-- a run that is not there is "–" and listed under the table; the paper's numbers (``results/paper/``) sit in
+- a run that is not there is "–" and listed under the table; the paper's numbers (``sve/configs/paper/``) sit in
   their own column and never fill one of ours.
 
 Outputs: ``<root>/tables/<name>.md``, ``.tex`` and ``.csv`` (``<root>`` is ``results/`` or
@@ -30,13 +30,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError
+from sve.paths import CONFIGS, TABLES, shown
+from sve.paths import results_root as store_root
 from sve.results import UnreadableFile, read_json, read_results
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
-TABLES = REPO / "configs" / "tables"
-RESULTS = REPO / "results"
+REPO = Path(__file__).resolve().parent.parent  # a source checkout's root: only tests and scripts read it
 SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never mixed into the real tables
 
 
@@ -117,7 +117,9 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
 
 
 def results_root(smoke: bool = False, root: Path | None = None) -> Path:
-    root = Path(root) if root is not None else RESULTS
+    """The store (``sve.paths.results_root``: ``root``, else ``$SVE_RESULTS``, else ``./results``), or its
+    smoke store."""
+    root = store_root(root)
     return root / SMOKE if smoke else root
 
 
@@ -281,12 +283,8 @@ def mark_best(rows: list[Row], metrics: list[Metric]) -> None:
             cell.mark = {0: "best", 1: "second"}.get(rank)
 
 
-def _shown(path: Path) -> str:
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-
 def read_paper(path: Path) -> dict[tuple, dict[str, str]]:
-    """results/paper/<table>.csv keyed by (experiment, method, members); blank members match any count."""
+    """sve/configs/paper/<table>.csv keyed by (experiment, method, members); blank members match any count."""
     with path.open() as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     return {(r["experiment"], r["method"], r["members"]): r for r in rows}
@@ -296,11 +294,11 @@ def paper_numbers(spec: DictConfig, with_paper: bool) -> tuple[dict, str | None]
     """The paper's rows for a table (``paper``: one CSV or a list, the first file's row winning) and the
     files' names as shown under it; nothing when the table has no paper column."""
     names = spec.get("paper") if with_paper else None
-    paths = [REPO / n for n in ([names] if isinstance(names, str) else list(names or []))]
+    paths = [CONFIGS / n for n in ([names] if isinstance(names, str) else list(names or []))]
     paper: dict = {}
     for path in (p for p in paths if p.exists()):
         paper = {**read_paper(path), **paper}
-    return paper, (", ".join(_shown(p) for p in paths if p.exists()) or None) if paper else None
+    return paper, (", ".join(shown(p) for p in paths if p.exists()) or None) if paper else None
 
 
 def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric],
@@ -449,6 +447,6 @@ MINI = "mini"  # the miniature's tables (configs/tables/mini_*.yaml) live under 
 def build_all(smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:
     """Every table of the results root: the paper's under ``results/``, the miniature's under
     ``results/mini/`` (``make mini-tables``)."""
-    mini = Path(root or RESULTS).name == MINI
+    mini = store_root(root).name == MINI
     names = [n for n in table_names() if n.startswith(f"{MINI}_") == mini]
     return [path for name in names for path in build(name, smoke, root, with_paper)]

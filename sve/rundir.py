@@ -150,8 +150,8 @@ RUN_CONFIG = "run_config.yaml"
 # Keys that change where and how a run is watched or cached, not what it computes: a resumed (or requeued)
 # run may change them freely. The device layout is among them (a requeued job may land on other hardware).
 FREE_KEYS = ("paths", "ckpt_path", "skip_finished", "resume_with_changes", "predictions", "logger", "callbacks",
-             "cpu_allocator", "method.svd_cache", "dataset.num_workers", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
-             "trainer.accelerator", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+             "cpu_allocator", "method.svd_cache", "dataset.num_workers", "trainer.devices", "trainer.num_nodes",
+             "trainer.strategy", "trainer.accelerator", "trainer.enable_progress_bar", "trainer.enable_model_summary",
              "trainer.log_every_n_steps", "trainer.default_root_dir")  # fmt: skip
 
 

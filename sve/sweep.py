@@ -24,9 +24,12 @@ learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tu
 the best value is on the grid's edge, the grid grows by the next value of its log ladder beyond it
 (``sve.tuning``: bounded, and a choice still on an edge is recorded as such). The value with the best
 validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written, with the whole
-searched grid, to ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that seed's run
+searched grid, to ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that
+seed's run
 (same config, same seed), so it is copied to its seed directory rather than trained twice. A row with
 ``tune_as: method:members`` takes the choice of that row of the same experiment instead of a grid of its own
+(``tune_as: experiment/method:members``: of a row of another experiment, which must have been tuned already,
+e.g. BERT-size rows at the learning rates tuned for the small model)
 (SVE at M = 1, 2, 4 sharing the learning rate tuned for SVF, as the paper's recipe shares it); the choice is
 copied into its own ``tuned.json`` with a ``from`` key.
 """
@@ -48,12 +51,22 @@ import torch
 
 from sve.errors import InputError
 from sve.multirun import clear_failure, record_failure
-from sve.report import (METRICS, REPO, build, first_report, load_spec, members_of, parse_row, results_root,
-                        run_dir, table_names)  # fmt: skip
-from sve.tuning import choice as tuning_choice
-from sve.tuning import next_value, settings
+from sve.paths import CONFIGS
+from sve.report import (
+    METRICS,
+    build,
+    first_report,
+    load_spec,
+    members_of,
+    parse_row,
+    results_root,
+    run_dir,  # fmt: skip
+    table_names,
+)
 from sve.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
 from sve.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
+from sve.tuning import choice as tuning_choice
+from sve.tuning import next_value, settings
 from sve.writable import check_writable, write_error
 
 POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
@@ -75,6 +88,7 @@ class Job:
     dir: Path
     tuning: str | None = None  # "key=value" of a tuning run
     tune_as: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row takes
+    tune_from: str | None = None  # the experiment of that row, when it is another one
 
     def __str__(self) -> str:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
@@ -91,9 +105,10 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                 overrides = [f"experiment={experiment}", f"method={row.method}",
                              *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
                              *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
-                tune_as = parse_row(row.tune_as) if row.get("tune_as") else None
+                tune_from, _, source_row = str(row.get("tune_as") or "").rpartition("/")
+                tune_as = parse_row(source_row) if source_row else None
                 out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory,
-                                              tune_as=tune_as))  # fmt: skip
+                                              tune_as=tune_as, tune_from=tune_from or None))  # fmt: skip
     return list(out.values())
 
 
@@ -148,7 +163,8 @@ def read_tuned(spec, path: Path) -> dict:
 def reuse_tuning_run(source: Path, target: Path) -> dict:
     """The chosen grid value's run is the tuning seed's run: copied (checkpoints left out), not retrained."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("checkpoints", ".lock"), dirs_exist_ok=True)
-    (target / "REUSED.txt").write_text(f"copied from {source}: the tuning run with the chosen value is this seed's run\n")
+    note = f"copied from {source}: the tuning run with the chosen value is this seed's run\n"
+    (target / "REUSED.txt").write_text(note)
     return read_results(target / "results.json")
 
 
@@ -169,7 +185,7 @@ def run_in_process(job: Job) -> dict:
 
     from sve.run import run
 
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[*job.overrides, f"paths.output_dir={job.dir}"])
     job.dir.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
@@ -193,22 +209,24 @@ def open_log(job: Job):
 
 def run_subprocess(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(REPO / "train.py"), *job.overrides, f"hydra.run.dir={job.dir}"]
+    # This interpreter and this installed package (not whichever ``sve-train`` is first on the PATH), in the
+    # current directory: relative data paths and the store resolve as they do for the sweep itself.
+    command = [sys.executable, "-m", "sve.cli.train", *job.overrides, f"hydra.run.dir={job.dir}"]
     env = {**os.environ, HELD_LOCK: str((job.dir / LOCK).resolve())}  # the run adopts the lock this sweep holds
     with open_log(job) as log:
-        code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
-        raise RuntimeError(f"train.py exited with status {code}; see {job.dir / 'train.log'}")
+        raise RuntimeError(f"sve-train exited with status {code}; see {job.dir / 'train.log'}")
     return read_results(job.dir / "results.json")
 
 
 def measure_costs(path: Path, smoke: bool) -> None:
     """Runs the cost benchmark's Table 5 part (``scripts/bench.py --parts table5``) into ``path``'s folder:
     minutes on a CPU for BERT-base; ``--tiny`` for a smoke run."""
-    command = [sys.executable, str(REPO / "scripts" / "bench.py"), "--parts", "table5", "--out", str(path.parent),
+    command = [sys.executable, "-m", "sve.cli.bench", "--parts", "table5", "--out", str(path.parent),
                *(["--tiny"] if smoke else [])]
     print(f"measuring: {' '.join(command[1:])}", flush=True)
-    subprocess.run(command, cwd=REPO, check=True)
+    subprocess.run(command, check=True)
 
 
 def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
@@ -245,7 +263,7 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                 print(f"{prefix}: UNREADABLE: {err}")
                 first_report(err.path)
                 return None
-            print(f"{prefix}: {'done' if done.exists() else 'python train.py ' + ' '.join(job.overrides)}")
+            print(f"{prefix}: {'done' if done.exists() else 'sve-train ' + ' '.join(job.overrides)}")
             return results
         start = time.perf_counter()
         try:
@@ -292,8 +310,13 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
         """Tunes the job's row if it must be, then runs the job; ``HELD`` when either is another process's now."""
         if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
             row_dir = job.dir.parent
-            source = borrowed_from(job, first_jobs) if job.tune_as else job
-            source_dir = source.dir.parent
+            if job.tune_from:  # another experiment's row: its choice is read, never made here
+                source, source_dir = None, run_dir(root, job.tune_from, *job.tune_as, 0).parent
+                if source_dir not in chosen:
+                    chosen[source_dir] = borrowed_choice(spec, source_dir, dry_run, failures)
+            else:
+                source = borrowed_from(job, first_jobs) if job.tune_as else job
+                source_dir = source.dir.parent
             if source_dir not in chosen:
                 if source_dir in pending:
                     return HELD  # tried at the row's first job of this pass
@@ -304,7 +327,8 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                 chosen[source_dir] = choice
             choice = chosen[source_dir]
             if choice is not None and source is not job and not dry_run and not (row_dir / TUNED).exists():
-                own = {**choice, "from": source_dir.name, "note": f"the choice of {source_dir.name}, not tuned here"}
+                origin = f"{job.tune_from}/{source_dir.name}" if job.tune_from else source_dir.name
+                own = {**choice, "from": origin, "note": f"the choice of {origin}, not tuned here"}
                 write_json(row_dir / TUNED, own)
             if choice is None:
                 if not dry_run:
@@ -312,7 +336,8 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                 return None
             job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
-            if source.dir == job.dir and job.seed == int(spec.tune.seed) and not (job.dir / "results.json").exists() \
+            own_seed = source is not None and source.dir == job.dir and job.seed == int(spec.tune.seed)
+            if own_seed and not (job.dir / "results.json").exists() \
                     and not dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
                 reuse_tuning_run(chosen_run, job.dir)
         return attempt(spec, job, prefix)
@@ -371,6 +396,22 @@ def borrowed_from(job: Job, first_jobs: dict) -> Job:
     return first_jobs[key]
 
 
+def borrowed_choice(spec, source_dir: Path, dry_run: bool, failures: list[str]) -> dict | None:
+    """The ``tuned.json`` of another experiment's row (``tune_as: experiment/method:members``); None, with a
+    failure naming what to run first, when that row has not been tuned."""
+    path = source_dir / TUNED
+    if path.exists():
+        try:
+            return read_tuned(spec, path)
+        except UnreadableFile as err:
+            failures.append(str(err))
+            return None
+    if dry_run:
+        return {"key": spec.tune.key, "value": f"<the choice in {path}>"}
+    failures.append(f"{path} does not exist: its row has not been tuned yet; run the table that tunes it first")
+    return None
+
+
 def smoke_skips_tuning(spec, smoke: bool) -> bool:
     return smoke and not (spec.get("smoke") or {}).get("tune")
 
@@ -420,12 +461,14 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train the runs that tables or figures need, then build them.")
+    parser = argparse.ArgumentParser(prog="sve-sweep",
+                                     description="Train the runs that tables or figures need, then build them.")
     parser.add_argument("items", nargs="+", metavar="NAME|OVERRIDE",
                         help=f"definitions in configs/tables/ ({', '.join(table_names())}), run in this order, then "
                              "Hydra overrides for every run, e.g. dataset.root=/data/sst2")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
-    parser.add_argument("--results", type=Path, default=None, help="results root (default: the repo's results/)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="the result store (default: ./results, or $SVE_RESULTS)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
     parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",

@@ -156,7 +156,8 @@ def probe(module, datamodule) -> list[str]:
 
 
 # ----- keys the code does not read: `+ensembel_size=2` (Hydra's own hint after a typo) adds a key silently ------
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from sve.paths import CONFIGS  # noqa: E402 - beside the section that reads it
+
 # Hydra's instantiate keys and the group options' own label; no target receives them.
 SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "name"}
 

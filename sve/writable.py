@@ -13,8 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from sve.errors import InputError
 

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
+CONFIGS = ROOT / "sve" / "configs"
 SHARED = Path(os.environ.get("SVE_SHARED", ROOT.parent / "shared"))
 
 # Every run the tests start keeps its SVD cache (sve.svd_cache) in a directory of its own, never ~/.cache.

@@ -24,7 +24,8 @@ def runs_with(root, table: dict) -> list:
 
 
 def claims(*checks) -> OmegaConf:
-    return OmegaConf.create({"settings": {"e": "Exp"}, "claims": [{"title": "T", "paper": "P", "checks": list(checks)}]})
+    claim = {"title": "T", "paper": "P", "checks": list(checks)}
+    return OmegaConf.create({"settings": {"e": "Exp"}, "claims": [claim]})
 
 
 def test_cell_is_the_mean_and_spread_over_seeds_in_display_units(tmp_path):
@@ -60,7 +61,8 @@ def test_gain_and_trend(tmp_path):
     runs = runs_with(tmp_path, {
         ("pre", "sve", 4): [{"acc": 0.90}] * 2, ("pre", "single", 1): [{"acc": 0.85}] * 2,
         ("rand", "sve", 4): [{"acc": 0.60}] * 2, ("rand", "single", 1): [{"acc": 0.62}] * 2,
-        ("arc", "sve", 1): [{"nll": 1.2}] * 2, ("arc", "sve", 2): [{"nll": 1.1}] * 2, ("arc", "sve", 4): [{"nll": 1.15}] * 2,
+        ("arc", "sve", 1): [{"nll": 1.2}] * 2, ("arc", "sve", 2): [{"nll": 1.1}] * 2,
+        ("arc", "sve", 4): [{"nll": 1.15}] * 2,
     })  # fmt: skip
     (_, g), = judge(claims({"kind": "gain", "experiments": ["pre", "rand"], "a": "sve:4", "against": ["single:1"],
                             "metrics": ["acc"]}), runs)  # fmt: skip
@@ -93,7 +95,8 @@ def test_bad_input_names_the_valid_choices(tmp_path):
 
 
 def test_missing_cells_give_no_verdict():
-    text = to_markdown(judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"]}), []))
+    check = {"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"]}
+    text = to_markdown(judge(claims(check), []))
     assert "No verdict yet" in text
 
 

@@ -285,8 +285,8 @@ def test_failed_download_names_dataset_key_and_layout(monkeypatch, tmp_path):
 
 def test_shift_size_evaluates_each_corrupted_set_on_the_same_part_of_the_test_examples(tmp_path):
     _fake_cifar100(tmp_path)
-    kw = dict(root=str(tmp_path), download=False, val_holdout=2, test_size=6, corruptions=["gaussian_noise", "contrast"],
-              severities=[1, 5])  # fmt: skip
+    kw = dict(root=str(tmp_path), download=False, val_holdout=2, test_size=6,
+              corruptions=["gaussian_noise", "contrast"], severities=[1, 5])  # fmt: skip
     data = _loaded(CIFAR100Data(shift_size=3, **kw))
     test_images = set(data.splits["test"].indices)
 

@@ -9,8 +9,8 @@ from torch import nn
 from sve.inject import find_targets, inject
 from sve.layers import SVLinear
 from sve.methods import SVE
-from tests.conftest import compose_cfg
 from sve.run import instantiate
+from tests.conftest import compose_cfg
 
 
 def to_sv(layer):

@@ -95,7 +95,7 @@ def check_equal_to_base_at_init(m, batch, reference, method) -> None:
         base = reference(batch)
         features = m.member_features(batch, list(range(m.num_members())))  # (K, B, D)
     for k, f in enumerate(features):
-        torch.testing.assert_close(f, base, atol=2e-4, rtol=2e-4, msg=lambda e: f"{method} member {k}: {e}")
+        torch.testing.assert_close(f, base, atol=2e-4, rtol=2e-4, msg=lambda e, k=k: f"{method} member {k}: {e}")
 
 
 def check_layout_and_training_step(m, batch, datamodule) -> None:
@@ -210,4 +210,5 @@ def check_inference_paths_agree(m, batch, method) -> None:
                 layer.inference = mode
             outputs[mode] = m(batch)
     for mode, out in outputs.items():
-        torch.testing.assert_close(out, outputs["factored"], atol=1e-5, rtol=1e-5, msg=lambda e: f"{method} {mode}: {e}")
+        torch.testing.assert_close(out, outputs["factored"], atol=1e-5, rtol=1e-5,
+                                   msg=lambda e, mode=mode: f"{method} {mode}: {e}")

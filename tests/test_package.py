@@ -20,7 +20,7 @@ def test_import_sve_is_light_and_names_its_map():
 
 
 def test_version_is_the_installed_distribution_s():
-    assert sve.__version__ == importlib.metadata.version("sve")
+    assert sve.__version__ == importlib.metadata.version("singular-value-ensembles")
 
 
 def test_public_names_load_on_first_use():

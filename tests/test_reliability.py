@@ -84,7 +84,8 @@ def test_sigterm_ends_train_py_with_143_and_one_line(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: run in {tmp_path / 'run'} stopped by SIGTERM")
-    assert not (tmp_path / "run" / "results.json").exists() and (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "results.json").exists() and (run_dir / "checkpoints" / "last.ckpt").exists()
 
 
 def crashed_run(tmp_path, *extra):

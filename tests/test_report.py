@@ -8,8 +8,18 @@ import pytest
 from omegaconf import OmegaConf
 
 from sve import render
-from sve.report import (METHOD_NAMES, REPO, build, build_all, load_runs, load_spec, members_of, metric_table,
-                        run_dir, table_names)  # fmt: skip
+from sve.report import (
+    METHOD_NAMES,
+    REPO,
+    build,
+    build_all,
+    load_runs,
+    load_spec,
+    members_of,
+    metric_table,
+    run_dir,
+    table_names,
+)
 from tests.conftest import SHARED
 
 
@@ -168,7 +178,8 @@ def test_table5_from_a_benchmark_file(tmp_path):
     build("table5", root=tmp_path)
     md = (tmp_path / "tables" / "table5.md").read_text()
     # overheads relative to single; the paper has no inference-memory column (blank)
-    assert "| SV-Ensemble | 8 | **1.0** | 1.0 | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | **20.0** | 21.9 |" in md
+    assert ("| SV-Ensemble | 8 | **1.0** | 1.0 | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | **20.0** | 21.9 |"
+            in md)
     assert "| Deep Ensemble | 8 | <u>700.0</u> | 700.0 | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |" in md
     assert "- Single w/ SVF (M=1): not in" in md
 
@@ -182,7 +193,7 @@ def test_paper_rows_are_cells_of_their_tables():
         spec = load_spec(name)
         if not spec.get("paper") or spec.get("paper_as"):  # a miniature shows only the rows it has
             continue
-        paper = [line.split(",")[:3] for line in (REPO / spec.paper).read_text().splitlines()[1:]
+        paper = [line.split(",")[:3] for line in (REPO / "sve" / "configs" / spec.paper).read_text().splitlines()[1:]
                  if not line.startswith("#")]  # fmt: skip
         cells = {(e, r.method, str(r.members)) for e in spec.experiments for r in spec.rows}
         for experiment, method, members in paper[1:]:
@@ -195,7 +206,7 @@ def test_a_miniature_shows_the_papers_row_of_each_method_beside_its_own():
     spec = load_spec("mini_table3")
     table = metric_table(spec, [], REPO / "results" / "mini")
     rows = {(r.method, r.members): r for r in table.blocks[0].rows}
-    assert rows[("sve", 2)].paper["acc"].mean == 84.5  # results/paper/table6.csv
+    assert rows[("sve", 2)].paper["acc"].mean == 84.5  # sve/configs/paper/table6.csv
     assert rows[("svf", 1)].paper and "table6.csv" in table.paper_source and "table3.csv" in table.paper_source
     assert all(not cell for r in rows.values() for cell in r.cells.values())  # no runs: ours stay empty
 
@@ -207,7 +218,7 @@ def test_paper_numbers_are_rows_of_the_paper_text(name):
     if not text_path.exists():
         pytest.skip(f"needs the paper's text at {text_path}")
     lines = text_path.read_text().splitlines()
-    rows = [line for line in (REPO / "results" / "paper" / f"{name}.csv").read_text().splitlines()
+    rows = [line for line in (REPO / "sve" / "configs" / "paper" / f"{name}.csv").read_text().splitlines()
             if not line.startswith("#")]  # fmt: skip
     header = rows[0].split(",")
     for row in rows[1:]:

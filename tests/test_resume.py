@@ -11,6 +11,7 @@ from sve.checkpoint import read_checkpoint
 from sve.run import run
 from tests.conftest import compose_cfg
 
+
 def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_path):
     cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
                        "trainer.limit_train_batches=5"], tmp_path)  # fmt: skip
@@ -78,7 +79,7 @@ def test_method_state_survives_a_crash(method, crash_after, tmp_path):
     if method == "deep_ensemble":
         overrides += ["method.mode=sequential", "method.chunk_size=1"]
     whole = run(compose_cfg(overrides, tmp_path / "whole"))
-    crash = [f"+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={crash_after}",
+    crash = ["+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={crash_after}",
              f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from sve.run import instantiate
 from sve.shared_inputs import member_free_modules, share_inputs
 from tests.conftest import compose_cfg
-from sve.run import instantiate
 
 
 def method(overrides: list[str]):

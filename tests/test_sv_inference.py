@@ -11,8 +11,6 @@ from torch import nn
 from sve.errors import InputError
 from sve.layers import SVConv2d, SVLinear
 from sve.layers.sv_inference import merged_is_faster
-from sve.members import repeat_members
-from sve.methods.sve import SVE
 from sve.run import instantiate
 from sve.validate import check_config
 from tests.conftest import compose_cfg
@@ -256,7 +254,7 @@ def test_whole_model_predictions_agree_across_modes_and_chunks(backbone, dataset
                 outputs[chunk, mode] = method(batch)
     reference = outputs["all", "factored"]
     for key, out in outputs.items():
-        torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5, msg=lambda e: f"{key}: {e}")
+        torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5, msg=lambda e, key=key: f"{key}: {e}")
 
 
 def test_auto_caches_all_members_only_when_they_fit_in_memory(monkeypatch):
@@ -268,7 +266,7 @@ def test_auto_caches_all_members_only_when_they_fit_in_memory(monkeypatch):
     method.train()
     assert sum(layer.cache_bytes() for layer in method.sv_layers()) == 0
     need = method.merged_bytes()
-    assert need == sum(3 * l.out_features * l.in_features * 4 for l in method.sv_layers())
+    assert need == sum(3 * layer.out_features * layer.in_features * 4 for layer in method.sv_layers())
     monkeypatch.setattr("sve.methods.sve.free_memory", lambda device: 2 * need - 1)  # M copies would not fit
     method.members_at_once = 1
     method.eval()

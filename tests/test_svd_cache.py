@@ -1,10 +1,9 @@
 """The on-disk SVD cache (sve.svd_cache): a hit gives the very factors a miss computed, and a broken or
 foreign entry is found, reported and recomputed."""
 
+import pytest
 import torch
 from torch import nn
-
-import pytest
 
 from sve.layers import SVLinear
 from sve.layers.sv_linear import decompose

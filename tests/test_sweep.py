@@ -90,7 +90,7 @@ def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
 def test_dry_run_lists_commands_with_stable_directories(tmp_path, capsys):
     assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "[ 1/24] sst2_bert single M=1 seed 0: python train.py experiment=sst2_bert method=single" in out
+    assert "[ 1/24] sst2_bert single M=1 seed 0: sve-train experiment=sst2_bert method=single" in out
     assert not (tmp_path / "runs").exists()
     job = sweep.jobs(load_spec("table2"), tmp_path, smoke=False)[-1]
     assert job.dir == tmp_path / "runs" / "sst2_bert" / "sve_m8" / "seed2"
@@ -138,7 +138,8 @@ def test_a_row_can_take_another_rows_tuned_value(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     assert sweep.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
-    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"), ("svf", 0, "0.01", "method.lr=0.01"),
+    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"),
+                                            ("svf", 0, "0.01", "method.lr=0.01"),
                                             ("svf", 0, "0.03", "method.lr=0.03")]  # the grid grew past its edge
     assert [t for t in trained if not t[3]] == [("sve", 0, "0.01", None)]
     sve_row = run_dir(tmp_path / "smoke", "mini_arc_smollm2", "sve", 2, 0).parent

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from sve import sweep
 from sve.errors import InputError
-from sve.report import run_dir
+from sve.report import load_spec, run_dir
 from sve.tuning import choice, ladder_position, ladder_value, next_value, settings
 
 
@@ -33,7 +33,8 @@ def test_the_ladder_is_exact_decimal_values():
     assert [ladder_value(p, 3) for p in range(-3, 1)] == [0.1, 0.2, 0.5, 1.0]
     assert str(ladder_value(-7, 2)) == "0.0003"  # the run directory name a YAML grid value gets
     assert ladder_position(3e-4, 2) == -7 and ladder_position(1e-3, 1) == -3
-    with pytest.raises(InputError, match=r"0\.0004 is not on the log ladder with per_decade=2 \(values like 1e-4, 3e-4\)"):
+    with pytest.raises(InputError,
+                       match=r"0\.0004 is not on the log ladder with per_decade=2 \(values like 1e-4, 3e-4\)"):
         ladder_position(4e-4, 2)
     with pytest.raises(InputError, match=r"per_decade=4 is not supported; choose one of \[1, 2, 3\]"):
         ladder_position(1e-3, 4)
@@ -62,7 +63,8 @@ def test_an_edge_that_the_bound_stops_is_reported():
     scores = search(block, lambda lr: -lr)  # better and better upwards: never interior
     record = choice(block, scores, False, str)
     assert sorted(scores) == [1e-4, 3e-4, 1e-3, 3e-3] and record["value"] == "0.003"
-    assert record["edge"] == "upper" and "left on the upper edge of the searched grid after 2 of at most 2" in record["note"]
+    assert record["edge"] == "upper"
+    assert "left on the upper edge of the searched grid after 2 of at most 2" in record["note"]
 
 
 def test_a_fixed_grid_is_searched_as_given():
@@ -106,3 +108,34 @@ def test_a_choice_over_another_grid_is_refused(tmp_path):
     path.write_text(json.dumps({"key": "method.lr", "value": "0.5", "grid": ["0.5", "1.0"]}))
     with pytest.raises(sweep.UnreadableFile, match=r"starting from \['0.001', '0.01'\]; delete it"):
         sweep.read_tuned(spec, path)
+
+
+def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypatch):
+    # mini Table 2 at BERT-base size takes each row's learning rate from mini Table 2's MiniLM rows: it trains
+    # no grid, fails clearly while the source row is untuned, and records where its choice came from.
+    def fake_run(job):
+        lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
+        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
+                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 2)}}
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        trained.append((job.experiment, job.method, lr, job.tuning is not None))
+        return results
+
+    trained = []
+    spec = sweep.load_spec("mini_table2_mpnet", smoke=True)
+    spec.tune = sweep.load_spec("mini_table2", smoke=True).tune  # tune in the smoke variant too
+    spec.smoke.tune = spec.tune
+    monkeypatch.setattr(sweep, "load_spec", lambda name, smoke: spec if name == "mini_table2_mpnet" else
+                        load_spec(name, smoke))  # fmt: skip
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    failures = sweep.sweep("mini_table2_mpnet", smoke=True, root=tmp_path)
+    assert any("sve_m4/tuned.json does not exist: its row has not been tuned yet" in f for f in failures), failures
+    assert trained == []
+    assert sweep.sweep("mini_table2", smoke=True, root=tmp_path) == []
+    trained.clear()
+    assert sweep.sweep("mini_table2_mpnet", smoke=True, root=tmp_path) == []
+    assert trained == [("mini_sst2_mpnet", "sve", 0.01, False)]  # MiniLM's choice (val NLL lowest at 1e-2)
+    record = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_mpnet", "sve", 4, 0).parent / "tuned.json").read_text())
+    assert record["value"] == "0.01" and record["from"] == "mini_sst2_minilm/sve_m4"

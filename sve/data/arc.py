@@ -26,8 +26,9 @@ logits (``sve.backbones.choice_lm``), so the layout stays (M, B, 5).
 
 Local layout (``dataset.root``): ``ARC-Easy-{train,validation,test}.jsonl``, one JSON object per line with
 ``question``, ``choices: {text: [...], label: [...]}`` and ``answerKey``; the file prefix is ``hub_config``
-(``ARC-Challenge-*.jsonl`` with ``dataset=arc_challenge``, or any ARC-format set named by ``hub_config``). Without ``root`` the splits come
-from the Hugging Face hub (``allenai/ai2_arc``, config ``ARC-Easy``). Sizes: 2,251 / 570 / 2,376.
+(``ARC-Challenge-*.jsonl`` with ``dataset=arc_challenge``, or any ARC-format set named by ``hub_config``).
+Without ``root`` the splits come from the Hugging Face hub (``allenai/ai2_arc``, config ``ARC-Easy``).
+Sizes: 2,251 / 570 / 2,376.
 """
 
 from __future__ import annotations

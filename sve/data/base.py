@@ -25,10 +25,10 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from sve.errors import InputError
 from sve.data.checks import check_count, check_subset_size, subset_indices
 from sve.data.corruptions import CORRUPTIONS, SEVERITIES, choose
 from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
+from sve.errors import InputError
 
 log = logging.getLogger(__name__)
 SHIFT = "shift"  # evaluation sets shift/<corruption>/<severity>
@@ -70,7 +70,7 @@ class ClassificationData(pl.LightningDataModule):
         test_size: int | None = None,
         subset_seed: int = 0,
         num_workers: int = 0,
-        ood: "ClassificationData | None" = None,
+        ood: ClassificationData | None = None,
     ):
         super().__init__()
         for key, value in {"batch_size": batch_size, "eval_batch_size": eval_batch_size or 1,
@@ -325,7 +325,8 @@ class ImageClassificationData(ClassificationData):
         self.corruptions = [] if corruptions is None else choose(corruptions, CORRUPTIONS, "corruptions")
         self.severities = choose(severities, SEVERITIES, "severities")
         self.corruption_seed = corruption_seed
-        if shift_size is not None and (isinstance(shift_size, bool) or not isinstance(shift_size, int) or shift_size < 1):
+        if shift_size is not None and (isinstance(shift_size, bool) or not isinstance(shift_size, int)
+                                       or shift_size < 1):
             raise InputError(f"dataset.shift_size={shift_size!r} is not valid; give a positive integer or null (all "
                              "test examples)")
         self.shift_size = shift_size

@@ -66,7 +66,8 @@ class TrainBatchSampler(Sampler):
     def order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.n))
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(hash((self.seed, epoch)) % 2**63)).tolist()
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch)) % 2**63)
+        return torch.randperm(self.n, generator=generator).tolist()
 
     def micro_batches(self, epoch: int) -> list[list[tuple[int, int, float]]]:
         parts, A = self.world_size * self.accumulate, self.accumulate
@@ -115,7 +116,8 @@ class EvalBatchSampler(Sampler):
         yield from self.batches()
 
     def __len__(self) -> int:
-        return -(-(-(-self.n // self.batch_size)) // self.world_size)
+        batches = -(-self.n // self.batch_size)  # ceil(n / B)
+        return -(-batches // self.world_size)  # ceil(batches / W): every rank runs as many
 
 
 class Keyed(Dataset):

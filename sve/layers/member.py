@@ -77,7 +77,8 @@ class MemberLayer(nn.Module):
             raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
         self.ensemble_size = ensemble_size
         self.out_features, self.in_features = weight_matrix(base).shape
-        self.kind = "conv2d" if isinstance(base, nn.Conv2d) else "conv1d" if not isinstance(base, nn.Linear) else "linear"
+        self.kind = ("conv2d" if isinstance(base, nn.Conv2d) else
+                     "conv1d" if not isinstance(base, nn.Linear) else "linear")
         if self.kind == "conv2d":
             self.in_channels, self.kernel_size = base.in_channels, base.kernel_size
             self.stride, self.padding, self.dilation = base.stride, base.padding, base.dilation

@@ -42,7 +42,7 @@ class SVConv2d(SVLinear):
         svd_dtype: torch.dtype = torch.float64,
         factor_dtype: torch.dtype | None = None,
         cache: SVDCache | None = None,
-    ) -> "SVConv2d":
+    ) -> SVConv2d:
         check_layer(conv)  # groups=1, zero padding, numeric padding
         U, s, Vh = decompose(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
         return cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)

@@ -106,7 +106,7 @@ class SVLinear(MemberLayer):
         svd_dtype: torch.dtype = torch.float64,
         factor_dtype: torch.dtype | None = None,
         cache: SVDCache | None = None,
-    ) -> "SVLinear":
+    ) -> SVLinear:
         """Decomposes an nn.Linear (or HF Conv1D) weight with a thin SVD computed in ``svd_dtype`` (or read
         from ``cache``)."""
         if isinstance(layer, nn.Conv2d):

@@ -46,7 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, TensorDataset
 
 from sve.inject import LINEAR_TYPES
-from sve.methods.base import EnsembleMethod, mask_choices
+from sve.methods.base import mask_choices
 from sve.methods.kfac import LoRAKFAC, LoRAKronLaplace
 from sve.methods.lora import SingleLoRA
 
@@ -60,7 +60,7 @@ def to_device(batch: dict, device) -> dict:
 class _MAPLogits(nn.Module):
     """The MAP model as laplace-torch wants it: batch dict -> (B, C) logits."""
 
-    def __init__(self, method: "BayesLoRA"):
+    def __init__(self, method: BayesLoRA):
         super().__init__()
         self.method = method
 

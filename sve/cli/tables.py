@@ -1,0 +1,37 @@
+"""``sve-tables [table1 ...] [--smoke] [--no-paper] [--results DIR]`` (``make tables``): rebuilds tables and
+figures from the result files that exist, without training. No names: every definition of
+``sve/configs/tables/`` that belongs to the store (the miniature's ``mini_*`` under a store named ``mini``,
+the others elsewhere). Works on an empty store (every cell "–"). See ``sve.report``."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from sve.errors import one_line_errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sve.report import build, build_all, table_names
+
+    parser = argparse.ArgumentParser(prog="sve-tables", description=__doc__.splitlines()[0].split(": ", 1)[-1])
+    parser.add_argument("names", nargs="*", choices=[[], *table_names()], help="definitions in sve/configs/tables/")
+    parser.add_argument("--smoke", action="store_true", help="build from <store>/smoke/ into <store>/smoke/")
+    parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
+    parser.add_argument("--results", type=Path, default=None, help="the store (default: ./results)")
+    args = parser.parse_args(argv)
+    if args.names:
+        written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
+    else:
+        written = build_all(args.smoke, args.results, not args.no_paper)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def entry() -> None:
+    with one_line_errors():  # a corrupt result file: one line naming it and what to delete
+        sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,52 @@
+"""``sve-train method=sve dataset=sst2 backbone=bert_base ensemble_size=8`` (also ``python train.py ...`` in a
+checkout, and ``python -m sve.cli.train ...``): one run, or a Hydra multirun with ``-m``.
+
+The config groups ship inside the package (``sve/configs``); ``sve-train --help`` lists them. Outputs go
+under the current directory (``outputs/``, ``multirun/``) unless ``hydra.run.dir`` says otherwise.
+"""
+
+import logging
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+import sve.resolvers  # noqa: F401 - ${package:} and ${run_id:}, before Hydra composes
+from sve.errors import one_line_errors
+
+log = logging.getLogger(__name__)
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    print(recipe_line(cfg))
+    from sve.multirun import record_failure
+    from sve.run import run  # torch and Lightning: only once there is a run to do
+
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
+            run(cfg)
+        return
+    try:
+        run(cfg)
+    except Exception as err:  # one failing run does not stop the sweep; sve.multirun lists it at the end
+        log.exception("run failed; the sweep goes on")
+        record_failure(Path(cfg.paths.output_dir), err)
+
+
+def recipe_line(cfg: DictConfig) -> str:
+    """Which Table 7 recipe the run uses (configs/recipe/; a paper dataset selects its own), and its values."""
+    get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731 - a group may be removed (~scheduler)
+    max_steps = get("trainer.max_steps") or -1
+    length = f"{max_steps} steps" if max_steps > 0 else f"{get('trainer.max_epochs')} epochs"
+    return (
+        f"recipe: {get('recipe')} (backbone {get('backbone.name')}, lr {get('optimizer.lr')}, weight decay "
+        f"{get('optimizer.weight_decay')}, {get('scheduler.kind') or 'constant'} schedule, {length}, batch "
+        f"{get('dataset.batch_size')}, ensemble_size {get('ensemble_size')}, sigma_init {get('sigma_init')})"
+    )
+
+
+if __name__ == "__main__":
+    main()
