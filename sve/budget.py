@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sve.report import METHOD_NAMES, load_spec, run_dir
+from sve.results import read_results
 
 TOLERANCE = 0.01  # nats of validation NLL: smaller changes between curve points are not a trend
 
@@ -66,16 +67,11 @@ def curve_share(results: dict) -> float | None:
 
 
 def all_runs(root: Path) -> list[tuple[Path, dict]]:
-    """Every finished run under ``root/runs`` (tuning runs included; copies of a tuning run left out)."""
-    found = []
-    for path in sorted(Path(root, "runs").rglob("results.json")):
-        if (path.parent / "REUSED.txt").exists():
-            continue  # the tuning run it copies is counted
-        try:
-            found.append((path.parent, json.loads(path.read_text())))
-        except (OSError, ValueError):
-            continue
-    return found
+    """(results.json path, results) of every finished run under ``root/runs``: tuning runs included, copies
+    of a tuning run left out (their time is the tuning run's). A file that is not valid JSON is an error
+    naming it (``sve.results.read_results``)."""
+    return [(path, read_results(path)) for path in sorted(Path(root, "runs").rglob("results.json"))
+            if not (path.parent / "REUSED.txt").exists()]
 
 
 def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2) -> tuple[str, dict]:
@@ -115,7 +111,7 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
                     path = run_dir(root, experiment, row.method, members, int(seed)) / "results.json"
                     if path.exists():
                         curves.append((json.loads(path.read_text()).get("curve") or {}).get("points", []))
-                directories = [d for d, _ in runs if d.is_relative_to(row_dir)]
+                directories = [p.parent for p, _ in runs if p.parent.is_relative_to(row_dir)]
                 fresh = [d for d in directories if d not in seen_runs]
                 seen_runs.update(fresh)
                 spent = sum(minutes_of(d, runs) for d in fresh)
@@ -152,8 +148,8 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
 
 
 def minutes_of(directory: Path, runs: list[tuple[Path, dict]]) -> float:
-    for d, results in runs:
-        if d == directory:
+    for path, results in runs:
+        if path.parent == directory:
             return float(results.get("wall_time_s") or 0.0) / 60
     return 0.0
 

@@ -131,22 +131,22 @@ def test_mini_report_fills_every_placeholder(tmp_path):
 
 
 
-@pytest.mark.parametrize("hours, flagged", [(2.0, False), (9.0, True)])
+@pytest.mark.parametrize("hours, flagged", [(2.0, False), (18.0, True)])
 def test_time_section_says_when_the_miniature_is_over_its_budget(tmp_path, hours, flagged):
-    # Two parts at a time: 9 h summed over runs is 4.5 h of wall time, 1.5 times the 3 h target.
+    # Two parts at a time: 18 h summed over runs is 9 h of wall time, 1.5 times the 6 h target.
     write_run(tmp_path, "mini_x", "sve", 4, 0, {"acc": 0.8}, num_members=4, wall_time_s=hours * 3600)
     text = mini_report.times_section(mini_report.all_results(tmp_path))
     assert f"about half the sum: {hours / 2:.1f} h (no record" in text
-    assert ("1.5 times the target of about 3 h" in text) is flagged
+    assert ("1.5 times the target of about 6 h" in text) is flagged
 
 
 def test_time_section_reports_the_measured_wall_time_of_overlapping_sweeps(tmp_path):
-    # Two workers: runs of 0-2 h and 1-4 h overlap, so the wall time is 4 h (not 5), 1.3 times the 3 h target.
+    # Two workers: runs of 0-4 h and 2-8 h overlap, so the wall time is 8 h (not 10), 1.3 times the 6 h target.
     write_run(tmp_path, "mini_x", "sve", 4, 0, {"acc": 0.8}, num_members=4, wall_time_s=3600)
-    spans = [(0, 7200, 1), (3600, 4 * 3600, 2)]
+    spans = [(0, 4 * 3600, 1), (2 * 3600, 8 * 3600, 2)]
     (tmp_path / "sittings.jsonl").write_text("".join(json.dumps({"started": a, "finished": b, "pid": pid}) + "\n"
                                                      for a, b, pid in spans))  # fmt: skip
     text = mini_report.times_section(mini_report.all_results(tmp_path), tmp_path)
-    assert "Measured wall time: 4.00 h during which at least one run was training" in text
+    assert "Measured wall time: 8.00 h during which at least one run was training" in text
     assert "2 runs by 2 sweep processes" in text
-    assert "1.3 times the target of about 3 h" in text
+    assert "1.3 times the target of about 6 h" in text

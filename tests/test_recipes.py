@@ -67,7 +67,7 @@ def test_an_experiment_keeps_its_own_backbone_over_the_recipes():
 
 
 def test_train_prints_the_recipe():
-    from train import recipe_line
+    from sve.cli.train import recipe_line
 
     line = recipe_line(compose_cfg(["dataset=oxford_pets"]))
     assert line.startswith("recipe: oxford_pets (backbone dinov2_vits14, lr 0.001")
