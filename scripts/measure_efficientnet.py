@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from sve.data.vision import image_transforms  # noqa: E402
-from sve.run import instantiate  # noqa: E402
+from sve.runs.run import instantiate  # noqa: E402
 
 try:  # the configs ship inside the package (sve/configs); older checkouts keep them at the repository root
     from sve.paths import CONFIGS  # noqa: E402

@@ -1,6 +1,6 @@
 """The miniature's budget, measured for every method from its runs: ``make mini-budget``.
 
-Writes ``<results>/budget.md`` and ``budget.json`` (``sve.budget``: the rule, minutes per run by method,
+Writes ``<results>/budget.md`` and ``budget.json`` (``sve.paper.budget``: the rule, minutes per run by method,
 each table's run count and every method's convergence along its learning curve). Trains nothing.
 """
 
@@ -10,8 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from sve.budget import report
 from sve.errors import one_line_errors
+from sve.paper.budget import report
 
 MINI_TABLES = ["mini_table2", "mini_figure2", "mini_table3", "mini_table1", "mini_figure2_vision", "mini_table2_mpnet"]
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-hours", type=float, default=6.0, help="wall-time budget of make mini")
     parser.add_argument("--workers", type=int, default=2, help="runs trained at a time")
     args = parser.parse_args(argv)
-    from sve.report import table_names
+    from sve.paper.report import table_names
 
     tables = [t for t in args.tables if t in table_names()]
     text, record = report(args.results, tables, args.budget_hours, args.workers)

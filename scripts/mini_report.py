@@ -6,14 +6,14 @@ The prose is the template ``sve/configs/claims/mini_readme.md``; everything nume
 - ``{{times}}``: per experiment, the runs trained (tuning included) and their summed wall time;
 - ``{{settings}}``: per experiment, the model, data sizes, epochs and batch, and each row's learning rate
   (chosen on validation, ``tuned.json``, with the grid it searched and any edge it was left on; or fixed);
-- ``{{budget}}``: the budget measured for every method (``sve.budget``: minutes per run, run counts, each
+- ``{{budget}}``: the budget measured for every method (``sve.paper.budget``: minutes per run, run counts, each
   method's convergence along its learning curve);
 - ``{{table:<name>}}``: the built table ``<root>/tables/<name>.md`` (``make mini-tables`` builds them);
 - ``{{figure:<file>}}``: a link to ``<root>/figures/<file>`` when it exists;
-- ``{{claims}}``: the verdicts of ``sve/configs/claims/mini.yaml`` (``sve.claims``): each comparison's difference
+- ``{{claims}}``: the verdicts of ``sve/configs/claims/mini.yaml`` (``sve.paper.claims``): each comparison's difference
   with its paired-bootstrap 95% interval, "held", "reversed" or "unresolved";
 - ``{{procedure}}``: one paragraph on how those intervals and verdicts are made, with the claims file's
-  bootstrap settings (``sve.claims.procedure``).
+  bootstrap settings (``sve.paper.claims.procedure``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from sve.budget import all_runs as all_results
-from sve.budget import report as budget_report
-from sve.claims import CLAIMS, claims_markdown, load_claims, procedure
-from sve.report import METHOD_NAMES, load_runs
-from sve.results import read_json, read_results
-from sve.sweep import SITTINGS, recorded_runs, wall_seconds
+from sve.paper.budget import all_runs as all_results
+from sve.paper.budget import report as budget_report
+from sve.paper.claims import CLAIMS, claims_markdown, load_claims, procedure
+from sve.paper.report import METHOD_NAMES, load_runs
+from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
+from sve.runs.results import read_json, read_results
 
 TEMPLATE = CLAIMS / "mini_readme.md"
 MINI_TABLES = ["mini_table2", "mini_table2_mpnet", "mini_figure2", "mini_table3", "mini_table1", "mini_figure2_vision"]
@@ -124,7 +124,7 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
 
 
 def budget_section(root: Path) -> str:
-    """``budget.md``'s tables without its title (``sve.budget.report``, as ``make mini-budget`` writes it)."""
+    """``budget.md``'s tables without its title (``sve.paper.budget.report``, as ``make mini-budget`` writes it)."""
     text, _ = budget_report(root, MINI_TABLES, TARGET_HOURS)
     return re.sub(r"^# .*\n+", "", text, count=1).replace("\n## ", "\n#### ").strip()
 

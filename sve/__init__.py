@@ -1,35 +1,82 @@
 """SVE: Singular Value Ensembles for pretrained models, and every baseline of the paper behind one interface.
 
-Package map (by role; the modules are still flat, issue 22 groups them into subpackages):
+Package map, by role (``docs/architecture.md`` has the flow of a run):
 
-- Member core: ``layers`` (SV, LoRA, BatchEnsemble and BLoB member layers, SV inference paths), ``inject``
-  (wraps a backbone's target layers), ``members`` (the (M, B, C) member-logit layout and the predictive),
-  ``shared_inputs``, ``svd_cache``, ``singular_values``.
-- Models and data: ``backbones`` (timm, Hugging Face, CIFAR ResNets, choice LMs), ``methods`` (one class per
-  method of the paper), ``data`` (data modules, their up-front checks, samplers, corruptions).
-- Training: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``draws``
-  (draws independent of the device layout), ``allocator``, ``loggers``, ``validate`` (config checks, probe).
-- Runs: ``run`` (what train.py calls), ``rundir`` (directories, locks, the config a directory started with),
-  ``evaluation`` and ``evaluate`` (scoring, re-evaluation), ``metrics``, ``calibration``, ``results``,
-  ``writable`` (atomic writes), ``errors`` (user errors in one line), ``multirun``.
-- The paper: ``sweep`` (table sweeps), ``report``, ``render``, ``figures``, ``claims``; ``bench`` (costs).
+- ``layers``: the member layers (SV, LoRA, BatchEnsemble, BLoB; SV inference paths), ``inject`` (wraps a
+  backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files).
+- ``methods``: one class per method of the paper behind one interface, returning member logits in the
+  (M, B, C) layout of ``members`` (which also forms the predictive).
+- ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
+- ``data``: data modules, their up-front checks, samplers, the corruption generator.
+- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics).
+- ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``draws``
+  (draws independent of the device layout), ``curves`` (learning curves), ``allocator``, ``loggers``.
+- ``runs``: ``run`` (one run end to end), ``validate`` (config checks, probe), ``rundir`` (directories,
+  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
+  ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
+- ``paper``: ``sweep`` (table sweeps) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
+  definitions, run directories, the runs of a store), ``registry`` (metric and method names), ``report``
+  (the table builder), ``render``, ``figures``, ``claims`` with ``bootstrap`` (paired intervals), ``budget``.
+- ``bench``: memory and FLOP counters (``counters``) and the cost benchmark (``benchmark``).
+- ``cli``: the console entry points; ``configs``: the Hydra config groups. At the top, used by every role:
+  ``members`` (the member-logit layout), ``paths`` (where things are read and written) and ``errors`` (user
+  errors in one line).
 
-The names below are imported on first use, so ``import sve`` itself loads no torch.
+The names below are imported on first use, so ``import sve`` itself loads no torch. Modules that moved into
+the subpackages stay importable under their old names (``sve.checkpoint`` is ``sve.training.checkpoint``),
+so the ``_target_`` of a run configured before the move still instantiates.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "SVE": "sve.methods", "SVF": "sve.methods", "Single": "sve.methods", "EnsembleMethod": "sve.methods",
     "LoRAEnsemble": "sve.methods", "DeepEnsemble": "sve.methods", "MCDropout": "sve.methods",
-    "BatchEnsemble": "sve.methods", "EnsembleModule": "sve.module", "SVLinear": "sve.layers.sv_linear",
-    "SVConv2d": "sve.layers.sv_conv", "run": "sve.run", "build": "sve.run", "InputError": "sve.errors",
+    "BatchEnsemble": "sve.methods", "EnsembleModule": "sve.training.module", "SVLinear": "sve.layers.sv_linear",
+    "SVConv2d": "sve.layers.sv_conv", "run": "sve.runs.run", "build": "sve.runs.run", "InputError": "sve.errors",
 }  # fmt: skip
 __all__ = ["__version__", *_EXPORTS]
+
+MOVED = {
+    "sve.inject": "sve.layers.inject", "sve.shared_inputs": "sve.layers.shared_inputs",
+    "sve.svd_cache": "sve.layers.svd_cache", "sve.singular_values": "sve.layers.singular_values",
+    "sve.module": "sve.training.module", "sve.optim": "sve.training.optim",
+    "sve.checkpoint": "sve.training.checkpoint", "sve.draws": "sve.training.draws",
+    "sve.allocator": "sve.training.allocator", "sve.loggers": "sve.training.loggers",
+    "sve.curves": "sve.training.curves", "sve.run": "sve.runs.run", "sve.rundir": "sve.runs.rundir",
+    "sve.validate": "sve.runs.validate", "sve.evaluation": "sve.runs.evaluation",
+    "sve.evaluate": "sve.runs.evaluate", "sve.results": "sve.runs.results", "sve.multirun": "sve.runs.multirun",
+    "sve.writable": "sve.runs.writable", "sve.resolvers": "sve.runs.resolvers",
+    "sve.calibration": "sve.metrics.calibration", "sve.sweep": "sve.paper.sweep", "sve.tuning": "sve.paper.tuning",
+    "sve.report": "sve.paper.report", "sve.render": "sve.paper.render", "sve.figures": "sve.paper.figures",
+    "sve.claims": "sve.paper.claims", "sve.budget": "sve.paper.budget", "sve.bootstrap": "sve.paper.bootstrap",
+    "sve.benchmark": "sve.bench.benchmark",
+}  # fmt: skip
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import sve.<old name>`` gives the module at its new place, the same object (classes keep their
+    identity, a test's monkeypatch reaches the code that runs)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec):
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module) -> None:
+        pass  # already executed under its new name
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())
 
 
 def __getattr__(name: str):

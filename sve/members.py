@@ -113,3 +113,8 @@ def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
 
 __all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch",
            "check_member_logits", "predictive", "log_predictive"]
+
+
+def to_device(batch: dict, device) -> dict:
+    """A batch dict with its tensors on ``device`` (other values, e.g. a tokenizer's strings, as they are)."""
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 CONFIGS = PACKAGE / "configs"  # the config groups (train.yaml, backbone/, method/, ...)
-TABLES = CONFIGS / "tables"  # one definition per paper table or figure (sve.report)
-CLAIMS = CONFIGS / "claims"  # the paper's claims, checked against the miniature (sve.claims)
+TABLES = CONFIGS / "tables"  # one definition per paper table or figure (sve.paper.report)
+CLAIMS = CONFIGS / "claims"  # the paper's claims, checked against the miniature (sve.paper.claims)
 PAPER = CONFIGS / "paper"  # the paper's numbers, transcribed, for side-by-side columns only
 RESULTS_ENV = "SVE_RESULTS"
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "sve" / "configs"
 SHARED = Path(os.environ.get("SVE_SHARED", ROOT.parent / "shared"))
 
-# Every run the tests start keeps its SVD cache (sve.svd_cache) in a directory of its own, never ~/.cache.
+# Every run the tests start keeps its SVD cache (sve.layers.svd_cache) in a directory of its own, never ~/.cache.
 os.environ["SVE_SVD_CACHE"] = tempfile.mkdtemp(prefix="sve-svd-test-")
 atexit.register(shutil.rmtree, os.environ["SVE_SVD_CACHE"], ignore_errors=True)
 

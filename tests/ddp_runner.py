@@ -10,7 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from sve.run import run
+from sve.runs.run import run
 from tests.conftest import compose_cfg
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 
 from sve.errors import one_line_errors
-from sve.run import run
+from sve.runs.run import run
 from tests.conftest import compose_cfg
 
 

@@ -1,4 +1,4 @@
-"""The CPU allocator policy (sve/allocator.py), checked in fresh processes since it is process-wide."""
+"""The CPU allocator policy (sve/training/allocator.py), checked in fresh processes since it is process-wide."""
 
 import platform
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sve.allocator import POLICIES, check_policy, set_cpu_allocator
+from sve.training.allocator import POLICIES, check_policy, set_cpu_allocator
 
 # Prints: whether the policy was applied; whether a 20 MiB tensor made right after lies in the heap (glibc
 # serves a block that large from its own mmap by default); and the fewest minor page faults in three windows
@@ -14,7 +14,7 @@ from sve.allocator import POLICIES, check_policy, set_cpu_allocator
 PROBE = """
 import resource, sys
 import torch
-from sve.allocator import set_cpu_allocator
+from sve.training.allocator import set_cpu_allocator
 applied = set_cpu_allocator(sys.argv[1])
 block = torch.empty(5 * 2**20)
 heap = [line.split()[0].split("-") for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]")]

@@ -10,7 +10,7 @@ from sve.data import ARCEasyData
 from sve.data.arc import to_example
 from sve.errors import InputError
 from sve.methods.sve import SVE
-from sve.run import instantiate, run
+from sve.runs.run import instantiate, run
 from tests.conftest import compose_cfg, shared_path
 
 QUESTIONS = [  # 3, 4 and 5 options; letter and digit labels

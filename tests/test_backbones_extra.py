@@ -9,7 +9,7 @@ import torch
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone
 from sve.layers import SVLinear
 from sve.methods.sve import SVE
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg, shared_path
 
 TINY_LLAMA = "{model_type: llama, vocab_size: 193, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64, max_position_embeddings: 256, pad_token_id: 0}"  # noqa: E501

@@ -10,8 +10,9 @@ import sys
 import torch
 from torch import nn
 
-from sve.bench import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
-from sve.report import REPO, cost_runs
+from sve.bench.counters import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
+from sve.paper.report import cost_runs
+from tests.conftest import ROOT as REPO
 
 FLOAT = 4
 
@@ -86,7 +87,7 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
         for name, row in rows.items():
             assert row["ms"] > 0 and row["flops"] > 0 and row["peak_bytes"] > 0, (kind, name)
     # Facts, not timings: merged SVE does the dense copies' FLOPs less the stem its members share (computed
-    # once, sve.shared_inputs), factored more; rebuilding costs more than training factored; M dense copies are
+    # once, sve.layers.shared_inputs), factored more; rebuilding costs more than training factored; M dense copies are
     # M single models.
     e16 = vit["eval_b16"]
     assert e16["sve"]["flops"] < e16["dense"]["flops"] == M * e16["single"]["flops"]
@@ -105,7 +106,7 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
 
     table5 = json.loads((out / "table5.json").read_text())
     assert {"single", "sve", "lora_ensemble", "batch_ensemble", "deep_ensemble", "mc_dropout"} <= set(table5["methods"])
-    costs = cost_runs(table5)  # the schema sve.report reads
+    costs = cost_runs(table5)  # the schema sve.paper.report reads
     assert all(math.isfinite(v) for row in costs.values() for v in row.values())
     methods = table5["methods"]
     assert methods["deep_ensemble"]["parameters"] == M * methods["single"]["parameters"]

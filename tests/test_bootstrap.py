@@ -1,7 +1,7 @@
-"""Paired-bootstrap intervals of the claims (sve.bootstrap, sve.claims): known answers (a difference of exactly d
-per seed, identical rows, a much worse row), every resampled metric equal to the project's metric on the full
-and on the materialised resample, pairing that narrows the interval, reproducibility, coverage near 95% when
-the true difference is 0, the evaluation writing the files, and the claims pipeline end to end."""
+"""Paired-bootstrap intervals of the claims (sve.paper.bootstrap, sve.paper.claims): known answers (a difference of
+exactly d per seed, identical rows, a much worse row), every resampled metric equal to the project's metric on the
+full and on the materialised resample, pairing that narrows the interval, reproducibility, coverage near 95% when the
+true difference is 0, the evaluation writing the files, and the claims pipeline end to end."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from sve import bootstrap
-from sve.bootstrap import Examples, Term, interval, statistic
-from sve.claims import HELD, NOT_HELD, REVERSED, UNRESOLVED, Difference, decide, judge, to_markdown
 from sve.errors import InputError
-from sve.metrics import OODDetection, predictive_metrics
-from sve.report import load_runs
+from sve.metrics.scores import OODDetection, predictive_metrics
+from sve.paper import bootstrap
+from sve.paper.bootstrap import Examples, Term, interval, statistic
+from sve.paper.claims import HELD, NOT_HELD, REVERSED, UNRESOLVED, Difference, decide, judge, to_markdown
+from sve.paper.report import load_runs
 from tests.test_metrics import reference
 from tests.test_report import write_run
 
@@ -200,10 +200,10 @@ def test_a_resample_by_weights_equals_the_metric_of_the_resampled_set():
 
 
 def test_ece_bins_are_the_metrics_bins():
-    """Confidences on and next to every edge m/15 land where sve.metrics puts them (checked one by one). The
+    """Confidences on and next to every edge m/15 land where sve.metrics.scores puts them (checked one by one). The
     metric's edges are torch's linspace, which differs from numpy's m/15 in the last digit for some m (so a
     numpy binning would put such confidences in the other bin)."""
-    from sve.metrics import ExpectedCalibrationError
+    from sve.metrics.scores import ExpectedCalibrationError
 
     torch_edges = torch.linspace(0, 1, 16, dtype=torch.float64).numpy()[1:]
     numpy_edges = np.arange(1, 16) / 15
@@ -308,7 +308,7 @@ def test_unpaired_examples_and_bad_options_are_refused():
 
 def store_run(root, experiment: str, row: str, seed: int, probs: np.ndarray, labels: np.ndarray, files: bool = True,
               shift: dict | None = None, ood: np.ndarray | None = None) -> None:
-    """A results.json whose metrics are sve.metrics' on ``probs`` (as an evaluation writes them) and, with
+    """A results.json whose metrics are sve.metrics.scores' on ``probs`` (as an evaluation writes them) and, with
     ``files``, its predictive/ files; ``shift``: {corruption: probs} at severity 3 (labels: the first 100)."""
     method, members = row.split(":")
     metrics = predictive_metrics(torch.from_numpy(probs), torch.from_numpy(labels))
@@ -388,7 +388,7 @@ def test_claims_give_held_reversed_unresolved_and_fall_back_without_files(store)
 
 def test_the_point_difference_is_the_tables_difference_for_every_metric_kind(store):
     """acc, nll, ece (lower is better: oriented), a severity's mean over corruptions and the OOD AUROC."""
-    from sve.claims import cell, improvement, metric_of
+    from sve.paper.claims import cell, improvement, metric_of
 
     runs = load_runs(store)
     keys = ["acc", "nll", "ece", "brier", "sev3/acc", "sev3/ece", "ood_auroc", "ood_fpr95"]
@@ -438,8 +438,8 @@ def test_a_file_that_disagrees_with_results_json_gets_no_interval_and_unpaired_r
 def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
     """A tiny run with an OOD set and shift sets: predictive/ holds test (with probs), ood (scores only) and
     every shift set, no val; each metric computed from them is the run's results.json value."""
-    from sve.claims import Evidence
-    from sve.run import run
+    from sve.paper.claims import Evidence
+    from sve.runs.run import run
     from tests.conftest import compose_cfg
     from tests.test_evaluation import OOD, TINY
 
@@ -458,9 +458,9 @@ def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
 
 
 def test_backfill_writes_the_files_from_saved_predictions(tmp_path):
-    from sve.evaluation import write_predictions
     from sve.members import predictive
-    from sve.module import Predictions
+    from sve.runs.evaluation import write_predictions
+    from sve.training.module import Predictions
 
     logits = torch.randn(3, 50, 4)
     labels, index = torch.arange(50) % 4, torch.arange(50)

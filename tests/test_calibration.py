@@ -1,10 +1,11 @@
-"""Temperature scaling (sve.calibration) against numpy: it recovers a known temperature and minimises the NLL."""
+"""Temperature scaling (sve.metrics.calibration) against numpy: it recovers a known temperature and minimises the
+NLL."""
 
 import numpy as np
 import pytest
 import torch
 
-from sve.calibration import fit_temperature, temperature_scaled
+from sve.metrics.calibration import fit_temperature, temperature_scaled
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Claim verdicts (sve.claims) and the miniature's README (scripts/mini_report.py) on fixture runs: the
+"""Claim verdicts (sve.paper.claims) and the miniature's README (scripts/mini_report.py) on fixture runs: the
 verdicts follow the numbers (flip a number, the verdict flips), the noise flag follows the seeds' spread."""
 
 import json
@@ -7,8 +7,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from sve.claims import cell, judge, load_claims, to_markdown
-from sve.report import REPO, load_runs
+from sve.paper.claims import cell, judge, load_claims, to_markdown
+from sve.paper.report import load_runs
+from tests.conftest import ROOT as REPO
 from tests.test_report import write_run
 
 sys.path.insert(0, str(REPO / "scripts"))

@@ -7,7 +7,7 @@ import pytest
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
-from sve.run import build, instantiate, run
+from sve.runs.run import build, instantiate, run
 from tests.conftest import ROOT as ROOT_DIR
 from tests.conftest import compose_cfg, config_options
 

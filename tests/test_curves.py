@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sve.curves import LearningCurve
-from sve.run import run
+from sve.runs.run import run
+from sve.training.curves import LearningCurve
 from tests.conftest import compose_cfg
 
 # 6 optimiser steps per epoch, 2 epochs, dropout on (the curve must not shift the random numbers training draws).
 RUN = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "trainer=cpu",
        "trainer.max_epochs=2", "+backbone.model_kwargs.drop_rate=0.2", "dataset.num_train=48", "dataset.num_val=16",
        "dataset.num_test=16", "method.lr=3e-2", "+trainer.enable_progress_bar=false"]  # fmt: skip
-CURVE = ["+callbacks.curve._target_=sve.curves.LearningCurve", "+callbacks.curve.points=2"]
+CURVE = ["+callbacks.curve._target_=sve.training.curves.LearningCurve", "+callbacks.curve.points=2"]
 
 
 def test_the_schedule_holds_the_start_the_end_and_even_points_between():

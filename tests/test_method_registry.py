@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from sve.layers import MemberLayer
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg, config_options
 
 FAMILIES = {

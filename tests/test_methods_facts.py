@@ -12,7 +12,7 @@ from torch import nn
 
 from sve.layers import BatchEnsembleLayer, BLoBLayer, LoRALayer
 from sve.members import predictive, repeat_batch, split_members
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 TEXT = ["backbone=tiny_bert", "dataset=synthetic_text", "dataset.batch_size=4"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sve.run import run
+from sve.runs.run import run
 from tests.conftest import compose_cfg, config_options
 
 BASELINES = config_options("method")

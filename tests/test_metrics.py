@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sve.members import predictive
-from sve.metrics import NLL_EPS, classification_metrics
+from sve.metrics.scores import NLL_EPS, classification_metrics
 
 
 def reference(probs: np.ndarray, labels: np.ndarray, n_bins: int = 15) -> dict:
@@ -110,7 +110,7 @@ def reference_mutual_information(member_logits: np.ndarray) -> float:
 
 
 def test_mutual_information_against_numpy_and_its_bounds():
-    from sve.metrics import mutual_information
+    from sve.metrics.scores import mutual_information
 
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(5, 40, 6)) * 2
@@ -125,7 +125,7 @@ def test_mutual_information_against_numpy_and_its_bounds():
 
 
 def test_disagreement_against_numpy():
-    from sve.metrics import disagreement
+    from sve.metrics.scores import disagreement
 
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(3, 50, 4))
@@ -144,7 +144,7 @@ def test_disagreement_against_numpy():
 
 @pytest.mark.parametrize("aggregate", ["probs", "logits"])
 def test_score_holds_every_member_and_the_ece_bins(aggregate):
-    from sve.metrics import score
+    from sve.metrics.scores import score
 
     rng = np.random.default_rng(3)
     logits, labels = rng.normal(size=(4, 300, 7)) * 3, rng.integers(0, 7, 300)

@@ -1,11 +1,11 @@
-"""The budget measurement (sve.budget): convergence along a learning curve, the curve's share of a run."""
+"""The budget measurement (sve.paper.budget): convergence along a learning curve, the curve's share of a run."""
 
 import json
 
 import pytest
 
-from sve.budget import convergence, curve_share, mean_points, report
-from sve.report import run_dir
+from sve.paper.budget import convergence, curve_share, mean_points, report
+from sve.paper.report import run_dir
 
 
 def curve(values):

@@ -13,10 +13,10 @@ from torch import nn
 from transformers import MPNetConfig, MPNetModel, MPNetTokenizer
 
 from scripts import fetch_mpnet
-from sve.inject import find_targets
+from sve.layers.inject import find_targets
 from sve.members import repeat_batch, split_members
 from sve.methods import SVE
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 REAL_DIR = Path("~/.cache/sve/mpnet_base").expanduser()

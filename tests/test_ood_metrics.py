@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from sve.metrics import OODDetection
+from sve.metrics.scores import OODDetection
 
 
 def reference(id_scores, ood_scores):
@@ -58,7 +58,7 @@ def test_needs_both_kinds():
 
 
 def test_run_reports_ood_metrics_when_the_dataset_has_an_ood_set(tmp_path):
-    from sve.run import run
+    from sve.runs.run import run
     from tests.conftest import compose_cfg
 
     cfg = compose_cfg(["backbone=tiny_vit", "+dataset.ood._target_=sve.data.SyntheticImageData",

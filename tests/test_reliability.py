@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sve.errors import InputError, TrainingDiverged
-from sve.run import run
+from sve.runs.run import run
 from tests.conftest import ROOT, compose_cfg
 
 # SVE with dropout (random states matter as well as weights), 6 steps per epoch, 3 epochs, validation every
@@ -128,7 +128,7 @@ def test_a_checkpoint_of_another_shape_or_kind_is_refused_in_one_line(tmp_path, 
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     base = ["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2"]
     with monkeypatch.context() as patch:  # refused before the model (its download, its SVD) is built
-        patch.setattr("sve.run.build", lambda cfg: pytest.fail("built the model before checking the checkpoint"))
+        patch.setattr("sve.runs.run.build", lambda cfg: pytest.fail("built the model before checking the checkpoint"))
         with pytest.raises(InputError, match=r"written by a run with another config: ensemble_size: 2 -> 3"):
             run(compose_cfg([*base, "ensemble_size=3", f"ckpt_path={last}"], tmp_path / "other"))
     # Without the config in it (a checkpoint from elsewhere), the tensors' shapes name the difference.
@@ -161,7 +161,7 @@ def test_a_checkpoint_of_another_shape_or_kind_is_refused_in_one_line(tmp_path, 
 def test_keys_the_code_does_not_read_are_refused(override, message, tmp_path):
     cfg = compose_cfg([override, "trainer.max_epochs=1", "callbacks=default"], tmp_path)
     if message is None:
-        from sve.validate import check_known_keys
+        from sve.runs.validate import check_known_keys
         check_known_keys(cfg)
         return
     with pytest.raises(InputError, match=message):
@@ -183,7 +183,7 @@ def test_a_method_that_cannot_build_its_members_is_refused_before_training(tmp_p
 
 def test_sve_warns_when_a_pretrained_head_and_no_noise_make_members_identical(monkeypatch):
     from sve.backbones.timm_vit import TimmBackbone
-    from sve.run import build
+    from sve.runs.run import build
 
     monkeypatch.setattr(TimmBackbone, "initial_head",
                         lambda self, task, C: (torch.zeros(C, self.feature_dim), torch.zeros(C)))

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sve import render
-from sve.report import (
+from sve.paper import render
+from sve.paper.report import (
     METHOD_NAMES,
-    REPO,
     build,
     build_all,
     load_runs,
@@ -20,11 +19,12 @@ from sve.report import (
     run_dir,
     table_names,
 )
+from tests.conftest import ROOT as REPO
 from tests.conftest import SHARED
 
 
 def write_run(root: Path, experiment: str, method: str, members: int, seed: int, metrics: dict, **extra) -> Path:
-    """A results.json as sve.run writes it (only the keys the builder reads), in the stable run directory."""
+    """A results.json as sve.runs.run writes it (only the keys the builder reads), in the stable run directory."""
     path = run_dir(root, experiment, method, members, seed) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     results = {"method": method, "ensemble_size": members, "seed": seed,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sve.checkpoint import read_checkpoint
-from sve.run import run
+from sve.runs.run import run
+from sve.training.checkpoint import read_checkpoint
 from tests.conftest import compose_cfg
 
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from sve.errors import InputError
-from sve.results import write_json
-from sve.run import run
+from sve.runs.results import write_json
+from sve.runs.run import run
 from tests.conftest import ROOT, compose_cfg
 
 TINY = ["backbone=tiny_vit", "dataset=synthetic_image"]
@@ -160,7 +160,7 @@ def test_slurm_launcher_config_composes(tmp_path):
 
 
 def test_a_slurm_job_has_one_directory_and_a_requeued_job_takes_its_own_lock_back(tmp_path, monkeypatch):
-    from sve.rundir import claim, run_id
+    from sve.runs.rundir import claim, run_id
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
@@ -184,7 +184,7 @@ def test_a_slurm_job_has_one_directory_and_a_requeued_job_takes_its_own_lock_bac
 def test_git_commit_is_dirty_for_code_changes_not_for_results(tmp_path):
     import subprocess
 
-    from sve.results import git_commit
+    from sve.runs.results import git_commit
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

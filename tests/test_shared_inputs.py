@@ -1,12 +1,12 @@
 """Member-free layers that read the batch compute once per batch when members run one per pass
-(sve/shared_inputs.py): same logits as computing them in every pass, fewer calls, never when stochastic."""
+(sve/layers/shared_inputs.py): same logits as computing them in every pass, fewer calls, never when stochastic."""
 
 import pytest
 import torch
 from torch import nn
 
-from sve.run import instantiate
-from sve.shared_inputs import member_free_modules, share_inputs
+from sve.layers.shared_inputs import member_free_modules, share_inputs
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
 
 

@@ -9,7 +9,7 @@ import torch
 
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone, load_checkpoint
 from sve.data import CIFAR10Data
-from sve.run import run
+from sve.runs.run import run
 from tests.conftest import compose_cfg, shared_path
 
 CACHE = Path("~/.cache/sve/data/cifar10_jpg").expanduser()

@@ -5,7 +5,7 @@ import torch
 
 from sve.data import SST2Data, SyntheticImageData, SyntheticTextData
 from sve.errors import InputError
-from sve.run import instantiate
+from sve.runs.run import instantiate
 from tests.conftest import compose_cfg, shared_path
 
 

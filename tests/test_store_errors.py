@@ -14,14 +14,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from sve import multirun, sweep, writable
 from sve.errors import InputError
-from sve.evaluate import evaluate_run
-from sve.evaluation import read_predictions, write_predictions
-from sve.module import Predictions
-from sve.report import build, load_spec, run_dir
-from sve.results import UnreadableFile, read_json, read_results, write_json
-from sve.writable import check_writable
+from sve.paper import sweep
+from sve.paper.report import build, load_spec, run_dir
+from sve.runs import multirun, writable
+from sve.runs.evaluate import evaluate_run
+from sve.runs.evaluation import read_predictions, write_predictions
+from sve.runs.results import UnreadableFile, read_json, read_results, write_json
+from sve.runs.writable import check_writable
+from sve.training.module import Predictions
 from tests.conftest import ROOT, compose_cfg
 
 
@@ -99,7 +100,7 @@ def test_the_tables_skip_a_corrupt_results_json_with_a_warning_naming_it(tmp_pat
     path = run_dir(tmp_path, "exp_a", "sve", 4, 0) / "results.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"method": "sve", "seed"')
-    from sve.report import load_runs
+    from sve.paper.report import load_runs
 
     with caplog.at_level(logging.WARNING):
         assert load_runs(tmp_path) == []

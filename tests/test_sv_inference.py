@@ -11,8 +11,8 @@ from torch import nn
 from sve.errors import InputError
 from sve.layers import SVConv2d, SVLinear
 from sve.layers.sv_inference import merged_is_faster
-from sve.run import instantiate
-from sve.validate import check_config
+from sve.runs.run import instantiate
+from sve.runs.validate import check_config
 from tests.conftest import compose_cfg
 
 MODES = ("cached", "merged")

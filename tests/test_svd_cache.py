@@ -1,4 +1,4 @@
-"""The on-disk SVD cache (sve.svd_cache): a hit gives the very factors a miss computed, and a broken or
+"""The on-disk SVD cache (sve.layers.svd_cache): a hit gives the very factors a miss computed, and a broken or
 foreign entry is found, reported and recomputed."""
 
 import pytest
@@ -7,8 +7,8 @@ from torch import nn
 
 from sve.layers import SVLinear
 from sve.layers.sv_linear import decompose
-from sve.run import build, instantiate
-from sve.svd_cache import SVDCache, weight_key
+from sve.layers.svd_cache import SVDCache, weight_key
+from sve.runs.run import build, instantiate
 from tests.conftest import compose_cfg
 
 

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from sve import sweep
-from sve.report import REPO, load_spec, run_dir, table_names
-from sve.rundir import holder
+from sve.paper import sweep
+from sve.paper.report import load_spec, run_dir, table_names
+from sve.runs.rundir import holder
+from tests.conftest import ROOT as REPO
 
 
 @pytest.mark.parametrize("name", table_names())
@@ -320,7 +321,7 @@ def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
 
 
 def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives(tmp_path, monkeypatch):
-    from sve.rundir import HELD_LOCK, DirectoryInUse, claim
+    from sve.runs.rundir import HELD_LOCK, DirectoryInUse, claim
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

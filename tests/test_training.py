@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from sve.errors import InputError
 from sve.methods import SVE, SVF, Single
-from sve.module import EnsembleModule
-from sve.run import build, instantiate, run
+from sve.runs.run import build, instantiate, run
+from sve.training.module import EnsembleModule
 from tests.conftest import ROOT, compose_cfg
 
 

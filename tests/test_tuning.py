@@ -6,10 +6,10 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from sve import sweep
 from sve.errors import InputError
-from sve.report import load_spec, run_dir
-from sve.tuning import choice, ladder_position, ladder_value, next_value, settings
+from sve.paper import sweep
+from sve.paper.report import load_spec, run_dir
+from sve.paper.tuning import choice, ladder_position, ladder_value, next_value, settings
 
 
 def tune(**kwargs):

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
-from sve.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
+from sve.runs.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
 
 POOLINGS = ("cls", "mean", "last")
 PROBE_TEXT = "a short probe sentence"

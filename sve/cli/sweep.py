@@ -1,5 +1,5 @@
 """``sve-sweep table1 [--smoke] [--dry-run] [--results DIR]`` (``make table1``): trains the runs a table or
-figure needs, then builds it (``sve.sweep``). The store is ``./results`` unless ``--results`` names one."""
+figure needs, then builds it (``sve.paper.sweep``). The store is ``./results`` unless ``--results`` names one."""
 
 import sys
 
@@ -8,7 +8,7 @@ from sve.errors import one_line_errors
 
 def main() -> None:
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
-        from sve.sweep import main as sweep
+        from sve.paper.sweep import main as sweep
 
         sys.exit(sweep())
 

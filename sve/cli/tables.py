@@ -1,7 +1,7 @@
 """``sve-tables [table1 ...] [--smoke] [--no-paper] [--results DIR]`` (``make tables``): rebuilds tables and
 figures from the result files that exist, without training. No names: every definition of
 ``sve/configs/tables/`` that belongs to the store (the miniature's ``mini_*`` under a store named ``mini``,
-the others elsewhere). Works on an empty store (every cell "–"). See ``sve.report``."""
+the others elsewhere). Works on an empty store (every cell "–"). See ``sve.paper.report``."""
 
 import argparse
 import sys
@@ -11,7 +11,7 @@ from sve.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sve.report import build, build_all, table_names
+    from sve.paper.report import build, build_all, table_names
 
     parser = argparse.ArgumentParser(prog="sve-tables", description=__doc__.splitlines()[0].split(": ", 1)[-1])
     parser.add_argument("names", nargs="*", choices=[[], *table_names()], help="definitions in sve/configs/tables/")

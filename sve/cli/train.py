@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-import sve.resolvers  # noqa: F401 - ${package:} and ${run_id:}, before Hydra composes
+import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}, before Hydra composes
 from sve.errors import one_line_errors
 
 log = logging.getLogger(__name__)
@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     print(recipe_line(cfg))
-    from sve.multirun import record_failure
-    from sve.run import run  # torch and Lightning: only once there is a run to do
+    from sve.runs.multirun import record_failure
+    from sve.runs.run import run  # torch and Lightning: only once there is a run to do
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
         return
     try:
         run(cfg)
-    except Exception as err:  # one failing run does not stop the sweep; sve.multirun lists it at the end
+    except Exception as err:  # one failing run does not stop the sweep; sve.runs.multirun lists it at the end
         log.exception("run failed; the sweep goes on")
         record_failure(Path(cfg.paths.output_dir), err)
 

@@ -10,10 +10,10 @@ BatchEnsemble and BLoB layers the same three ways of choosing what runs:
 - **Selection.** ``select(members)`` runs only the chosen members of the current set; a layer with a single
   member is shared by all rows and ignores the selection.
 - **Layout.** With K > 1 selected members the input is K blocks stacked member-major along the leading
-  dimension (``sve.members``). When the method has announced the number of rows (``sve.members.member_rows``)
-  and the leading dimension differs (a time-major input, position embeddings shared by the batch), the layer
-  raises ``MemberLayoutError`` naming itself instead of splitting the wrong axis; the method then runs its
-  members one at a time, where the input may have any shape.
+  dimension (``sve.members``). When the method has announced the number of rows
+  (``sve.members.member_rows``) and the leading dimension differs (a time-major input, position
+  embeddings shared by the batch), the layer raises ``MemberLayoutError`` naming itself instead of splitting
+  the wrong axis; the method then runs its members one at a time, where the input may have any shape.
 
 Owners that read ``.weight``/``.bias`` directly (timm's EVA qkv, ``nn.MultiheadAttention.out_proj``) get the
 selected member's merged tensors, differentiable, in the base layer's layout; with several members selected

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from sve.layers.adapter import member_conv2d
 from sve.layers.member import check_layer
 from sve.layers.sv_linear import SVLinear, decompose
-from sve.svd_cache import SVDCache
+from sve.layers.svd_cache import SVDCache
 
 
 class SVConv2d(SVLinear):

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from sve.layers.member import MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
-from sve.svd_cache import SVDCache
+from sve.layers.svd_cache import SVDCache
 
 
 def decompose(
@@ -37,7 +37,7 @@ def decompose(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Thin SVD of ``weight_matrix(layer)`` computed in ``svd_dtype``: U (out, r) and Vh (r, in') cast to
     ``factor_dtype`` (default: the layer's dtype), s (r,) kept in ``svd_dtype``; read from ``cache`` when
-    it holds this weight's factors (``sve.svd_cache``)."""
+    it holds this weight's factors (``sve.layers.svd_cache``)."""
     W = weight_matrix(layer).detach()
     factor_dtype = factor_dtype or W.dtype
 

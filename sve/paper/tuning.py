@@ -11,7 +11,7 @@ the grid's smallest or largest, the grid grows by the next ladder value beyond i
 the best value has a worse neighbour on both sides, or ``extend`` values have been added (the choice is then
 reported as left on that edge, never silently). Only validation metrics are read, never test ones.
 
-The sweep (``sve.sweep``) trains the grid's runs; this module only decides: ``next_value`` (grow or stop)
+The sweep (``sve.paper.sweep``) trains the grid's runs; this module only decides: ``next_value`` (grow or stop)
 and ``choice`` (what ``tuned.json`` records: the whole searched grid, its scores, how far it grew, and
 ``edge`` when the choice is still on one).
 """

@@ -7,7 +7,7 @@
 - **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention; elementwise
   work counts zero), forward and, for a training step, backward.
 - **Page faults**: ``minor_faults`` counts the minor page faults of this process during one call (the
-  kernel zero-filling fresh pages for the allocator; ``sve.allocator`` explains why they matter on the CPU).
+  kernel zero-filling fresh pages for the allocator; ``sve.training.allocator`` explains why they matter on the CPU).
 - **Peak memory** = what the model holds before the step (``resident_bytes``: parameters, buffers, optimiser
   state and any cache the method keeps, e.g. merged SV weights, each storage counted once) + the peak of what
   the step allocates on top. On CUDA the latter is ``torch.cuda.max_memory_allocated`` minus the allocation

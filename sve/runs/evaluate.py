@@ -21,7 +21,7 @@ What a method's ``after_fit`` built (Bayes-LoRA's Laplace posterior, a checkpoin
 part of its state in ``final.ckpt``, so nothing is refitted: the evaluated model is the tested one.
 
 Output (rank 0): ``evaluations/<name>.json`` in the run directory (``name`` defaults to the evaluated
-dataset's name) holding ``sve.evaluation``'s keys plus what was evaluated; predictions under
+dataset's name) holding ``sve.runs.evaluation``'s keys plus what was evaluated; predictions under
 ``evaluations/<name>/predictions/``. The training ``results.json`` is left as it is unless
 ``update_results=true``, which replaces its evaluation keys (``num_members``, ``metrics``, ``predictions``,
 ``reliability``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions under
@@ -41,15 +41,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
-from sve.checkpoint import FINAL, read_checkpoint
 from sve.errors import InputError
-from sve.evaluation import PREDICTIONS, evaluate
 from sve.paths import CONFIGS
-from sve.results import command_line, git_commit, package_versions, read_results, write_json
-from sve.run import build, instantiate, make_trainer, prediction_options
-from sve.rundir import claim
-from sve.validate import accepted_keys
-from sve.writable import check_writable
+from sve.runs.evaluation import PREDICTIONS, evaluate
+from sve.runs.results import command_line, git_commit, package_versions, read_results, write_json
+from sve.runs.run import build, instantiate, make_trainer, prediction_options
+from sve.runs.rundir import claim
+from sve.runs.validate import accepted_keys
+from sve.runs.writable import check_writable
+from sve.training.checkpoint import FINAL, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
 EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
-# The nodes that evaluating a run instantiates (sve.run.build and make_trainer); callbacks and logger are not.
+# The nodes that evaluating a run instantiates (sve.runs.run.build and make_trainer); callbacks and logger are not.
 BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 REQUIRED = ("paths", "trainer", "backbone", "dataset", "method", "seed")  # what an evaluation reads

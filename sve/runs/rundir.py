@@ -214,7 +214,7 @@ class WritableRunDir(Callback):
     @staticmethod
     def _check(directory: Path, key: str) -> None:
         from sve.errors import one_line_errors
-        from sve.writable import check_writable
+        from sve.runs.writable import check_writable
 
         # SystemExit, not the exception: Hydra would turn a callback's exception into a warning and go on.
         with one_line_errors():

@@ -16,16 +16,16 @@ Saved predictions, ``<out_dir>/predictions/<set>.npz`` (``numpy.load``, no pickl
 - ``aggregate``: the run's rule for the predictive (``sve.members.predictive``), also in results.json.
 
 Beside them, ``<out_dir>/predictive/<set>.npz`` for the test, OOD and shift sets (not ``val``), written whether
-or not predictions are saved: the ensemble predictive's per-example statistics from which ``sve.bootstrap``
+or not predictions are saved: the ensemble predictive's per-example statistics from which ``sve.paper.bootstrap``
 computes the claims' paired-bootstrap intervals (layout there; small enough to commit, unlike predictions).
 
-What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.run``):
+What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.runs.run``):
 
 - ``num_members``; ``predictions``: {set: path relative to the run directory};
 - ``metrics``: the test set's ``test/acc``, ``ece``, ``nll``, ``brier``; per member ``test/member_acc`` etc.
-  (lists of length M); ``test/disagreement``, ``test/mutual_information`` (``sve.metrics``); temperature
+  (lists of length M); ``test/disagreement``, ``test/mutual_information`` (``sve.metrics.scores``); temperature
   scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``, ``ts_ece``, ``ts_nll``;
-  ``sve.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``, ``ood_auprc``, ``ood_fpr95``;
+  ``sve.metrics.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``, ``ood_auprc``, ``ood_fpr95``;
   ``test/examples``, ``test/seconds``;
 - ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
 - ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
@@ -47,13 +47,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sve.bootstrap import PREDICTIVE, write_predictive
-from sve.calibration import fit_temperature, temperature_scaled
 from sve.data.base import SHIFT
 from sve.errors import InputError
 from sve.members import log_predictive, predictive
-from sve.metrics import OODDetection, classification_metrics, predictive_metrics, score
-from sve.writable import atomic_write
+from sve.metrics.calibration import fit_temperature, temperature_scaled
+from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score
+from sve.paper.bootstrap import PREDICTIVE, write_predictive
+from sve.runs.writable import atomic_write
 
 PREDICTIONS = "predictions"
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
@@ -69,7 +69,7 @@ def seed_pass(seed: int, name: str) -> None:
 
 
 def write_predictions(path: Path, predictions, aggregate: str, float16_above_mb: float) -> None:
-    """One set's ``.npz`` (layout in the module docstring), written atomically (``sve.writable.atomic_write``:
+    """One set's ``.npz`` (layout in the module docstring), written atomically (``sve.runs.writable.atomic_write``:
     a full disk is an ``InputError`` naming the file and the space needed and left, and no partial file stays)."""
     logits = predictions.member_logits.numpy()
     finite = logits[np.isfinite(logits)]

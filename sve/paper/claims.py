@@ -2,7 +2,7 @@
 
 A claims file (``sve/configs/claims/<name>.yaml``) lists the paper's claims; each holds checks on the cells of
 the tables (a cell: one experiment, method and member count, its test metric averaged over the seeds found,
-exactly as ``sve.report`` builds it). A check says which way the paper points and the verdict says whether
+exactly as ``sve.paper.report`` builds it). A check says which way the paper points and the verdict says whether
 ours points the same way:
 
 - ``compare``: row ``a`` against each row of ``against`` on each metric, ``expect`` one of ``better`` (the
@@ -17,7 +17,7 @@ A row is ``method:members`` (``sve:4``). A metric is a test metric key (``ece``,
 
 Each comparison's *difference* is A's advantage over B in display units, positive when A is better in the
 metric's direction: the table's difference of the two cells' means over the seeds. Its 95% interval is a
-paired bootstrap over the test examples (``sve.bootstrap``: resampled within each seed, the same examples for
+paired bootstrap over the test examples (``sve.paper.bootstrap``: resampled within each seed, the same examples for
 both rows, the seeds' differences averaged in every replicate; 2000 replicates from a fixed seed, both set by
 the claims file's ``bootstrap`` block). The verdict is three-way, "held", "reversed" or "unresolved":
 
@@ -34,7 +34,7 @@ the claims file's ``bootstrap`` block). The verdict is three-way, "held", "rever
   reversed when any step's lies below 0, else unresolved (no correction for the number of steps).
 
 A comparison whose runs lack the per-example files (runs evaluated before they were written:
-``python -m sve.bootstrap <results root>`` writes them from saved predictions where those still exist), whose
+``python -m sve.paper.bootstrap <results root>`` writes them from saved predictions where those still exist), whose
 rows have different seeds, or whose file disagrees with results.json gets no interval: its verdict falls back
 to the direction of the means ("held" or "not held"), "within seed noise" when the difference is at most the
 larger of the two cells' standard deviations, and says why it has no interval. Verdicts are computed, never
@@ -50,9 +50,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sve import bootstrap
+from sve.paper import bootstrap
+from sve.paper.registry import METHOD_NAMES, METRICS, Metric
+from sve.paper.report import Cell, aggregate
+from sve.paper.store import Run, parse_row, select
 from sve.paths import CLAIMS
-from sve.report import METHOD_NAMES, METRICS, Cell, Metric, Run, aggregate, parse_row, select
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ def set_names(run: Run, severity: str | None, key: str) -> list[str]:
 
 
 class Evidence:
-    """The runs' per-example files (``sve.bootstrap``), each read once per report, and the intervals of the
+    """The runs' per-example files (``sve.paper.bootstrap``), each read once per report, and the intervals of the
     differences between rows."""
 
     def __init__(self, runs: list[Run], options: dict | None = None):
@@ -439,7 +441,7 @@ def procedure(claims: DictConfig | None = None) -> str:
 
 
 def claims_markdown(name: str, root: Path, runs: list[Run] | None = None) -> str:
-    from sve.report import load_runs
+    from sve.paper.report import load_runs
 
     return to_markdown(judge(load_claims(name), runs if runs is not None else load_runs(root)))
 

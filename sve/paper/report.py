@@ -1,7 +1,7 @@
 """The paper's tables from stored result files: ``python scripts/build_tables.py [--smoke] [table1 ...]``.
 
 A table is defined once in ``configs/tables/<name>.yaml`` (its experiments, rows of method and member count,
-seeds and metrics; the sweep driver ``sve.sweep`` trains the same grid). The builder reads only the
+seeds and metrics; the sweep driver ``sve.paper.sweep`` trains the same grid). The builder reads only the
 ``results.json`` files under a results root, never a live model:
 
 - a run belongs to the cell (experiment, method, members): ``experiment`` is results.json's top-level key or
@@ -16,7 +16,7 @@ seeds and metrics; the sweep driver ``sve.sweep`` trains the same grid). The bui
   their own column and never fill one of ours.
 
 Outputs: ``<root>/tables/<name>.md``, ``.tex`` and ``.csv`` (``<root>`` is ``results/`` or
-``results/smoke/``), figures under ``<root>/figures/`` (``sve.figures``).
+``results/smoke/``), figures under ``<root>/figures/`` (``sve.paper.figures``).
 """
 
 from __future__ import annotations
@@ -27,191 +27,29 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from sve.errors import InputError
+from sve.paper.registry import METHOD_NAMES, METRICS, Metric  # noqa: F401 - re-exported: the tables' names
+from sve.paper.store import (  # noqa: F401 - re-exported
+    MINI,
+    SMOKE,
+    Run,
+    first_report,
+    load_runs,
+    load_spec,
+    members_of,
+    parse_row,
+    results_root,
+    run_dir,
+    select,
+    table_names,
+)
 from sve.paths import CONFIGS, TABLES, shown
 from sve.paths import results_root as store_root
-from sve.results import UnreadableFile, read_json, read_results
+from sve.runs.results import read_json
 
 log = logging.getLogger(__name__)
-
-REPO = Path(__file__).resolve().parent.parent  # a source checkout's root: only tests and scripts read it
-SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never mixed into the real tables
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str  # results.json metrics key without the "test/" prefix
-    label: str
-    higher_is_better: bool | None  # None: a description, not a score (no best or second best)
-    scale: float  # displayed value = stored value * scale (fractions are printed in %, as the paper does)
-    digits: int
-
-    @property
-    def arrow(self) -> str:
-        return {True: "↑", False: "↓", None: ""}[self.higher_is_better]
-
-
-METRICS = {
-    m.key: m
-    for m in (
-        Metric("acc", "Acc (%)", True, 100, 1),
-        Metric("ece", "ECE (%)", False, 100, 1),
-        Metric("nll", "NLL", False, 1, 2),
-        Metric("brier", "Brier", False, 1, 2),
-        Metric("ood_auroc", "AUROC (%)", True, 100, 1),
-        Metric("ood_auprc", "AUPRC (%)", True, 100, 1),
-        Metric("ood_fpr95", "FPR95 (%)", False, 100, 1),
-        # Table 5, from results/bench/table5.json, relative to the single model (sve.report.cost_runs).
-        Metric("param_overhead_pct", "Param. overhead (%)", False, 1, 1),
-        Metric("train_memory_overhead_pct", "Train memory overhead (%)", False, 1, 1),
-        Metric("infer_memory_overhead_pct", "Infer. memory overhead (%)", False, 1, 1),
-        Metric("infer_gflops", "Infer. GFLOPs", False, 1, 1),
-        Metric("infer_ms", "Infer. time (ms)", False, 1, 1),
-        # Beyond the paper (sve.evaluation), for tables that list them beside the paper's columns.
-        Metric("ts_acc", "TS Acc (%)", True, 100, 1),
-        Metric("ts_ece", "TS ECE (%)", False, 100, 1),
-        Metric("ts_nll", "TS NLL", False, 1, 2),
-        Metric("temperature", "T", None, 1, 2),
-        Metric("disagreement", "Disagr. (%)", None, 100, 1),
-        Metric("mutual_information", "MI (nats)", None, 1, 3),
-    )
-}
-
-# The paper's names for the methods (its tables' row labels).
-METHOD_NAMES = {
-    "single": "Single",
-    "svf": "Single w/ SVF",
-    "single_lora": "Single w/ LoRA",
-    "mc_dropout": "MC Dropout",
-    "deep_ensemble": "Deep Ensemble",
-    "batch_ensemble": "Batch Ensemble",
-    "lora_ensemble": "LoRA-Ensemble",
-    "bayes_lora_llla": "Bayes-LoRA (LLLA)",
-    "bayes_lora_la": "Bayes-LoRA (LA)",
-    "blob": "Blob",
-    "last_layer_ensemble": "Last-Layer Ensemble",
-    "checkpoint_ensemble": "Ckpt Ensemble",
-    "sve": "SV-Ensemble",
-}
-
-
-# --- table definitions ---------------------------------------------------------------------------------
-
-
-def table_names() -> list[str]:
-    return sorted(p.stem for p in TABLES.glob("*.yaml"))
-
-
-def load_spec(name: str, smoke: bool = False) -> DictConfig:
-    """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
-    path = TABLES / f"{name}.yaml"
-    if not path.exists():
-        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}")
-    spec = OmegaConf.load(path)
-    for key, value in (spec.get("smoke") or {}).items() if smoke else ():
-        spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
-    spec.name = name
-    return spec
-
-
-def results_root(smoke: bool = False, root: Path | None = None) -> Path:
-    """The store (``sve.paths.results_root``: ``root``, else ``$SVE_RESULTS``, else ``./results``), or its
-    smoke store."""
-    root = store_root(root)
-    return root / SMOKE if smoke else root
-
-
-def run_dir(root: Path, experiment: str, method: str, members: int, seed: int) -> Path:
-    """The stable directory of one run: a rerun of a sweep finds it (sve.sweep skips it when done)."""
-    return root / "runs" / experiment / f"{method}_m{members}" / f"seed{seed}"
-
-
-# --- runs ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    path: Path
-    experiment: str | None
-    method: str
-    members: int
-    seed: int
-    results: dict
-
-    def metric(self, key: str) -> float | None:
-        value = self.results.get("metrics", {}).get(f"test/{key}")
-        return float(value) if isinstance(value, (int, float)) else None
-
-
-def members_of(results: dict) -> int:
-    """Members or samples that produced the predictive (num_members when the run records it)."""
-    if "num_members" in results:
-        return int(results["num_members"])
-    report = results.get("method_report") or {}
-    if "num_samples" in report:  # sampled methods (MC dropout, Bayes-LoRA, BLoB) record their samples here
-        return int(report["num_samples"])
-    return int(results["ensemble_size"])
-
-
-_reported: set[Path] = set()  # unreadable result files this process has reported already
-
-
-def first_report(path: Path) -> bool:
-    """True the first time this process reports the unreadable file ``path`` (a sweep that reported a run's
-    results.json as failed calls it too, so that the tables built after it do not say it again)."""
-    key = Path(path).absolute()
-    new = key not in _reported
-    _reported.add(key)
-    return new
-
-
-def load_runs(root: Path) -> list[Run]:
-    """Every results.json under ``root`` (``root/smoke`` excluded unless it is the root itself). A file that
-    is not valid JSON (``sve.results.read_results``) or lacks the keys of a run is skipped with a warning
-    naming it and what to do (once per file and process); its cell stays empty and listed as missing."""
-    runs = []
-    root = Path(root)
-    for path in sorted(root.rglob("results.json")):
-        parts = path.relative_to(root).parts
-        if parts[0] == SMOKE or "tune" in parts[:-1]:  # smoke runs; tuning runs (the chosen one is copied)
-            continue
-        try:
-            results = read_results(path)
-            config = results.get("config") or {}
-            experiment = results.get("experiment") or config.get("experiment_name")
-            runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))
-        except UnreadableFile as err:
-            if first_report(path):
-                log.warning("skipping a run: %s", err)
-        except (ValueError, KeyError, TypeError) as err:
-            if first_report(path):
-                log.warning("skipping %s: not the results of a run (%s: %s); %s", path, type(err).__name__, err,
-                            "delete it (or its run directory) to run that run again")  # fmt: skip
-    return runs
-
-
-def parse_row(text: str) -> tuple[str, int]:
-    """A row named as ``method:members`` (``sve:4``) -> ("sve", 4); claims and ``tune_as`` name rows so."""
-    method, _, members = str(text).partition(":")
-    if not method or not members.isdigit():
-        raise ValueError(f"row {text!r} must read method:members, e.g. sve:4")
-    return method, int(members)
-
-
-def select(runs: list[Run], experiment: str, method: str, members: int) -> dict[int, Run]:
-    """The runs of one cell by seed; a seed found twice keeps the first path in sorted order."""
-    found: dict[int, Run] = {}
-    for run in runs:
-        if (run.experiment, run.method, run.members) == (experiment, method, members):
-            if run.seed in found:
-                log.warning("seed %d of %s/%s/M=%d twice: using %s, not %s", run.seed, experiment, method, members,
-                            found[run.seed].path, run.path)  # fmt: skip
-                continue
-            found[run.seed] = run
-    return found
-
 
 # --- cells and tables ------------------------------------------------------------------------------------
 
@@ -416,7 +254,7 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
 
 def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:
     """Writes the outputs of one table or figure definition from the result files; returns their paths."""
-    from sve import figures, render
+    from sve.paper import figures, render
 
     spec = load_spec(name, smoke)
     root = results_root(smoke, root)
@@ -439,9 +277,6 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
         raise InputError(f"{TABLES / name}.yaml: kind={spec.kind!r} is not a kind of table; choose one of "
                          "metrics, cost, figure2, figure3, figureB")
     return written
-
-
-MINI = "mini"  # the miniature's tables (configs/tables/mini_*.yaml) live under results/mini/, the rest under results/
 
 
 def build_all(smoke: bool = False, root: Path | None = None, with_paper: bool = True) -> list[Path]:

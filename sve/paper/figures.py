@@ -7,7 +7,7 @@
   member and layer, from a run's ``singular_values.npz``;
 - reliability diagrams, one panel per method, from a run's ``reliability`` record or saved predictions;
 - learning curves: validation NLL, ECE and accuracy against optimiser steps, one line per method (mean over
-  seeds), from the runs' ``curve`` records (``sve.curves``), so a reader sees whether each method converged.
+  seeds), from the runs' ``curve`` records (``sve.training.curves``), so a reader sees whether each method converged.
 
 A figure without any data is not drawn (the table beside it lists what is missing).
 """
@@ -25,10 +25,12 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sve.report import METHOD_NAMES, METRICS, Cell, Run, Table, aggregate, select  # noqa: E402
-from sve.singular_values import FILENAME, load_singular_values  # noqa: E402
+from sve.layers.singular_values import FILENAME, load_singular_values  # noqa: E402
+from sve.paper.registry import METHOD_NAMES, METRICS  # noqa: E402
+from sve.paper.report import Cell, Table, aggregate  # noqa: E402
+from sve.paper.store import Run, select  # noqa: E402
 
-N_BINS = 15  # as the ECE (sve.metrics): equal-width, right-closed
+N_BINS = 15  # as the ECE (sve.metrics.scores): equal-width, right-closed
 
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
@@ -216,7 +218,7 @@ def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
     path = run.path.parent / predictions.get("test", next(iter(predictions.values())))
     if not path.exists():
         return None
-    from sve.evaluation import read_predictions  # here: sve.evaluation imports torch, which figures need not
+    from sve.runs.evaluation import read_predictions  # here: sve.runs.evaluation imports torch, which figures need not
 
     data = read_predictions(path)
     if "probs" in data:

@@ -9,7 +9,7 @@ from the runs of a result store (tuning runs included):
 - **time**: minutes per run by experiment and method (``wall_time_s``), how many runs each table needs
   (its rows x seeds plus the tuning runs its grid grew to), and the total against the time budget;
 - **convergence**: for every method at its tuned learning rate, the validation NLL along its learning curve
-  (``sve.curves``; mean over seeds): where the best point lies, and whether the curve was still falling at
+  (``sve.training.curves``; mean over seeds): where the best point lies, and whether the curve was still falling at
   the end (the last point better than the one before by more than the tolerance). A method still falling
   needed more budget than it got; a method whose best point is earlier had enough.
 - **the curve's share**: the curve's evaluations as a fraction of the run, estimated from the run's own test
@@ -24,8 +24,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from sve.report import METHOD_NAMES, load_spec, run_dir
-from sve.results import read_results
+from sve.paper.registry import METHOD_NAMES
+from sve.paper.store import load_spec, run_dir
+from sve.runs.results import read_results
 
 TOLERANCE = 0.01  # nats of validation NLL: smaller changes between curve points are not a trend
 
@@ -69,7 +70,7 @@ def curve_share(results: dict) -> float | None:
 def all_runs(root: Path) -> list[tuple[Path, dict]]:
     """(results.json path, results) of every finished run under ``root/runs``: tuning runs included, copies
     of a tuning run left out (their time is the tuning run's). A file that is not valid JSON is an error
-    naming it (``sve.results.read_results``)."""
+    naming it (``sve.runs.results.read_results``)."""
     return [(path, read_results(path)) for path in sorted(Path(root, "runs").rglob("results.json"))
             if not (path.parent / "REUSED.txt").exists()]
 
@@ -88,7 +89,7 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
         if (share := curve_share(results)) is not None:
             shares[key].append(share)
     lines = ["# The miniature's budget, measured for every method", "",
-             "Written by `make mini-budget` (`sve/budget.py`) from the runs under `runs/`. The rule: every "
+             "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
              "experiment trains for the paper's epoch count (Table 7) on the largest training subset that the "
              "time budget allows; no method chooses it.", ""]  # fmt: skip
     record: dict = {"tables": {}, "budget_hours": budget_hours, "workers": workers}

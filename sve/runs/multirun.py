@@ -15,7 +15,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from sve.results import UnreadableFile, read_json, read_results, write_json
+from sve.runs.results import UnreadableFile, read_json, read_results, write_json
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ FAILED = "failed.json"  # a run's failure record, written by train.py's multirun
 
 def record_failure(run_dir: Path, error: BaseException) -> None:
     """``failed.json``: ``{"error": "<type>: <message>", "traceback": ...}``, so a summary can list it; the one
-    failure record of a run directory (``sve.multirun`` and ``sve.sweep`` both write it)."""
+    failure record of a run directory (``sve.runs.multirun`` and ``sve.paper.sweep`` both write it)."""
     path = Path(run_dir) / FAILED
     try:
         write_json(path, {

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sve.errors import InputError
-from sve.writable import atomic_write
+from sve.runs.writable import atomic_write
 
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "hydra-core", "timm", "transformers", "torchmetrics")
 
@@ -49,7 +49,7 @@ def command_line() -> str:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """Atomic write (``sve.writable.atomic_write``): a crash or a full disk never leaves a half-written file,
+    """Atomic write (``sve.runs.writable.atomic_write``): a crash or a full disk never leaves a half-written file,
     the previous file stays as it was, and a full disk or a read-only directory is an ``InputError`` naming
     the file and the space left. NaN or infinity is an error (it is not JSON, and a number that is not one
     must not reach a table)."""

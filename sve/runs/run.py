@@ -1,7 +1,7 @@
 """``run(cfg) -> results``: what ``train.py`` and the tests call. Checks the config, builds backbone, data,
 method, module and trainer from it, trains (resuming from the run directory's checkpoint when it has one),
 runs the method's post-training step, writes ``checkpoints/final.ckpt`` (when the run keeps checkpoints),
-evaluates on every evaluation set (``sve.evaluation``: predictions under ``predictions/``, metrics, shift),
+evaluates on every evaluation set (``sve.runs.evaluation``: predictions under ``predictions/``, metrics, shift),
 and writes ``results.json`` to the run directory, which no other live run may use at the same time.
 
 Under DDP every rank runs all of this; only rank 0 writes files."""
@@ -17,16 +17,13 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-import sve.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every config composed here
-from sve.allocator import set_cpu_allocator
-from sve.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
-from sve.curves import LearningCurve
+import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every config composed here
 from sve.errors import InputError, RunInterrupted
-from sve.evaluation import evaluate
-from sve.metrics import UNITS
-from sve.module import EnsembleModule
-from sve.results import command_line, format_table, git_commit, package_versions, read_results, write_json
-from sve.rundir import (
+from sve.layers.singular_values import save_singular_values
+from sve.metrics.scores import UNITS
+from sve.runs.evaluation import evaluate
+from sve.runs.results import command_line, format_table, git_commit, package_versions, read_results, write_json
+from sve.runs.rundir import (
     RUN_CONFIG,
     claim,
     config_changes,
@@ -35,8 +32,11 @@ from sve.rundir import (
     read_run_config,
     remember_config,
 )
-from sve.singular_values import save_singular_values
-from sve.validate import check_config, probe
+from sve.runs.validate import check_config, probe
+from sve.training.allocator import set_cpu_allocator
+from sve.training.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
+from sve.training.curves import LearningCurve
+from sve.training.module import EnsembleModule
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
     sve-bench [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 rule weights]
 
-Every number comes from ``sve.bench`` (interleaved rounds and paired medians for time, FlopCounterMode for
+Every number comes from ``sve.bench.counters`` (interleaved rounds and paired medians for time, FlopCounterMode for
 FLOPs, live-tensor peaks for memory; see its docstring) on random weights of the real shapes. On the CPU it
 runs one thread unless ``--threads`` says otherwise: on a machine shared with other jobs, multi-threaded
 small operators wait at thread barriers for a core that another process holds, and the times would measure
@@ -24,7 +24,7 @@ Parts:
   differs from the others only inside the blocks, so the ratios of a stack of blocks are those of one block,
   the embedding and the heads aside. Those are not negligible against one block: ViT-S's patch embedding
   costs 14% of a block's FLOPs, and SVE's members compute it once per batch where M dense copies compute it M
-  times (``sve.shared_inputs``), which one block weighs 12 times too much. So evaluation at batch 16 is also
+  times (``sve.layers.shared_inputs``), which one block weighs 12 times too much. So evaluation at batch 16 is also
   timed at the full depth for SVE and M dense copies (``--full-depth-eval``, default ViT-S; BERT's token
   embedding is a lookup), and its target is judged there too. ``--layers 12`` measures everything at the full
   depth. The lean-memory
@@ -33,7 +33,7 @@ Parts:
 - ``table5``: Table 5's setting, BERT-base (12 layers), M = 8, batch 1, sequence 128: every method of
   configs/tables/table5.yaml that runs without a long fit (``--table5-methods``), Single, and two SVE
   variants beside the default (factored; factored with bfloat16 factors), each built alone (memory) and
-  timed interleaved with Single; writes table5.json for ``make table5`` (schema: ``sve.report.cost_runs``).
+  timed interleaved with Single; writes table5.json for ``make table5`` (schema: ``sve.paper.report.cost_runs``).
   Its target, SVE's batch-1 latency against LoRA-Ensemble's, is then timed directly: the two built side by
   side and timed against each other in the same rounds (3 x ``--repeats``), at the benchmark's thread count
   and, on a CPU, with every core (what one request waits for: PyTorch's default uses every core).
@@ -66,8 +66,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from sve.allocator import POLICIES, set_cpu_allocator
-from sve.bench import (
+from sve.bench.counters import (
     count_flops,
     interleaved_times,
     minor_faults,
@@ -78,10 +77,12 @@ from sve.bench import (
     verdict,
 )
 from sve.layers import LoRALayer, SVLinear, weight_matrix
+from sve.layers.svd_cache import default_dir
+from sve.members import to_device
 from sve.paths import CONFIGS
-from sve.results import command_line, git_commit, package_versions, write_json
-from sve.run import instantiate
-from sve.svd_cache import default_dir
+from sve.runs.results import command_line, git_commit, package_versions, write_json
+from sve.runs.run import instantiate
+from sve.training.allocator import POLICIES, set_cpu_allocator
 
 MB = 2**20
 
@@ -176,10 +177,6 @@ def rebuild(method):
     for layer in method.sv_layers():
         layer.path = types.MethodType(lambda self, x, K: "merged", layer)
     return method
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 # --- steps ----------------------------------------------------------------------------------------------
@@ -647,7 +644,7 @@ def allocator_words(meta: dict) -> str:
     policy = meta.get("cpu_allocator", "system")
     if policy == "tuned" and not meta.get("cpu_allocator_tuned"):
         return "tuned (not applied: not glibc)"
-    return {"tuned": "tuned (sve/allocator.py: freed memory kept for reuse)",
+    return {"tuned": "tuned (sve/training/allocator.py: freed memory kept for reuse)",
             "system": "as the C library sets it"}[policy]
 
 
@@ -690,7 +687,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch threads; default 1 on the CPU (a shared machine stalls multi-threaded small "
                              "operators at thread barriers, so times would measure the other processes)")
     parser.add_argument("--cpu-allocator", default="tuned", choices=POLICIES,
-                        help="the C allocator's policy for this process (sve/allocator.py): tuned keeps freed "
+                        help="the C allocator's policy for this process (sve/training/allocator.py): tuned keeps freed "
                              "memory for reuse, system leaves glibc's defaults (which fault pages in every step)")
     parser.add_argument("--svd-cache", default=str(default_dir()), help="SVD cache directory ('' for none)")
     parser.add_argument("--out", type=Path, default=Path("results") / "bench")

@@ -5,7 +5,7 @@ tuned if its curve is not still falling; the curve shows both. ``LearningCurve``
 ``configs/callbacks/default.yaml``) evaluates the validation predictive (acc, ECE, NLL, Brier; the same
 metrics and the same predictive as the final evaluation) before the first step, at ``points`` steps spread
 evenly over the planned training (or every ``every_n_steps``) and after the last step. The points go into
-``results.json`` under ``curve`` (``sve.run``), and into every checkpoint, so a resumed run's curve is the
+``results.json`` under ``curve`` (``sve.runs.run``), and into every checkpoint, so a resumed run's curve is the
 uninterrupted run's.
 
 It evaluates by itself rather than through Lightning's validation loop, for three reasons: its steps are
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from pytorch_lightning import Callback
 
-from sve.metrics import classification_metrics
+from sve.metrics.scores import classification_metrics
 
 
 class LearningCurve(Callback):

@@ -1,4 +1,4 @@
-"""Paired-bootstrap 95% intervals for the claims' differences (``sve.claims``), from per-example files.
+"""Paired-bootstrap 95% intervals for the claims' differences (``sve.paper.claims``), from per-example files.
 
 Why: the tables show mean ± std over three seeds, and a sign over three seeds cannot say whether the test set
 tells two rows apart. Both rows of a comparison were evaluated on the same test examples, so the uncertainty
@@ -10,14 +10,14 @@ git-ignored), a compact file per set that the claims need, ``predictive/<set>.np
 - ``test``: ``probs`` (N, C) float32, the ensemble predictive; and the per-example statistics below;
 - ``shift/<corruption>/<severity>``: the per-example statistics only (15 sets for CIFAR-10's three corruptions);
 - ``ood``: ``confidence`` and ``index`` only (the OOD metrics rank maximum probabilities, nothing else);
-- per-example statistics, each the project's own definition (``sve.metrics``): ``confidence`` float64, the
+- per-example statistics, each the project's own definition (``sve.metrics.scores``): ``confidence`` float64, the
   maximum probability (the ECE's confidence and the OOD score, kept exact so that bins and ranks are the
   table's); ``correct`` bool (``Accuracy``); ``nll``, ``brier`` float32 (``NegativeLogLikelihood``,
   ``BrierScore``); ``labels`` and ``index`` int64 (which examples these are: the pairing is checked on them).
 
 From these, every metric of a resample is a weighted sum over the full set with the resample's counts as
 weights (``statistic``): acc, nll and brier are weighted means; ECE sums weighted per-bin gaps over the same 15
-right-closed bins (``ece_bins`` assigns them with ``sve.metrics``' own torch code); AUROC, AUPRC and FPR95 follow
+right-closed bins (``ece_bins`` assigns them with ``sve.metrics.scores``' own torch code); AUROC, AUPRC and FPR95 follow
 torchmetrics' curve (distinct thresholds, trapezoid, first threshold at 95% TPR) with weighted counts. With all
 weights one each equals the table's number (``tests/test_bootstrap.py`` checks both facts).
 
@@ -45,12 +45,12 @@ import numpy as np
 import torch
 
 from sve.errors import InputError
-from sve.metrics import Accuracy, BrierScore, NegativeLogLikelihood
-from sve.writable import atomic_write
+from sve.metrics.scores import Accuracy, BrierScore, NegativeLogLikelihood
+from sve.runs.writable import atomic_write
 
-PREDICTIVE = "predictive"  # <run dir>/predictive/<set>.npz, beside predictions/ (sve.evaluation)
+PREDICTIVE = "predictive"  # <run dir>/predictive/<set>.npz, beside predictions/ (sve.runs.evaluation)
 TEST, OOD = "test", "ood"
-N_BINS = 15  # the ECE's bins (sve.metrics.ExpectedCalibrationError's default, used by every run)
+N_BINS = 15  # the ECE's bins (sve.metrics.scores.ExpectedCalibrationError's default, used by every run)
 CLASSIFICATION = ("acc", "ece", "nll", "brier")
 OOD_METRICS = ("ood_auroc", "ood_auprc", "ood_fpr95")
 KEYS = CLASSIFICATION + OOD_METRICS
@@ -78,14 +78,14 @@ def predictive_arrays(name: str, probs: torch.Tensor, labels: torch.Tensor, inde
 
 
 def write_predictive(path: Path, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> None:
-    """``predictive_arrays`` written compressed and atomically (``sve.writable.atomic_write``: a full disk is an
+    """``predictive_arrays`` written compressed and atomically (``sve.runs.writable.atomic_write``: a full disk is an
     ``InputError`` naming the file, and no partial file stays)."""
     arrays = predictive_arrays(name, probs, labels, index)
     atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
 
 
 def ece_bins(confidence: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Each confidence's ECE bin exactly as ``sve.metrics.ExpectedCalibrationError.update`` assigns it (torch's
+    """Each confidence's ECE bin exactly as ``sve.metrics.scores.ExpectedCalibrationError.update`` assigns it (torch's
     float64 linspace edges and searchsorted: right-closed bins, 0 in the first), so resampled ECEs use the
     table's bins and not numpy's slightly different edges."""
     conf = torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64))
@@ -178,9 +178,9 @@ def _classification(key: str, ex: Examples) -> Callable[[Weights], np.ndarray]:
 
 def ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights], dict[str, np.ndarray]]:
     """AUROC, AUPRC and FPR at 95% TPR of in-distribution (positive) against OOD maximum probabilities, with
-    weighted counts: torchmetrics' binary curve (``sve.metrics.OODDetection``) with tps/fps as weighted cumulative
-    sums at the distinct scores. Examples of weight zero add points that repeat their neighbours, which change
-    neither area nor the 95% threshold."""
+    weighted counts: torchmetrics' binary curve (``sve.metrics.scores.OODDetection``) with tps/fps as weighted
+    cumulative sums at the distinct scores. Examples of weight zero add points that repeat their neighbours,
+    which change neither area nor the 95% threshold."""
     scores = np.concatenate([inside.arrays["confidence"], outside.arrays["confidence"]]).astype(np.float64)
     positive = np.concatenate([np.ones(inside.n), np.zeros(outside.n)])
     order = np.argsort(-scores, kind="stable")
@@ -311,8 +311,8 @@ def interval(terms: Sequence[Term], replicates: int = REPLICATES, level: float =
 def backfill(run_dir: Path) -> list[Path]:
     """Writes the missing ``predictive/<set>.npz`` of a run directory from its saved predictions
     (``predictions/<set>.npz``, where they are still on disk: they are not committed); returns the files written."""
-    from sve.evaluation import PREDICTIONS, read_predictions
     from sve.members import predictive
+    from sve.runs.evaluation import PREDICTIONS, read_predictions
 
     run_dir, written = Path(run_dir), []
     for source in sorted((run_dir / PREDICTIONS).rglob("*.npz")):

@@ -1,0 +1,25 @@
+"""Metrics: accuracy, ECE, NLL, Brier and OOD scores as torchmetrics (``scores``), and temperature scaling
+(``calibration``). The names of both are importable from here (``from sve.metrics import classification_metrics``)."""
+
+from sve.metrics.calibration import (  # noqa: F401 - the package's names
+    LOG_T_BOUNDS,
+    fit_temperature,
+    nll,
+    scaled_log_probs,
+    temperature_scaled,
+)
+from sve.metrics.scores import (  # noqa: F401 - the package's names
+    NLL_EPS,
+    UNITS,
+    Accuracy,
+    BrierScore,
+    ExpectedCalibrationError,
+    NegativeLogLikelihood,
+    OODDetection,
+    classification_metrics,
+    disagreement,
+    entropy,
+    mutual_information,
+    predictive_metrics,
+    score,
+)

@@ -1,0 +1,4 @@
+"""The paper's tables and figures: sweeps over a table's runs (``sweep``) with tuning on grids grown to an
+interior optimum (``tuning``), the result store and table builder (``report``), rendering (``render``),
+figures (``figures``), claims with paired-bootstrap intervals (``claims``, ``bootstrap``) and the budget
+measurement (``budget``)."""

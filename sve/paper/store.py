@@ -1,0 +1,137 @@
+"""The result store of the paper's tables: table definitions (``sve/configs/tables/<name>.yaml``), the stable
+directory of every run (``run_dir``), and the runs found under a store (``load_runs``, ``select``). The sweep
+(``sve.paper.sweep``) needs only this, not the table builder (``sve.paper.report``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from sve.errors import InputError
+from sve.paths import TABLES
+from sve.paths import results_root as store_root
+from sve.runs.results import UnreadableFile, read_results
+
+log = logging.getLogger(__name__)
+
+SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never mixed into the real tables
+MINI = "mini"  # the miniature's tables (configs/tables/mini_*.yaml) live under results/mini/, the rest under results/
+
+
+# --- table definitions ---------------------------------------------------------------------------------
+
+
+def table_names() -> list[str]:
+    return sorted(p.stem for p in TABLES.glob("*.yaml"))
+
+
+def load_spec(name: str, smoke: bool = False) -> DictConfig:
+    """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
+    path = TABLES / f"{name}.yaml"
+    if not path.exists():
+        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}")
+    spec = OmegaConf.load(path)
+    for key, value in (spec.get("smoke") or {}).items() if smoke else ():
+        spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
+    spec.name = name
+    return spec
+
+
+def results_root(smoke: bool = False, root: Path | None = None) -> Path:
+    """The store (``sve.paths.results_root``: ``root``, else ``$SVE_RESULTS``, else ``./results``), or its
+    smoke store."""
+    root = store_root(root)
+    return root / SMOKE if smoke else root
+
+
+def run_dir(root: Path, experiment: str, method: str, members: int, seed: int) -> Path:
+    """The stable directory of one run: a rerun of a sweep finds it (sve.paper.sweep skips it when done)."""
+    return root / "runs" / experiment / f"{method}_m{members}" / f"seed{seed}"
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    path: Path
+    experiment: str | None
+    method: str
+    members: int
+    seed: int
+    results: dict
+
+    def metric(self, key: str) -> float | None:
+        value = self.results.get("metrics", {}).get(f"test/{key}")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+def members_of(results: dict) -> int:
+    """Members or samples that produced the predictive (num_members when the run records it)."""
+    if "num_members" in results:
+        return int(results["num_members"])
+    report = results.get("method_report") or {}
+    if "num_samples" in report:  # sampled methods (MC dropout, Bayes-LoRA, BLoB) record their samples here
+        return int(report["num_samples"])
+    return int(results["ensemble_size"])
+
+
+_reported: set[Path] = set()  # unreadable result files this process has reported already
+
+
+def first_report(path: Path) -> bool:
+    """True the first time this process reports the unreadable file ``path`` (a sweep that reported a run's
+    results.json as failed calls it too, so that the tables built after it do not say it again)."""
+    key = Path(path).absolute()
+    new = key not in _reported
+    _reported.add(key)
+    return new
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every results.json under ``root`` (``root/smoke`` excluded unless it is the root itself). A file that
+    is not valid JSON (``sve.runs.results.read_results``) or lacks the keys of a run is skipped with a warning
+    naming it and what to do (once per file and process); its cell stays empty and listed as missing."""
+    runs = []
+    root = Path(root)
+    for path in sorted(root.rglob("results.json")):
+        parts = path.relative_to(root).parts
+        if parts[0] == SMOKE or "tune" in parts[:-1]:  # smoke runs; tuning runs (the chosen one is copied)
+            continue
+        try:
+            results = read_results(path)
+            config = results.get("config") or {}
+            experiment = results.get("experiment") or config.get("experiment_name")
+            runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))
+        except UnreadableFile as err:
+            if first_report(path):
+                log.warning("skipping a run: %s", err)
+        except (ValueError, KeyError, TypeError) as err:
+            if first_report(path):
+                log.warning("skipping %s: not the results of a run (%s: %s); %s", path, type(err).__name__, err,
+                            "delete it (or its run directory) to run that run again")  # fmt: skip
+    return runs
+
+
+def parse_row(text: str) -> tuple[str, int]:
+    """A row named as ``method:members`` (``sve:4``) -> ("sve", 4); claims and ``tune_as`` name rows so."""
+    method, _, members = str(text).partition(":")
+    if not method or not members.isdigit():
+        raise ValueError(f"row {text!r} must read method:members, e.g. sve:4")
+    return method, int(members)
+
+
+def select(runs: list[Run], experiment: str, method: str, members: int) -> dict[int, Run]:
+    """The runs of one cell by seed; a seed found twice keeps the first path in sorted order."""
+    found: dict[int, Run] = {}
+    for run in runs:
+        if (run.experiment, run.method, run.members) == (experiment, method, members):
+            if run.seed in found:
+                log.warning("seed %d of %s/%s/M=%d twice: using %s, not %s", run.seed, experiment, method, members,
+                            found[run.seed].path, run.path)  # fmt: skip
+                continue
+            found[run.seed] = run
+    return found
