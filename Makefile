@@ -75,7 +75,7 @@ MINI_THREADS ?= 1
 MINI_TABLES := $(subst -,_,$(MINI_PARTS))
 MINI_WORKERS := $(addprefix mini-worker-,$(shell seq $(MINI_JOBS)))
 
-mini: $(if $(SMOKE),,mini-data mini-smollm2) ## All miniature parts (target about 3 h on 2 CPU cores: results/mini/README.md; SMOKE=1: tiny models, minutes)
+mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet) ## All miniature parts (target about 6 h on 2 CPU cores: results/mini/README.md; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-report)
 $(MINI_WORKERS):
@@ -99,7 +99,7 @@ mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
-mini-report: mini-tables ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
+mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
 	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
