@@ -13,20 +13,21 @@ from pathlib import Path
 from sve.errors import one_line_errors
 from sve.paper.budget import report
 
-MINI_TABLES = ["mini_table2", "mini_figure2", "mini_table3", "mini_table1", "mini_figure2_vision", "mini_table2_mpnet"]
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results") / "mini", help="the result store")
-    parser.add_argument("--tables", nargs="+", default=MINI_TABLES, help="table definitions to account for")
+    parser.add_argument("--tables", nargs="+", default=None,
+                        help="table definitions to account for (default: every mini_* table that trains runs)")
     parser.add_argument("--budget-hours", type=float, default=6.0, help="wall-time budget of make mini")
     parser.add_argument("--workers", type=int, default=2, help="runs trained at a time")
     args = parser.parse_args(argv)
-    from sve.paper.report import table_names
+    from sve.paper.store import table_names
 
-    tables = [t for t in args.tables if t in table_names()]
-    text, record = report(args.results, tables, args.budget_hours, args.workers)
+    unknown = sorted(set(args.tables or ()) - set(table_names()))
+    if unknown:
+        parser.error(f"--tables {unknown}: not table definitions; choose from {table_names()}")
+    text, record = report(args.results, args.tables, args.budget_hours, args.workers)
     (args.results / "budget.md").write_text(text)
     (args.results / "budget.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(text)

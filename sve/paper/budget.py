@@ -24,8 +24,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from sve.paper.registry import METHOD_NAMES
-from sve.paper.store import load_spec, run_dir
+from sve.paper.store import load_spec, run_dir, table_names
 from sve.runs.results import read_results
 
 TOLERANCE = 0.01  # nats of validation NLL: smaller changes between curve points are not a trend
@@ -46,13 +48,23 @@ def convergence(points: list[dict], key: str = "val/nll", tolerance: float = TOL
                        f"converged (best at step {best['step']} of {last['step']}, then {last[key] - best[key]:+.3f})"}
 
 
-def mean_points(curves: list[list[dict]], key: str = "val/nll") -> list[dict]:
-    """The mean over seeds of curves, at the steps every one of them has."""
-    curves = [{p["step"]: p[key] for p in c if key in p} for c in curves if c]
+def mean_curve(curves: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(steps, mean, std) of ``key`` over several runs' curve points (the seeds of one row), at the steps every
+    curve has; std 0 for one curve; None without curves. What the curve figures draw and the budget reads."""
+    curves = [{p["step"]: p[key] for p in c if key in p} for c in curves]
+    curves = [c for c in curves if c]
     if not curves:
-        return []
+        return None
     steps = sorted(set.intersection(*(set(c) for c in curves)))
-    return [{"step": s, key: statistics.fmean(c[s] for c in curves)} for s in steps]
+    values = np.array([[c[s] for s in steps] for c in curves])
+    std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(steps))
+    return np.array(steps), values.mean(axis=0), std
+
+
+def mean_points(curves: list[list[dict]], key: str = "val/nll") -> list[dict]:
+    """``mean_curve`` as points, the form ``convergence`` reads."""
+    found = mean_curve(curves, key)
+    return [] if found is None else [{"step": int(s), key: float(v)} for s, v in zip(found[0], found[1])]
 
 
 def curve_share(results: dict) -> float | None:
@@ -75,9 +87,15 @@ def all_runs(root: Path) -> list[tuple[Path, dict]]:
             if not (path.parent / "REUSED.txt").exists()]
 
 
-def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2) -> tuple[str, dict]:
+def mini_tables() -> list[str]:
+    """The miniature's table definitions (``mini_*``) that train runs."""
+    return [n for n in table_names() if n.startswith("mini_") and load_spec(n).kind in ("metrics", "figure2")]
+
+
+def report(root: Path, tables: list[str] | None, budget_hours: float, workers: int = 2) -> tuple[str, dict]:
     """``budget.md`` and ``budget.json``: time by experiment and method, each table's run count, and every
     row's convergence at its tuned learning rate."""
+    tables = mini_tables() if tables is None else tables
     runs = all_runs(root)
     minutes: dict[tuple[str, str], list[float]] = defaultdict(list)
     shares: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -93,6 +111,11 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
              "experiment trains for the paper's epoch count (Table 7) on the largest training subset that the "
              "time budget allows; no method chooses it.", ""]  # fmt: skip
     record: dict = {"tables": {}, "budget_hours": budget_hours, "workers": workers}
+    trained = {path.parent: results for path, results in runs}  # each run once: its time counts
+    loaded = dict(trained)  # and the seed copies of tuning runs, whose curves count for their seed
+    for path in Path(root, "runs").rglob("REUSED.txt"):
+        if (path.parent / "results.json").exists():
+            loaded.setdefault(path.parent, read_results(path.parent / "results.json"))
     total_minutes = 0.0
     seen_runs: set[Path] = set()
     for name in tables:
@@ -107,15 +130,13 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
                 row_dir = run_dir(root, experiment, row.method, members, 0).parent
                 tuned = row_dir / "tuned.json"
                 choice = json.loads(tuned.read_text()) if tuned.exists() else None
-                curves, directories = [], []
-                for seed in spec.seeds:
-                    path = run_dir(root, experiment, row.method, members, int(seed)) / "results.json"
-                    if path.exists():
-                        curves.append((json.loads(path.read_text()).get("curve") or {}).get("points", []))
-                directories = [p.parent for p, _ in runs if p.parent.is_relative_to(row_dir)]
+                seeds = [loaded[d] for s in spec.seeds
+                         if (d := run_dir(root, experiment, row.method, members, int(s))) in loaded]
+                curves = [(r.get("curve") or {}).get("points", []) for r in seeds]
+                directories = [d for d in trained if d.is_relative_to(row_dir)]
                 fresh = [d for d in directories if d not in seen_runs]
                 seen_runs.update(fresh)
-                spent = sum(minutes_of(d, runs) for d in fresh)
+                spent = sum(float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh)
                 total_minutes += spent
                 state = convergence(mean_points(curves))
                 rows.append({"experiment": experiment, "row": key[1], "runs": len(directories),
@@ -146,13 +167,6 @@ def report(root: Path, tables: list[str], budget_hours: float, workers: int = 2)
               f"found at the tuned learning rate; a change under {TOLERANCE} nats between the last two points "
               "is not called falling.", ""]  # fmt: skip
     return "\n".join(lines), record
-
-
-def minutes_of(directory: Path, runs: list[tuple[Path, dict]]) -> float:
-    for path, results in runs:
-        if path.parent == directory:
-            return float(results.get("wall_time_s") or 0.0) / 60
-    return 0.0
 
 
 def fmt(value, spec: str, suffix: str = "") -> str:

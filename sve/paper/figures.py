@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sve.layers.singular_values import FILENAME, load_singular_values  # noqa: E402
+from sve.paper.budget import mean_curve as mean_of_curves  # noqa: E402
 from sve.paper.registry import METHOD_NAMES, METRICS  # noqa: E402
 from sve.paper.report import Cell, Table, aggregate  # noqa: E402
 from sve.paper.store import Run, select  # noqa: E402
@@ -269,15 +270,8 @@ CURVE_METRICS = ("nll", "ece", "acc")
 
 
 def mean_curve(found: dict[int, Run], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(steps, mean, std) over the seeds of one row at the steps every seed's curve has; None without curves."""
-    curves = [{p["step"]: p[key] for p in (r.results.get("curve") or {}).get("points", []) if key in p}
-              for r in found.values()]
-    curves = [c for c in curves if c]
-    if not curves:
-        return None
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
-    values = np.array([[c[s] for s in steps] for c in curves])
-    return np.array(steps), values.mean(axis=0), values.std(axis=0, ddof=1) if len(curves) > 1 else 0 * values[0]
+    """``sve.paper.budget.mean_curve`` over the seeds of one row."""
+    return mean_of_curves([(r.results.get("curve") or {}).get("points", []) for r in found.values()], key)
 
 
 def learning_curves(spec, runs: list[Run], out_dir: Path) -> list[Path]:

@@ -446,9 +446,9 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
         return found()
     metric = METRICS[spec.tune.metric]
     values = settings(spec.tune)[0]
+    tuned: list[tuple[Job, dict | None]] = []  # the grid's runs so far, each attempted once
     while True:
-        grid = tuning_jobs(spec, job, values)
-        tuned = [(g, attempt(spec, g, f"  tune {g}")) for g in grid]
+        tuned += [(g, attempt(spec, g, f"  tune {g}")) for g in tuning_jobs(spec, job, values[len(tuned):])]
         if any(r is HELD for _, r in tuned):
             return HELD
         if (row_dir / TUNED).exists():  # written by the process that finished the last grid run

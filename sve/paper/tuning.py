@@ -80,13 +80,18 @@ def edge_of(best: float, scores: dict[float, float]) -> str | None:
     return "lower" if best == values[0] else "upper" if best == values[-1] else None
 
 
+def added_values(grid: list, searched) -> list:
+    """The searched values beyond the starting grid (ladder values are exact decimal floats: ``==`` holds)."""
+    return [v for v in searched if v not in grid]
+
+
 def next_value(tune, scores: dict[float, float], higher_is_better: bool) -> float | None:
     """The grid value to try next, or None when the search is over (the best is interior, or the grid has
     grown by ``extend`` values already). ``scores`` holds every searched value's validation metric."""
     grid, per_decade, extend = settings(tune)
     if extend == 0:
         return None
-    added = [v for v in scores if not any(math.isclose(v, g, rel_tol=1e-9) for g in grid)]
+    added = added_values(grid, scores)
     best = best_of(scores, higher_is_better)
     edge = edge_of(best, scores)
     if edge is None or len(added) >= extend:
@@ -104,8 +109,7 @@ def choice(tune, scores: dict, higher_is_better: bool, text) -> dict:
     numeric = all(isinstance(v, (int, float)) for v in scores)
     edge = edge_of(best, scores) if numeric else None
     searched = sorted(scores) if numeric else list(scores)
-    added = [text(v) for v in searched if not any(v == g or numeric and math.isclose(v, float(g), rel_tol=1e-9)
-                                                  for g in grid)]  # fmt: skip
+    added = [text(v) for v in added_values(grid, searched)]
     record = {"key": tune.key, "value": text(best), "metric": f"val/{tune.metric}",
               "scores": {text(v): scores[v] for v in searched}, "grid": [text(v) for v in searched],
               "initial_grid": [text(v) for v in grid], "extended": added, "edge": edge, "seed": int(tune.seed),

@@ -64,7 +64,7 @@ class LearningCurve(Callback):
         # Checkpoint callbacks run after this one (Lightning calls them last): a checkpoint written at this
         # step holds this step's point.
         stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-        if stepped and trainer.global_step in self.steps - {0} and not self.has(trainer.global_step):
+        if stepped and trainer.global_step in self.steps and not self.has(trainer.global_step):
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
