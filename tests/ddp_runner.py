@@ -1,5 +1,6 @@
 """Runs several configs one after another in one process group: ``python -m tests.ddp_runner OUT_DIR
-'overrides of run 1' 'overrides of run 2' ...`` writes OUT_DIR/<i>/results.json (or error.txt).
+'overrides of run 1' 'overrides of run 2' ...`` writes OUT_DIR/<i>/results.json (or failed.json,
+the one failure record of a run directory: ``sve.runs.multirun.record_failure``).
 
 With ``trainer=ddp_sim`` Lightning starts the second rank by running this same command again, so both ranks
 go through the same list in step; a run that fails (on every rank alike) is recorded and the next one starts.
@@ -7,9 +8,9 @@ go through the same list in step; a run that fails (on every rank alike) is reco
 
 import shlex
 import sys
-import traceback
 from pathlib import Path
 
+from sve.runs.multirun import record_failure
 from sve.runs.run import run
 from tests.conftest import compose_cfg
 
@@ -21,7 +22,7 @@ def main(out_dir: str, runs: list[str]) -> None:
             run(compose_cfg(shlex.split(overrides), run_dir))
         except Exception as err:  # noqa: BLE001 - recorded for the test to read
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "error.txt").write_text(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+            record_failure(run_dir, err)
 
 
 if __name__ == "__main__":

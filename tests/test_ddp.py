@@ -40,13 +40,23 @@ def ddp_runs(tmp_path, runs: list[list[str]]) -> list[dict | str]:
     assert done.returncode == 0, done.stderr[-3000:]
     out = []
     for i in range(len(runs)):
-        results, error = tmp_path / str(i) / "results.json", tmp_path / str(i) / "error.txt"
-        out.append(json.loads(results.read_text()) if results.exists() else error.read_text())
+        results, failed = tmp_path / str(i) / "results.json", tmp_path / str(i) / "failed.json"
+        out.append(json.loads(results.read_text()) if results.exists() else json.loads(failed.read_text())["traceback"])
     return out
 
 
+TEXT = ["backbone=tiny_bert", "dataset=synthetic_text"]
+
+
 def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
-    results = ddp_runs(tmp_path / "ddp", [overrides(m, "ddp_sim") for m in METHODS])
+    # One process group for every run (starting one costs more than a tiny run): every method on the ViT, then
+    # SVE and full fine-tuning on BERT, whose pooler gets no gradient: the method base freezes it, so full
+    # fine-tuning runs under DDP too.
+    text_methods = ("sve", "single")
+    runs = [overrides(m, "ddp_sim") for m in METHODS] + [overrides(m, "ddp_sim") + TEXT for m in text_methods]
+    results = ddp_runs(tmp_path / "ddp", runs)
+    for method, result in zip(text_methods, results[len(METHODS):]):
+        assert isinstance(result, dict) and result["metrics"]["test/examples"] == 21, (method, result)
     for i, (method, ddp) in enumerate(zip(METHODS, results)):
         assert isinstance(ddp, dict), f"{method} under DDP: {ddp}"
         metrics = ddp["metrics"]
@@ -63,19 +73,14 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
         assert single["test/examples"] == 21
         alone = np.load(tmp_path / "single" / method / "predictions" / "test.npz")
         assert saved["labels"].tolist() == alone["labels"].tolist()
-        np.testing.assert_allclose(saved["member_logits"], alone["member_logits"], rtol=1e-4, atol=1e-5)
+        # The Laplace posteriors are solves on curvature sums taken in another order: their logits moved by up
+        # to 1.7e-5 between the two layouts on one machine, where every other method stays within 1e-5.
+        atol = 5e-5 if method.startswith("bayes_lora") else 1e-5
+        np.testing.assert_allclose(saved["member_logits"], alone["member_logits"], rtol=1e-4, atol=atol)
         assert metrics["test/acc"] == single["test/acc"], method
         assert metrics["test/member_acc"] == single["test/member_acc"], method
         for key in ("test/nll", "test/brier", "test/ece"):  # same optimisation; float sums in another order
             assert metrics[key] == pytest.approx(single[key], rel=1e-5, abs=1e-7), (method, key)
-
-
-def test_ddp_sim_on_a_text_backbone(tmp_path):
-    runs = [overrides(m, "ddp_sim") + ["backbone=tiny_bert", "dataset=synthetic_text"] for m in ("sve", "single")]
-    sve, single = ddp_runs(tmp_path, runs)
-    # BERT's pooler gets no gradient: the method base freezes it, so full fine-tuning runs under DDP too.
-    for result in (sve, single):
-        assert isinstance(result, dict) and result["metrics"]["test/examples"] == 21, result
 
 
 @pytest.mark.parametrize("backbone", ["tiny_vit", "tiny_bert", "tiny_llama"])

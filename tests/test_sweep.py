@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,10 +16,59 @@ from sve.runs.rundir import holder
 from tests.conftest import ROOT as REPO
 
 
-@pytest.mark.parametrize("name", table_names())
-def test_smoke_target_end_to_end(name, tmp_path):
-    assert sweep.main([name, "--smoke", "--results", str(tmp_path)]) == 0
-    spec, root = load_spec(name, smoke=True), tmp_path / "smoke"
+def run_dirs(name: str, smoke: bool) -> dict:
+    """Each run directory a table's sweep writes, with the overrides it trains it with."""
+    spec = load_spec(name, smoke)
+    return {} if spec.kind == "cost" else {job.dir: job.overrides for job in sweep.jobs(spec, Path("/store"), smoke)}
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["real", "smoke"])
+def test_tables_that_share_a_run_directory_train_it_with_the_same_overrides(smoke):
+    # A sweep takes a finished run as done: a table whose overrides differ from the table that trained it
+    # would silently report another configuration's run.
+    seen: dict = {}
+    for name in table_names():
+        for directory, overrides in run_dirs(name, smoke).items():
+            first, theirs = seen.setdefault(directory, (name, overrides))
+            assert theirs == overrides, f"{directory}: {first} trains it with {theirs}, {name} with {overrides}"
+    assert len(seen) > 50
+
+
+def groups_sharing_runs() -> list[tuple[str, ...]]:
+    """The tables in groups that share at least one smoke run directory (mini Table 1 with mini Table 4 and
+    mini Fig. 3, say): one sweep per group trains their shared runs once, as the real stores do."""
+    groups: list[tuple[set, list]] = []
+    for name in table_names():
+        dirs = set(run_dirs(name, smoke=True))
+        joined = [g for g in groups if g[0] & dirs]
+        for g in joined:
+            groups.remove(g)
+        groups.append((dirs.union(*(g[0] for g in joined)), [n for g in joined for n in g[1]] + [name]))
+    return [tuple(names) for _, names in groups]
+
+
+GROUPS = groups_sharing_runs()
+
+
+def test_the_smoke_groups_hold_every_table_once():
+    names = [name for group in GROUPS for name in group]
+    assert sorted(names) == sorted(table_names())
+    assert ("mini_figure2_vision", "mini_figure3", "mini_table1", "mini_table4") in {tuple(sorted(g)) for g in GROUPS}
+
+
+@pytest.mark.parametrize("names", GROUPS, ids=["+".join(g) for g in GROUPS])
+def test_smoke_target_end_to_end(names, tmp_path, capsys):
+    assert sweep.main([*names, "--smoke", "--results", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    for name in names:
+        check_smoke_outputs(name, tmp_path / "smoke")
+        table = tmp_path / "smoke" / "tables" / f"{name}.md"
+        if table.exists():  # every table written is printed too
+            assert f"wrote {table}" in shown and table.read_text() in shown, name
+
+
+def check_smoke_outputs(name: str, root: Path) -> None:
+    spec = load_spec(name, smoke=True)
     for job in sweep.jobs(spec, root, smoke=True) if spec.kind != "cost" else []:
         results = json.loads((job.dir / "results.json").read_text())
         assert results["config"]["experiment_name"] == job.experiment and results["seed"] == job.seed
@@ -38,12 +88,13 @@ def test_smoke_target_end_to_end(name, tmp_path):
 
 def test_make_smoke_target_from_the_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's sve, whichever is installed
-    done = subprocess.run(["make", "table6", "SMOKE=1", f"RESULTS={tmp_path}"], cwd=REPO, env=env,
+    done = subprocess.run(["make", "figureB", "SMOKE=1", f"RESULTS={tmp_path}"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[5/5] arc_easy_llama2 sve M=16 seed 0: trained in" in done.stdout
-    assert "| SV-Ensemble | 16 |" in done.stdout  # the table is printed
-    assert (tmp_path / "smoke" / "tables" / "table6.tex").exists()
+    assert "[1/1] oxford_pets_dinov2 sve M=4 seed 0: trained in" in done.stdout
+    for figure in ("figure4_qkv", "figure5_attn_out", "figure6_fc1"):
+        assert f"wrote {tmp_path / 'smoke' / 'figures' / figure}.png" in done.stdout
+        assert (tmp_path / "smoke" / "figures" / f"{figure}.pdf").stat().st_size > 0
 
 
 def finished(job, results: dict) -> dict:

@@ -46,7 +46,7 @@ Parts:
   splitting one large matmul into M smaller ones, and reading M weights instead of one.
 
 Writes ``<out>/{vit_s,bert_base,table5,rule,weights}.json`` (with the command, commit and versions) and
-``<out>/bench.md`` (shown in the README). ``--tiny``: tiny backbones, 1 round, for the tests.
+``<out>/bench.md`` (shown in docs/benchmark.md). ``--tiny``: tiny backbones, 1 round, for the tests.
 """
 
 from __future__ import annotations

@@ -19,20 +19,20 @@ grouped convolution for ``SVConv2d``), exactly as K dense layers would. ``infere
 - ``auto``: per layer and per call, whichever of the two sides (cached or merged, as the method decides from
   the memory it has; ``auto_cache``) and the factored path is faster by the rules below.
 
-The rules, measured on the CPU (one thread; ``python scripts/bench.py --parts rule``, results/bench/rule.json).
-Per token, merged weights save the fraction f = 1 - in' out / (r (in' + out)) of the factored FLOPs: 1/2 for
-a square layer, 1/5 for a 4:1 MLP layer, nothing (f <= 0) for a low-rank one, which stays factored.
+The rules come from measurements on the CPU (one thread; ``python scripts/bench.py --parts rule``, which
+writes the time ratios for every shape and token count to results/bench/rule.json). Per token, merged
+weights save the fraction f = 1 - in' out / (r (in' + out)) of the factored FLOPs: 1/2 for a square layer,
+1/5 for a 4:1 MLP layer, nothing (f <= 0) for a low-rank one, which stays factored.
 
 - *Cached weights* cost no merging, but K weight matrices are read where the factored path reads one U and
-  one V for all members, so at a few tokens per member the memory traffic decides: cached/factored time was
-  1.1-2.9 at N = 1-4, 0.77 (384 x 384) and 0.84 (768 x 768) at N = 16, where the 4:1 layers were still
-  slower (1.13, 1.29), and 0.58-0.92 for every shape at N = 64; from N = 256 it approaches the FLOP ratio
-  (0.48-0.51 square, 0.76-0.82 for 4:1). Rule: cache when N f >= ``CACHED_SAVED_TOKENS`` = 8 (N >= 16 for a
-  square layer, N >= 40 for a 4:1 one).
+  one V for all members, so at a few tokens per member the memory traffic decides and the cache is slower
+  (unless all K weights fit in the CPU's caches, as for the small square layer of rule.json); with more
+  tokens the time ratio falls towards the FLOP ratio, sooner for square layers than for 4:1 ones. Rule:
+  cache when N f >= ``CACHED_SAVED_TOKENS`` = 8 (N >= 16 for a square layer, N >= 40 for a 4:1 one), from
+  where rule.json shows the cache ahead for the larger square layer.
 - *Merging per call* pays off when the FLOPs saved on N tokens exceed the merge, N r (in' + out) f >
-  out r in' (N > d for a square layer of width d). Measured crossovers are 1.1 to 1.3 times that break-even
-  (384 x 384: between N = 256 and 1024; 768 x 768: 256-1024; 384 -> 1536: 1024-2048; 768 -> 3072 still 1.09x
-  slower at 2048, break-even 3072), hence ``MERGE_FACTOR`` = 1.25.
+  out r in' (N > d for a square layer of width d). The measured crossovers in rule.json lie somewhat above
+  that break-even, hence ``MERGE_FACTOR`` = 1.25.
 
 Invalidation is by value identity, not by hooks: the cache is keyed by (data pointer, version counter,
 dtype, device, shape) of the singular values and of U and V. Every in-place change bumps PyTorch's version

@@ -11,10 +11,9 @@ Members run in chunks (``members_at_once``): ``all`` stacks every member's copy 
 and runs the backbone once; ``k`` runs k members per pass with ``select``, so activation memory drops about
 M/k-fold; ``1`` works on any architecture whatever its internal layout. ``auto`` runs all members at once
 in training and on accelerators, and evaluates on the CPU with passes of at most ``CPU_EVAL_EXAMPLES``
-examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches
-(SVE at batch 16, one thread, one block: all members at once 1.11x (ViT-S/16, M = 4) and 1.14x (BERT-base,
-M = 8) the time of M dense forwards, one member per pass 0.95x and 1.00x; at batch 1 the 8 members of
-BERT-base make 8 examples and run at once, 0.94x; results/bench/). With one member per pass, the member-free
+examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches,
+so one member per pass is faster, while the few examples of all members at batch 1 still run best at once
+(the batched and one-at-a-time rows of results/bench/bench.md). With one member per pass, the member-free
 layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once, not once per member
 (``sve.layers.shared_inputs``). When a member layer reports that
 its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a

@@ -40,8 +40,9 @@ class SVE(EnsembleMethod):
     member_bias: one trainable bias per member in every wrapped layer (the authors' public code).
     svd_dtype: precision of the SVD at init (float64: reconstruction error ~1e-7 after the float32 cast).
     factor_dtype: storage dtype of U and V; None keeps the layer's dtype (bf16 for bf16 backbones).
-        ``bfloat16`` halves their memory (the lean mode of the README) at a reconstruction error of about
-        2e-3 (``scripts/sv_bf16_error.py``); the singular values always stay float32.
+        ``bfloat16`` halves their memory (the lean mode, docs/benchmark.md "Memory") at the reconstruction
+        error that ``make bench`` records (results/bench/*.json, ``lean_memory.bf16_weight_error``; larger
+        shapes: ``scripts/sv_bf16_error.py``); the singular values always stay float32.
     inference: ``auto``, ``factored``, ``cached`` or ``merged``: how members compute in evaluation.
     svd_cache: directory of the SVD cache; None computes every SVD afresh.
     """

@@ -18,8 +18,8 @@ def package_path(package: str, subdir: str = "") -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
-            f"package '{package}' is not installed; install it (see README, 'Backbones') or point "
-            "backbone.name_or_path at a local model directory"
+            f"package '{package}' is not installed; install it (see docs/datasets-and-backbones.md, "
+            "'Backbones') or point backbone.name_or_path at a local model directory"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / subdir
     if not path.exists():

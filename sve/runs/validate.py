@@ -56,7 +56,7 @@ def check_config(cfg: DictConfig) -> None:
                      "1% of the singular values to zero at init)")  # fmt: skip
     if get("method.inference") is not None:
         _require(get("method.inference") in INFERENCE, "method.inference", get("method.inference"),
-                 f"one of {list(INFERENCE)} (README: \"Fast inference and the benchmark\")")  # fmt: skip
+                 f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
     if get("method.factor_dtype") is not None:
         _require(get("method.factor_dtype") in FACTOR_DTYPES, "method.factor_dtype", get("method.factor_dtype"),
                  f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}")  # fmt: skip

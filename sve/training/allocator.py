@@ -6,10 +6,9 @@ threshold, 128 KiB at start) with its own ``mmap`` and gives it back on free, an
 whenever more than a threshold is free there. Either way the next activation of that size arrives as fresh
 pages, and the kernel zero-fills each 4 KiB page on first touch (a minor page fault). A forward pass
 allocates and frees the same activations over and over, so under the default policy part of every pass is
-spent faulting memory in. Measured on one ViT-S/16 block (evaluation at batch 16 per member, M = 4, one
-thread): under the default policy, 5,000-37,000 minor faults per step for M dense copies and 26,000-57,000
-for SVE with merged weights, which runs exactly their matmuls yet took 1.04x their time (605 against 571 ms);
-with ``tuned``, no faults after the first step, and the two ran level and 5-10% faster (545 and 542 ms).
+spent faulting memory in, and unevenly: two candidates that run the same matmuls can differ in time only
+because one of them faults more. The benchmark counts the faults of every candidate (the page-fault column
+of results/bench/bench.md, written with ``tuned``; ``--cpu-allocator system`` measures the default policy).
 
 ``tuned`` fixes both thresholds (``mallopt``): blocks up to 32 MiB (glibc's own ceiling for its adaptive
 threshold on 64-bit systems) come from the heap, and free memory at the heap's top is kept up to 1 GiB. The
