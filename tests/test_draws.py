@@ -64,12 +64,18 @@ def test_training_with_accumulation_equals_training_without_it():
 @pytest.mark.parametrize("backbone", ["tiny_vit", "tiny_bert"])
 def test_attention_with_dropout_runs_unfused(backbone):
     dataset = "synthetic_image" if backbone == "tiny_vit" else "synthetic_text"
-    _, _, method, _ = build(compose_cfg([f"backbone={backbone}", f"dataset={dataset}", "method=mc_dropout"]))
-    changed = unfuse_attention_dropout(method.backbone)
-    assert changed
-    model = method.backbone.model
-    if backbone == "tiny_vit":
-        assert not any(getattr(m, "fused_attn", False) for m in model.modules())
-    else:
-        assert model.config._attn_implementation == "eager"
+    overrides = [f"backbone={backbone}", f"dataset={dataset}", "method=mc_dropout"]
+
+    def unfused(model) -> bool:
+        if backbone == "tiny_vit":
+            return not any(getattr(m, "fused_attn", False) for m in model.modules())
+        return model.config._attn_implementation == "eager"
+
+    # Without exact draws the backbone keeps its fused attention; unfusing it says what it changed.
+    _, _, method, _ = build(compose_cfg([*overrides, "exact_draws=false"]))
+    assert not unfused(method.backbone.model)
+    assert unfuse_attention_dropout(method.backbone) and unfused(method.backbone.model)
     assert unfuse_attention_dropout(method.backbone) == []  # nothing left to change
+    # With them (the default) the model is unfused as it is built, before any fit: evaluate.py's model too.
+    _, _, method, _ = build(compose_cfg(overrides))
+    assert unfused(method.backbone.model)

@@ -4,11 +4,7 @@ with still resolve."""
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
-
-import pytest
-from hydra.utils import get_object
 
 from tests.conftest import ROOT
 
@@ -107,27 +103,6 @@ def test_no_import_circles_between_the_package_s_modules():
     graph = import_graph()
     assert len(graph) > 40  # the whole package was read
     assert cycles(graph) == []
-
-
-def targets(node) -> list[str]:
-    if isinstance(node, dict):
-        found = [node["_target_"]] if isinstance(node.get("_target_"), str) else []
-        return found + [t for v in node.values() for t in targets(v)]
-    if isinstance(node, list):
-        return [t for v in node for t in targets(v)]
-    return []
-
-
-COMMITTED = sorted(p for p in (ROOT / "results").rglob("results.json") if "smoke" not in p.parts)
-
-
-@pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(ROOT)) for p in COMMITTED])
-def test_every_target_of_a_committed_run_still_resolves(path):
-    config = json.loads(path.read_text())["config"]
-    names = set(targets(config))
-    assert names, path
-    for name in sorted(names):
-        assert callable(get_object(name)), name
 
 
 def test_help_and_a_config_error_load_no_torch():

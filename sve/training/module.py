@@ -69,6 +69,13 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
         self.draw_seed = draw_seed  # seeds the training and evaluation draws: the run's seed
         self.exact_draws = exact_draws
+        if exact_draws:
+            # Here, not when fitting starts: every process that builds this model runs the same attention
+            # kernels, so a run evaluated right after training and one evaluated again from its checkpoint
+            # (evaluate.py) agree to the last digit. Fused and unfused attention differ in rounding.
+            changed = unfuse_attention_dropout(method.backbone)
+            if changed:
+                log.info("exact_draws: attention with dropout runs unfused (%s)", ", ".join(changed[:4]))
 
     def forward(self, batch: dict) -> Tensor:
         return self.method(batch)
@@ -177,12 +184,6 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         probs, labels = self.val_predictive(batch)
         if labels.numel():
             self.val_metrics.update(probs, labels)
-
-    def on_fit_start(self) -> None:
-        if self.exact_draws:
-            changed = unfuse_attention_dropout(self.method.backbone)
-            if changed:
-                log.info("exact_draws: attention with dropout runs unfused (%s)", ", ".join(changed[:4]))
 
     def on_validation_epoch_end(self) -> None:
         metrics = {k: v.float() for k, v in self.val_metrics.compute().items()}

@@ -1,0 +1,57 @@
+"""scripts/collect_runs.py: a clone's finished runs come back into the committed store, and nothing else."""
+
+import json
+import runpy
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def collect_module():
+    return runpy.run_path(str(ROOT / "scripts" / "collect_runs.py"))
+
+
+def write(path, text="x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_path):
+    source, target = tmp_path / "clone" / "results" / "mini", tmp_path / "main" / "results" / "mini"
+    done = source / "runs" / "exp" / "sve_m4" / "seed0"
+    for name in ("results.json", "run_config.yaml", "train.log", "predictive/test.npz", "checkpoints/final.ckpt",
+                 "csv/metrics.csv", "predictions/test.npz", ".hydra/config.yaml", ".lock", "failed.json"):
+        write(done / name)
+    write(done / "results.json", json.dumps({"metrics": {"test/acc": 0.5}}))
+    tuning = source / "runs" / "exp" / "sve_m4" / "tune" / "method.lr_0.01"
+    write(tuning / "results.json", "{}")
+    write(tuning / "predictive" / "val.npz")
+    write(source / "runs" / "exp" / "sve_m4" / "tuned.json", "{}")
+    write(source / "runs" / "exp" / "sve_m4" / "seed1" / "train.log")  # still training: no results.json
+    sittings = [{"run": "runs/exp/sve_m4/seed0", "started": 1}, {"run": "runs/exp/sve_m4/seed1", "started": 2}]
+    write(source / "sittings.jsonl", "".join(json.dumps(s) + "\n" for s in sittings))
+    target.mkdir(parents=True)
+
+    collect = collect_module()["collect"]
+    assert collect(source, target, dry_run=True) and not (target / "runs").exists()  # lists, copies nothing
+    changes = collect(source, target)
+    assert "added runs/exp/sve_m4/seed0" in changes and "tuned runs/exp/sve_m4" in changes
+    copied = target / "runs" / "exp" / "sve_m4"
+    assert sorted(p.name for p in (copied / "seed0").iterdir()) == ["predictive", "results.json", "run_config.yaml",
+                                                                    "train.log"]  # fmt: skip
+    assert not (copied / "tune" / "method.lr_0.01" / "predictive").exists()  # tuning runs' statistics stay
+    assert not (copied / "seed1").exists()
+    lines = (target / "sittings.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run"] for line in lines] == ["runs/exp/sve_m4/seed0"]  # only what was copied
+    assert collect(source, target) == []  # a second pass finds nothing new, and adds no sitting twice
+    assert (target / "sittings.jsonl").read_text().splitlines() == lines
+
+
+def test_a_source_that_is_not_a_store_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["collect_runs.py", str(tmp_path / "nope"), str(tmp_path)])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(ROOT / "scripts" / "collect_runs.py"), run_name="__main__")
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'nope' / 'runs'} does not exist")

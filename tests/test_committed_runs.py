@@ -1,0 +1,92 @@
+"""The committed runs still stand with this code: every saved config names keys its targets take and builds its
+model, and the one committed checkpoint evaluates again to the digits in its results.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from sve.runs.validate import check_known_keys
+from tests.conftest import ROOT
+
+COMMITTED = sorted(p for p in (ROOT / "results").rglob("results.json") if "smoke" not in p.parts)
+IDS = [str(p.parent.relative_to(ROOT / "results")) for p in COMMITTED]
+# The run whose final checkpoint is committed (.gitignore): SVE (M = 4) on SST-2 with MiniLM-L6, a tuning run of
+# the miniature, trained by a sweep worker with one thread (make mini: OMP_NUM_THREADS=1).
+CHECKPOINTED = ROOT / "results/mini/runs/mini_sst2_minilm/sve_m4/tune/method.lr_0.0001"
+
+
+def saved_config(path: Path):
+    return OmegaConf.create(json.loads(path.read_text())["config"])
+
+
+def test_the_committed_runs_are_found():
+    assert len(COMMITTED) > 40 and (CHECKPOINTED / "checkpoints" / "final.ckpt").exists()
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=IDS)
+def test_every_committed_config_names_keys_its_targets_take(path):
+    check_known_keys(saved_config(path))  # an InputError names the key, its value and the valid keys
+
+
+def local_paths(node) -> list[str]:
+    """The absolute paths a resolved config points at (weights installed where the run was trained)."""
+    if isinstance(node, dict):
+        return [p for v in node.values() for p in local_paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in local_paths(v)]
+    return [node] if isinstance(node, str) and node.startswith("/") else []
+
+
+def data_roots(cfg) -> list[str]:
+    roots = [cfg.dataset.get("root"), (cfg.dataset.get("ood") or {}).get("root")]
+    return [str(Path(r).expanduser()) for r in roots if r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", COMMITTED, ids=IDS)
+def test_every_committed_config_builds_its_model(path, monkeypatch):
+    from sve.runs.run import build
+
+    monkeypatch.chdir(ROOT)  # the saved data roots are relative to the repository (../shared/...)
+    cfg = saved_config(path)
+    missing = [p for p in local_paths(OmegaConf.to_container(cfg.backbone)) + data_roots(cfg) if not Path(p).exists()]
+    if missing:
+        pytest.skip(f"needs {missing} (the run's weights or data, absent here: see docs/datasets-and-backbones.md)")
+    _, _, method, _ = build(cfg)
+    recorded = json.loads(path.read_text())["parameters"]
+    counts = method.parameter_counts()  # trainable and stored: the same model as the one trained
+    assert counts["total"] == recorded["total"]
+    # Runs recorded before the method base froze what no gradient reaches (sst2_minilm_cpu at 736f8da: BERT's
+    # pooler, which mean pooling never reads) counted those as trainable; they never changed in training.
+    unused = getattr(method, "unused_parameter_count", 0)
+    assert recorded["trainable"] in (counts["trainable"], counts["trainable"] + unused), (recorded, counts, unused)
+
+
+@pytest.mark.slow
+def test_the_committed_checkpoint_evaluates_to_its_results(tmp_path):
+    cfg = saved_config(CHECKPOINTED / "results.json")
+    missing = [p for p in local_paths(OmegaConf.to_container(cfg.backbone)) + data_roots(cfg)
+               if not (ROOT / p).exists()]  # fmt: skip
+    if missing:
+        pytest.skip(f"needs {missing} (MiniLM-L6: make install; SST-2: ../shared)")
+    run_dir = tmp_path / "run"  # a copy: evaluate.py writes evaluations/ into the run directory
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(CHECKPOINTED / "results.json", run_dir)
+    shutil.copy(CHECKPOINTED / "checkpoints" / "final.ckpt", run_dir / "checkpoints")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # as the sweep worker trained it
+    done = subprocess.run([sys.executable, "-m", "sve.cli.evaluate", f"run_dir={run_dir}", "name=again"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained = json.loads((CHECKPOINTED / "results.json").read_text())["metrics"]
+    again = json.loads((run_dir / "evaluations" / "again.json").read_text())["metrics"]
+    assert set(again) == set(trained)
+    differ = {k: (trained[k], again[k]) for k in trained if k != "test/seconds" and again[k] != trained[k]}
+    assert not differ, differ  # exactly: the same model, kernels and data give the same digits
