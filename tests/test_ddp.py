@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from sve.runs.probe import probe
 from sve.runs.run import build, run
-from sve.runs.validate import probe
 from tests.conftest import ROOT, compose_cfg, config_options
 
 METHODS = config_options("method")

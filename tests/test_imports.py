@@ -114,11 +114,15 @@ def test_help_and_a_config_error_load_no_torch():
             "try:\n    runpy.run_module('sve.cli.train', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
             "print('TORCH', 'torch' in sys.modules, 'pytorch_lightning' in sys.modules)")  # fmt: skip
-    for args in (["--help"], ["method=nope"]):
+    said = {}
+    for args in (["--help"], ["method=nope"], ["method.lr=-1"], ["dataset.batch_size=0"]):
         done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)  # fmt: skip
         assert "TORCH False False" in done.stdout, (args, done.stdout[-2000:], done.stderr[-2000:])
-    assert "Could not find 'method/nope'" in done.stdout + done.stderr
+        said[args[0]] = done.stdout + done.stderr
+    assert "Could not find 'method/nope'" in said["method=nope"]
+    assert "error: method.lr=-1 is not valid; expected a positive number or null" in said["method.lr=-1"]
+    assert "error: dataset.batch_size=0 is not valid; expected a positive integer" in said["dataset.batch_size=0"]
 
 
 def test_the_sweep_does_not_load_the_table_builder():

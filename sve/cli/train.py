@@ -22,13 +22,18 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     print(recipe_line(cfg))
-    from sve.runs.multirun import record_failure
-    from sve.runs.run import run  # torch and Lightning: only once there is a run to do
+    from sve.runs.validate import check_values
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
+            check_values(cfg)  # a bad value answers before torch is imported
+            from sve.runs.run import run  # torch and Lightning: only once there is a run to do
+
             run(cfg)
         return
+    from sve.runs.multirun import record_failure
+    from sve.runs.run import run
+
     try:
         run(cfg)
     except Exception as err:  # one failing run does not stop the sweep; sve.runs.multirun lists it at the end

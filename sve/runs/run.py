@@ -22,6 +22,7 @@ from sve.errors import InputError, RunInterrupted
 from sve.layers.singular_values import save_singular_values
 from sve.metrics.scores import UNITS
 from sve.runs.evaluation import evaluate
+from sve.runs.probe import probe
 from sve.runs.results import command_line, format_table, git_commit, package_versions, read_results, write_json
 from sve.runs.rundir import (
     RUN_CONFIG,
@@ -32,7 +33,7 @@ from sve.runs.rundir import (
     read_run_config,
     remember_config,
 )
-from sve.runs.validate import check_config, probe
+from sve.runs.validate import check_config
 from sve.training.allocator import set_cpu_allocator
 from sve.training.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
 from sve.training.curves import LearningCurve

@@ -1,9 +1,8 @@
-"""Checks before any work: every config value, then one training step's worth of the real model.
+"""Checks of a composed config before any work; each names the key, the value and what is valid.
 
-``check_config`` names the key, the value and what is valid. ``probe`` runs one forward/backward on a real
-training batch and one evaluation forward, without changing the model or any random state, so a method that
-cannot run on the chosen backbone or data fails at start rather than after training; it also returns the
-trainable parameters that receive no gradient (under DDP these stop training, so ``run`` refuses them).
+``check_values`` needs nothing but the config, so ``sve-train`` runs it before importing torch: a bad value
+answers at once. ``check_config`` adds what needs the code: every key is one its target takes (which imports
+the targets), and the values that the layers define. The model itself is checked by ``sve.runs.probe``.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ import os
 import socket
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError
-from sve.layers.sv_inference import INFERENCE
 
 # SVE's init multiplies each singular value by (1 + eps), eps ~ N(0, sigma_init^2); values pushed below zero
 # are clamped to zero, a fraction Phi(-1 / sigma_init) of them. Above this sigma_init it exceeds 1%.
@@ -43,7 +40,19 @@ def _require(ok: bool, key: str, value, valid: str) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Raises ``InputError`` naming the first invalid key."""
+    check_values(cfg)
     check_known_keys(cfg)
+    from sve.layers.sv_inference import INFERENCE  # torch: the values checked before it answer without it
+
+    inference = OmegaConf.select(cfg, "method.inference", default=None)
+    if inference is not None:
+        _require(inference in INFERENCE, "method.inference", inference,
+                 f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
+    check_wandb(cfg)
+
+
+def check_values(cfg: DictConfig) -> None:
+    """The values that need no code to check (numbers, names, files); ``InputError`` naming the first bad one."""
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
              "a positive integer, e.g. ensemble_size=4")  # fmt: skip
@@ -54,9 +63,6 @@ def check_config(cfg: DictConfig) -> None:
             _require(_number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT, key, get(key),
                      f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
                      "1% of the singular values to zero at init)")  # fmt: skip
-    if get("method.inference") is not None:
-        _require(get("method.inference") in INFERENCE, "method.inference", get("method.inference"),
-                 f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
     if get("method.factor_dtype") is not None:
         _require(get("method.factor_dtype") in FACTOR_DTYPES, "method.factor_dtype", get("method.factor_dtype"),
                  f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}")  # fmt: skip
@@ -94,7 +100,6 @@ def check_config(cfg: DictConfig) -> None:
     if get("ckpt_path") is not None:
         _require(Path(str(get("ckpt_path"))).expanduser().is_file(), "ckpt_path", get("ckpt_path"),
                  "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)")  # fmt: skip
-    check_wandb(cfg)
 
 
 def check_wandb(cfg: DictConfig) -> None:
@@ -113,46 +118,6 @@ def check_wandb(cfg: DictConfig) -> None:
     netrc = Path("~/.netrc").expanduser()
     if not os.environ.get("WANDB_API_KEY") and not (netrc.is_file() and "api.wandb.ai" in netrc.read_text()):
         raise InputError(f"logger=wandb needs a login (WANDB_API_KEY or `wandb login`){hint}")
-
-
-@torch.no_grad()
-def _restore(saved: dict[str, torch.Tensor], module: torch.nn.Module) -> None:
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if name in saved and isinstance(tensor, torch.Tensor):
-            tensor.copy_(saved[name])
-
-
-def probe(module, datamodule) -> list[str]:
-    """One training forward/backward and one evaluation forward on a real training batch; the model, its
-    gradients and every random state are as before. Returns the names of trainable parameters without a
-    gradient."""
-    batch = next(iter(datamodule.train_dataloader()))
-    batch.pop("loss_scale", None)
-    batch.pop("rows", None)
-    batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    saved = {k: v.detach().clone() for k, v in module.state_dict().items()  # e.g. BatchNorm statistics
-             if isinstance(v, torch.Tensor)}  # (method extra state is not touched by a forward)
-    trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
-    grads = {n: p.grad for n, p in trainable.items()}
-    was_training = module.training
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            for p in trainable.values():
-                p.grad = None
-            module.train()
-            logits = module.method(dict(batch))
-            module.method.loss(logits, batch["labels"]).backward()
-            unused = [n for n, p in trainable.items() if p.grad is None]
-            module.eval()
-            with torch.no_grad():
-                module.method(dict(batch))
-        finally:
-            for n, p in trainable.items():
-                p.grad = grads[n]
-            _restore(saved, module)
-            module.train(was_training)
-    return unused
 
 
 # ----- keys the code does not read: `+ensembel_size=2` (Hydra's own hint after a typo) adds a key silently ------
@@ -179,6 +144,8 @@ def accepted_keys(target) -> set[str] | None:
     whose ``__init__`` passes ``**kwargs`` on, its bases' (this framework's classes pass them to
     ``super().__init__``); None when it takes any keyword (``**kwargs`` of a function or of another
     package's class, which may go anywhere)."""
+    import torch  # its Module ends the chain; the targets asked about import it anyway
+
     chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
     names: set[str] = set()
     for owner in chain:
