@@ -129,6 +129,27 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
     assert "cifar100_dino sve M=4 seed 0: done earlier" in capsys.readouterr().out
 
 
+def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp_path, monkeypatch, capsys):
+    def fake_run(job):
+        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+                              "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    job = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)[0]
+    assert json.loads((job.dir / sweep.SWEPT).read_text())["overrides"] == job.overrides
+    capsys.readouterr()
+    assert sweep.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{job}: FAILED: {job.dir} holds a run trained with other overrides" in out
+    assert "where this sweep has ['trainer.max_epochs=3']" in out and "delete the directory" in out
+    # A run that no sweep recorded (trained by hand, or before sweeps recorded it) is taken as it is.
+    for path in (tmp_path / "smoke" / "runs").rglob(sweep.SWEPT):
+        path.unlink()
+    assert sweep.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 0
+
+
 def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
     def fake_run(job):
         return {"ensemble_size": 1, "metrics": {"test/acc": 0.5}}  # e.g. ensemble_size not passed

@@ -151,6 +151,34 @@ def read_tuned(spec, path: Path) -> dict:
     return choice
 
 
+SWEPT = "sweep.json"  # the overrides a sweep trains a run directory with
+
+
+def record_overrides(job: Job) -> None:
+    """``<run>/sweep.json``: the overrides this run is trained with, before it starts (a resumed attempt keeps
+    it), so a later sweep can tell its own run from another definition's."""
+    job.dir.mkdir(parents=True, exist_ok=True)
+    write_json(job.dir / SWEPT, {"overrides": list(job.overrides)})
+
+
+def check_same_overrides(job: Job) -> None:
+    """A ``RuntimeError`` when the finished run in ``job.dir`` was trained by a sweep with other overrides (the
+    table's definition or the command's overrides changed since): its results are not this job's. A run that
+    a sweep did not record (trained by hand, or before sweeps recorded it) is taken as it is."""
+    path = job.dir / SWEPT
+    if not path.exists():
+        return
+    recorded = read_results(path).get("overrides")
+    if recorded == list(job.overrides):
+        return
+    recorded = list(recorded or [])
+    gone = [o for o in recorded if o not in job.overrides]
+    new = [o for o in job.overrides if o not in recorded]
+    raise RuntimeError(f"{job.dir} holds a run trained with other overrides (it had {gone or 'none of'} where "
+                       f"this sweep has {new or 'the same in another order'}); delete the directory to train it "
+                       "with these, or restore the definition it was trained with")  # fmt: skip
+
+
 def reuse_tuning_run(source: Path, target: Path) -> dict:
     """The chosen grid value's run is the tuning seed's run: copied (checkpoints left out), not retrained."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("checkpoints", ".lock"), dirs_exist_ok=True)
@@ -263,8 +291,10 @@ class Sweep:
                         return HELD
                 if done.exists():  # found, or finished by the process that held it (one that died left none)
                     results = read_results(done)  # not valid JSON: failed, saying to delete it (never "done")
+                    check_same_overrides(job)  # never another configuration's run reported as this one
                     status = "finished by another process" if job.dir in self.left else "done earlier"
                 else:
+                    record_overrides(job)
                     began = time.time()
                     results = (run_in_process if self.smoke else run_subprocess)(job)
                     status = f"trained in {time.perf_counter() - start:.1f} s"
