@@ -41,6 +41,7 @@ _EXPORTS = {
     "LoRAEnsemble": "sve.methods", "DeepEnsemble": "sve.methods", "MCDropout": "sve.methods",
     "BatchEnsemble": "sve.methods", "EnsembleModule": "sve.training.module", "SVLinear": "sve.layers.sv_linear",
     "SVConv2d": "sve.layers.sv_conv", "run": "sve.runs.run", "build": "sve.runs.run", "InputError": "sve.errors",
+    "uncertainty": "sve.metrics.scores", "Prediction": "sve.metrics.scores",
 }  # fmt: skip
 __all__ = ["__version__", *_EXPORTS]
 

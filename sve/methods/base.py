@@ -235,6 +235,20 @@ class EnsembleMethod(nn.Module):
             return self.forward(batch)
         return check_member_logits(mask_choices(logits, batch), len(members))
 
+    @torch.no_grad()
+    def predict(self, batch: dict, aggregate: str = "probs"):
+        """The ensemble's prediction for ``batch`` with its per-example uncertainty (``sve.metrics.Prediction``:
+        probabilities, class, confidence, entropy, expected entropy, mutual information, member disagreement),
+        in evaluation mode; the method's training mode is left as it was."""
+        from sve.metrics.scores import uncertainty
+
+        was_training = self.training
+        self.eval()
+        try:
+            return uncertainty(self(batch), aggregate)
+        finally:
+            self.train(was_training)
+
     # ----- hooks for methods that do more than train jointly (all optional) -----------------------------------
     def on_train_epoch_end(self, module) -> None:
         """Called by the LightningModule after every training epoch (e.g. to snapshot a checkpoint)."""

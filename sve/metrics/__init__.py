@@ -16,10 +16,12 @@ from sve.metrics.scores import (  # noqa: F401 - the package's names
     ExpectedCalibrationError,
     NegativeLogLikelihood,
     OODDetection,
+    Prediction,
     classification_metrics,
     disagreement,
     entropy,
     mutual_information,
     predictive_metrics,
     score,
+    uncertainty,
 )

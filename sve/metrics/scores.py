@@ -17,6 +17,8 @@ and the reliability-diagram bins of the ECE.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
@@ -135,12 +137,43 @@ def entropy(probs: Tensor) -> Tensor:
     return -torch.special.xlogy(probs, probs).sum(-1)
 
 
+@dataclass
+class Prediction:
+    """An ensemble's prediction for a batch with its uncertainty (``uncertainty``); every field is per example.
+
+    ``entropy`` is the total uncertainty H(p), ``expected_entropy`` the members' own (aleatoric) part
+    mean_m H(p_m), ``mutual_information`` the part that comes from their disagreement (epistemic): with
+    ``aggregate="probs"`` (the paper's Eq. 2) the first is the sum of the other two. ``disagreement`` is the
+    fraction of members whose class differs from the ensemble's."""
+
+    probs: Tensor  # (B, C) the ensemble predictive
+    label: Tensor  # (B,) its class (the first maximum)
+    confidence: Tensor  # (B,) its probability
+    entropy: Tensor  # (B,) nats
+    expected_entropy: Tensor  # (B,) nats
+    mutual_information: Tensor  # (B,) nats, in [0, log M]
+    disagreement: Tensor  # (B,) in [0, 1]
+    member_probs: Tensor  # (M, B, C)
+
+
+def uncertainty(member_logits: Tensor, aggregate: str = "probs") -> Prediction:
+    """The prediction and uncertainty of member logits (M, B, C), in float64. The mutual information (Depeweg et
+    al., 2018) is I = H(mean_m p_m) - mean_m H(p_m), always from the mean of member probabilities, whatever
+    ``aggregate`` the predictive uses: zero when the members agree, at most log M."""
+    member_probs = member_logits.double().softmax(-1)
+    probs = predictive(member_logits, aggregate)
+    confidence, label = probs.max(-1)
+    expected = entropy(member_probs).mean(0)
+    return Prediction(
+        probs=probs, label=label, confidence=confidence, entropy=entropy(probs), expected_entropy=expected,
+        mutual_information=entropy(member_probs.mean(0)) - expected,
+        disagreement=(member_logits.argmax(-1) != label).double().mean(0), member_probs=member_probs,
+    )  # fmt: skip
+
+
 def mutual_information(member_logits: Tensor) -> float:
-    """The epistemic part of the predictive entropy (Depeweg et al., 2018), in nats, averaged over examples:
-    I = H(mean_m p_m) - mean_m H(p_m), with p_m the softmax of member m. It is zero when the members agree
-    and at most log M. Always from the mean of member probabilities, whatever the run's ``aggregate``."""
-    member_probs = member_logits.double().softmax(-1)  # (M, N, C)
-    return float((entropy(member_probs.mean(0)) - entropy(member_probs).mean(0)).mean())
+    """``uncertainty``'s mutual information, averaged over examples."""
+    return float(uncertainty(member_logits).mutual_information.mean())
 
 
 def disagreement(member_logits: Tensor, probs: Tensor) -> float:
