@@ -122,6 +122,25 @@ def test_constrain_clamps_negative_values():
     assert sv.singular_values.min() >= 0
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW])
+def test_any_optimiser_step_keeps_the_singular_values_non_negative(optimizer):
+    # A plain PyTorch loop: no constrain_() after the step, the projection comes with the step itself.
+    sv = SVLinear.from_linear(_linear(), ensemble_size=2)
+    other = nn.Parameter(torch.full((3,), 5.0))  # not an SV layer's: left as the step makes it
+    opt = optimizer([sv.singular_values, other], lr=100.0)
+    (sv.singular_values.sum() + other.sum()).backward()  # every value pushed far below zero
+    opt.step()
+    assert sv.singular_values.min() == 0 and (sv.singular_values == 0).all()
+    assert (other < 0).all()
+    # An optimiser over other parameters only does not touch the layer.
+    with torch.no_grad():
+        sv.singular_values[0, 0] = -1.0
+    unrelated = torch.optim.SGD([other], lr=0.1)
+    other.grad = torch.ones(3)
+    unrelated.step()
+    assert sv.singular_values[0, 0] == -1.0
+
+
 def test_rejects_batch_not_multiple_of_ensemble_size():
     sv = SVLinear.from_linear(_linear(), ensemble_size=3)
     with pytest.raises(ValueError, match="member-major"):

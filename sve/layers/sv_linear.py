@@ -22,9 +22,12 @@ Members run through the protocol of ``sve.layers.member`` (selection, banks, lay
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sve.layers.member import MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
@@ -46,6 +49,28 @@ def decompose(
         return U.to(factor_dtype), s, Vh.to(factor_dtype)
 
     return compute() if cache is None else cache.factors(W, svd_dtype, factor_dtype, compute)
+
+
+# Every live SV layer, so that any optimiser's step projects its singular values back onto s >= 0 (one hook
+# for the process, registered with the first layer): a plain PyTorch loop needs no call after
+# ``optimizer.step()``, and the Lightning module gets the same projection (it also calls ``constrain_``, for
+# optimisers that step copies of the parameters, e.g. FSDP's flattened ones, which the hook cannot recognise).
+_LAYERS: weakref.WeakSet = weakref.WeakSet()
+_hook = None
+
+
+def _project_after_step(optimizer, args, kwargs) -> None:
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for layer in list(_LAYERS):
+        if id(layer.singular_values) in stepped:
+            layer.constrain_()
+
+
+def _constrained_by_every_optimizer(layer: SVLinear) -> None:
+    global _hook
+    if _hook is None:
+        _hook = register_optimizer_step_post_hook(_project_after_step)
+    _LAYERS.add(layer)
 
 
 class SVLinear(MemberLayer):
@@ -95,6 +120,7 @@ class SVLinear(MemberLayer):
         self._merged: tuple[tuple, Tensor] | None = None  # (key, (M, out, in') weights); never in state_dict
         self.inference = "auto"
         self.auto_cache = True
+        _constrained_by_every_optimizer(self)
 
     @classmethod
     def from_linear(
@@ -216,7 +242,7 @@ class SVLinear(MemberLayer):
 
     @torch.no_grad()
     def constrain_(self) -> None:
-        """Projects the singular values back onto s >= 0 (called after every optimiser step)."""
+        """Projects the singular values back onto s >= 0; every optimiser step that updates them calls it."""
         self.singular_values.clamp_(min=0)
 
     def member_weight(self, member: int) -> Tensor:
