@@ -19,8 +19,35 @@ from sve.errors import one_line_errors
 log = logging.getLogger(__name__)
 
 
+# Launchers that are extras: without their plugin Hydra says only "Could not load 'hydra/launcher/...'".
+LAUNCHER_PLUGINS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm")}  # fmt: skip
+
+
+def main() -> None:
+    """``sve-train``: a launcher whose plugin is not installed is one line with the install command."""
+    import importlib.util
+    import sys
+
+    for arg in sys.argv[1:]:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "hydra/launcher" and value in LAUNCHER_PLUGINS:
+            module, extra = LAUNCHER_PLUGINS[value]
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # not even the hydra_plugins namespace
+                found = False
+            if not found:
+                print(f"error: hydra/launcher={value} needs the submitit launcher plugin, which is not installed: "
+                      f"pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip install -e "
+                      f"'.[{extra}]')", file=sys.stderr)  # fmt: skip
+                raise SystemExit(2)
+    hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     print(recipe_line(cfg))
     from sve.runs.validate import check_values
 

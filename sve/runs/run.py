@@ -21,6 +21,7 @@ import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every c
 from sve.errors import InputError, RunInterrupted
 from sve.layers.singular_values import save_singular_values
 from sve.metrics.scores import UNITS
+from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
 from sve.runs.probe import probe
 from sve.runs.results import command_line, format_table, git_commit, package_versions, read_results, write_json
@@ -37,6 +38,7 @@ from sve.runs.validate import check_config
 from sve.training.allocator import set_cpu_allocator
 from sve.training.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkpoint, save_final
 from sve.training.curves import LearningCurve
+from sve.training.loggers import CSVLogger
 from sve.training.module import EnsembleModule
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,19 @@ def build(cfg: DictConfig):
         exact_draws=bool(cfg.get("exact_draws", True)),
     )
     return backbone, datamodule, method, module
+
+
+def make_loggers(cfg: DictConfig):
+    """The config's logger, with the CSV log of ``logger=csv`` first beside any other (the budget report and
+    the learning-curve figures read it); False without one."""
+    if not cfg.get("logger"):
+        return False
+    logger = hydra.utils.instantiate(cfg.logger)
+    if isinstance(logger, CSVLogger):
+        return logger
+    csv = OmegaConf.load(CONFIGS / "logger" / "csv.yaml")
+    csv.save_dir = str(cfg.paths.output_dir)
+    return [hydra.utils.instantiate(csv), logger]
 
 
 def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
@@ -183,7 +198,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     _, datamodule, method, module = build(cfg)
     datamodule.setup()  # reads and checks every data file now, before any training
 
-    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") else False
+    logger = make_loggers(cfg)
     trainer = make_trainer(cfg, logger, callbacks)
     # The recipe's batch is the global batch: each process takes its share (sve.data.sampling).
     datamodule.distribute(trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches)

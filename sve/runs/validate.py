@@ -100,6 +100,24 @@ def check_values(cfg: DictConfig) -> None:
     if get("ckpt_path") is not None:
         _require(Path(str(get("ckpt_path"))).expanduser().is_file(), "ckpt_path", get("ckpt_path"),
                  "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)")  # fmt: skip
+    check_logger_installed(cfg)
+
+
+# What a logger target needs installed, and the extra that installs it.
+LOGGER_PACKAGES = {"TensorBoardLogger": (("tensorboard", "tensorboardX"), "loggers"),
+                   "MLFlowLogger": (("mlflow",), "loggers"), "WandbLogger": (("wandb",), None)}  # fmt: skip
+
+
+def check_logger_installed(cfg: DictConfig) -> None:
+    """``logger=tensorboard`` without tensorboard (say) is one line with the install command, before any work."""
+    import importlib.util
+
+    target = str((cfg.get("logger") or {}).get("_target_", ""))
+    for name, (packages, extra) in LOGGER_PACKAGES.items():
+        if target.endswith(name) and not any(importlib.util.find_spec(p) for p in packages):
+            how = f"pip install 'singular-value-ensembles[{extra}]'" if extra else f"pip install {packages[0]}"
+            raise InputError(f"logger {target} needs the {packages[0]} package, which is not installed: {how} "
+                             "(or logger=csv)")  # fmt: skip
 
 
 def check_wandb(cfg: DictConfig) -> None:
