@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from sve.paper import sweep
 from sve.paper.report import load_spec, run_dir, table_names
@@ -17,15 +18,19 @@ from tests.conftest import ROOT as REPO
 
 
 def run_dirs(name: str, smoke: bool) -> dict:
-    """Each run directory a table's sweep writes, with the overrides it trains it with."""
+    """Each run directory a table's sweep writes, with the overrides it trains it with and the tuning that
+    adds the tuned value to them (None where the smoke variant does not tune)."""
     spec = load_spec(name, smoke)
-    return {} if spec.kind == "cost" else {job.dir: job.overrides for job in sweep.jobs(spec, Path("/store"), smoke)}
+    if spec.kind == "cost":
+        return {}
+    tune = None if not spec.get("tune") or sweep.smoke_skips_tuning(spec, smoke) else OmegaConf.to_container(spec.tune)
+    return {job.dir: (job.overrides, tune) for job in sweep.jobs(spec, Path("/store"), smoke)}
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["real", "smoke"])
 def test_tables_that_share_a_run_directory_train_it_with_the_same_overrides(smoke):
-    # A sweep takes a finished run as done: a table whose overrides differ from the table that trained it
-    # would silently report another configuration's run.
+    # A sweep refuses a finished run recorded with other overrides (sweep.json): tables sharing a run directory
+    # must train it alike, with the same tuning (the tuned value is one of the overrides).
     seen: dict = {}
     for name in table_names():
         for directory, overrides in run_dirs(name, smoke).items():
