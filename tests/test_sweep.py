@@ -148,7 +148,7 @@ def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp
     assert sweep.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert f"{job}: FAILED: {job.dir} holds a run trained with other overrides" in out
-    assert "where this sweep has ['trainer.max_epochs=3']" in out and "delete the directory" in out
+    assert "(only in that run: []; only in this sweep: ['trainer.max_epochs=3'])" in out and "delete the dir" in out
     # A run that no sweep recorded (trained by hand, or before sweeps recorded it) is taken as it is.
     for path in (tmp_path / "smoke" / "runs").rglob(sweep.SWEPT):
         path.unlink()

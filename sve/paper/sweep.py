@@ -172,11 +172,11 @@ def check_same_overrides(job: Job) -> None:
     if recorded == list(job.overrides):
         return
     recorded = list(recorded or [])
-    gone = [o for o in recorded if o not in job.overrides]
-    new = [o for o in job.overrides if o not in recorded]
-    raise RuntimeError(f"{job.dir} holds a run trained with other overrides (it had {gone or 'none of'} where "
-                       f"this sweep has {new or 'the same in another order'}); delete the directory to train it "
-                       "with these, or restore the definition it was trained with")  # fmt: skip
+    there = [o for o in recorded if o not in job.overrides]
+    here = [o for o in job.overrides if o not in recorded]
+    raise RuntimeError(f"{job.dir} holds a run trained with other overrides (only in that run: {there}; only in "
+                       f"this sweep: {here}); delete the directory to train it with these, or restore the "
+                       "definition it was trained with")  # fmt: skip
 
 
 def reuse_tuning_run(source: Path, target: Path) -> dict:
