@@ -18,6 +18,8 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
   definitions, run directories, the runs of a store), ``registry`` (metric and method names), ``report``
   (the table builder), ``render``, ``figures``, ``claims`` with ``bootstrap`` (paired intervals), ``budget``.
 - ``bench``: memory and FLOP counters (``counters``) and the cost benchmark (``benchmark``).
+- ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
+  ``predict``, ``save_pretrained``/``from_pretrained``), ``adapter_files``.
 - ``cli``: the console entry points; ``configs``: the Hydra config groups. At the top, used by every role:
   ``members`` (the member-logit layout), ``paths`` (where things are read and written) and ``errors`` (user
   errors in one line).
@@ -41,7 +43,8 @@ _EXPORTS = {
     "LoRAEnsemble": "sve.methods", "DeepEnsemble": "sve.methods", "MCDropout": "sve.methods",
     "BatchEnsemble": "sve.methods", "EnsembleModule": "sve.training.module", "SVLinear": "sve.layers.sv_linear",
     "SVConv2d": "sve.layers.sv_conv", "run": "sve.runs.run", "build": "sve.runs.run", "InputError": "sve.errors",
-    "uncertainty": "sve.metrics.scores", "Prediction": "sve.metrics.scores",
+    "uncertainty": "sve.metrics.scores", "Prediction": "sve.metrics.scores", "wrap": "sve.api",
+    "from_pretrained": "sve.api", "Ensemble": "sve.api", "ModuleBackbone": "sve.api",
 }  # fmt: skip
 __all__ = ["__version__", *_EXPORTS]
 

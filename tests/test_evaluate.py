@@ -58,6 +58,12 @@ def test_evaluate_gives_the_training_metrics(method, extra, tmp_path):
     assert written["predictions"]["test"] == "evaluations/synthetic_image/predictions/test.npz"
     first = np.load(tmp_path / "predictions" / "test.npz")
     np.testing.assert_array_equal(again["member_logits"], first["member_logits"])
+    # The run's adapter directory, moved away from its run, evaluates to the same digits.
+    shared = tmp_path.parent / f"{tmp_path.name}_adapter"
+    shutil.copytree(tmp_path / "adapter", shared)
+    from_adapter = evaluate_run(shared)
+    same_metrics(trained["metrics"], from_adapter["metrics"], rel=0)
+    assert (shared / "evaluations" / "synthetic_image.json").is_file()
 
 
 def test_a_text_backbone_with_attention_dropout_evaluates_to_the_training_digits(tmp_path):
@@ -73,6 +79,15 @@ def test_a_text_backbone_with_attention_dropout_evaluates_to_the_training_digits
     again = np.load(tmp_path / "evaluations" / "synthetic_text" / "predictions" / "test.npz")
     first = np.load(tmp_path / "predictions" / "test.npz")
     np.testing.assert_array_equal(again["member_logits"], first["member_logits"])
+
+
+def test_an_adapter_on_another_base_is_refused(trained):
+    run_dir, _ = trained
+    config = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    config["base_fingerprint"] = "0" * 64
+    (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="trained on another base model"):
+        evaluate_run(run_dir / "adapter")
 
 
 def test_evaluate_with_overrides_adds_shift_and_updates_results_when_asked(trained):

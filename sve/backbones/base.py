@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -9,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
+
+FINGERPRINT_VALUES = 1024  # sampled values per tensor (Backbone.fingerprint)
 
 
 @dataclass
@@ -114,6 +117,25 @@ class Backbone(nn.Module):
         all_probed = set(probed)
         unused_params = [p for p in self.parameters() if id(p) not in leaves]
         return Usage(unused_modules=all_probed - used, unused_parameters=unused_params)
+
+    def fingerprint(self) -> str:
+        """sha256 of the names, dtypes, shapes and up to ``FINGERPRINT_VALUES`` evenly spaced values of every
+        tensor of ``model``: what an adapter file was trained on (``sve.api.adapter_files``). A sample, so that
+        a 7B model hashes in seconds; two different trained weights agree on every sampled value with
+        negligible chance."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            if not isinstance(tensor, Tensor):
+                continue
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            if tensor.device.type == "meta" or tensor.numel() == 0:
+                continue
+            flat = tensor.detach().reshape(-1)
+            if flat.numel() > FINGERPRINT_VALUES:
+                index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_VALUES, device=flat.device).long()
+                flat = flat[index]
+            digest.update(flat.to(torch.float64).cpu().numpy().tobytes())
+        return digest.hexdigest()
 
     def extra_repr(self) -> str:
         return f"target_modules={self.target_modules}"

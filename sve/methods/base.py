@@ -138,6 +138,7 @@ class EnsembleMethod(nn.Module):
         self.members_at_once = parse_members_at_once(members_at_once)
         self.target_modules = list(target_modules or backbone.target_modules)
         self.base_parameter_count = count_parameters(backbone)
+        self.base_fingerprint = backbone.fingerprint()  # before any layer is wrapped (adapter files)
         self.heads = MemberHeads(1 if self.shared_head else ensemble_size, backbone.feature_dim, num_classes)
         self.head_init = "random"
         initial = backbone.initial_head(task, num_classes)

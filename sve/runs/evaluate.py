@@ -2,6 +2,10 @@
 
 ``python evaluate.py run_dir=<run dir> [dataset=<option>] [key=value ...] [name=...] [update_results=true]``
 
+``run_dir`` may also be an adapter directory (``<run dir>/adapter``, or one shared elsewhere): the model is then
+rebuilt from the config recorded in its ``adapter_config.json``, checked against its base fingerprint, and
+loaded from its safetensors (``sve.api.adapter_files``); the evaluation is written into that directory.
+
 The model is rebuilt from the run's own config (results.json ``config``, else ``.hydra/config.yaml``), seeded as
 in training, and loaded from ``checkpoints/final.ckpt``, which ``run`` writes after training and ``after_fit``
 when the run keeps checkpoints (``callbacks=default``). Checkpoints are lean: the frozen part is rebuilt from
@@ -41,6 +45,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from sve.api import adapter_files
 from sve.errors import InputError
 from sve.paths import CONFIGS
 from sve.runs.evaluation import PREDICTIONS, evaluate
@@ -61,6 +66,20 @@ OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "
 BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 REQUIRED = ("paths", "trainer", "backbone", "dataset", "method", "seed")  # what an evaluation reads
+
+
+def adapter_run_config(directory: Path) -> DictConfig:
+    """The config of the run that wrote the adapter in ``directory`` (its ``adapter_config.json``), with
+    ``paths.output_dir`` set to the directory: evaluations are written beside the adapter."""
+    config = adapter_files.read_config(directory)
+    if not config.get("config"):
+        raise InputError(f"{directory / adapter_files.CONFIG} was written by sve.wrap (no run config); load it with "
+                         "sve.from_pretrained(model, directory) on its base model")
+    cfg = OmegaConf.create(config["config"])
+    cfg.paths.output_dir = str(directory)
+    if cfg.trainer.get("default_root_dir"):
+        cfg.trainer.default_root_dir = str(directory)
+    return cfg
 
 
 def saved_config(run_dir: Path) -> DictConfig:
@@ -232,11 +251,12 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
                  ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
     """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
     run_dir = Path(run_dir).expanduser()
-    trained = saved_config(run_dir)
+    adapter = (run_dir / adapter_files.CONFIG).is_file()  # an adapter directory (a run's, or one shared)
+    trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
     cfg = apply_overrides(trained, list(overrides))
     check_targets(cfg, trained, run_dir)
-    path = Path(ckpt_path).expanduser() if ckpt_path else run_dir / "checkpoints" / FINAL
-    if not path.is_file():
+    path = run_dir if adapter else Path(ckpt_path).expanduser() if ckpt_path else run_dir / "checkpoints" / FINAL
+    if not adapter and not path.is_file():
         raise InputError(
             f"{path} not found. Runs write checkpoints/{FINAL} after training when they keep checkpoints "
             "(callbacks=default); a run trained with callbacks=none cannot be evaluated again. ckpt_path=<file> "
@@ -244,7 +264,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
             "after_fit and before a sequential deep ensemble's last round was stored)"
         )
     name = name or str(cfg.dataset.name)
-    checkpoint = read_checkpoint(path)
+    checkpoint = None if adapter else read_checkpoint(path)
     check_writable(run_dir, "run_dir", hint="copy the run directory somewhere writable and pass run_dir=<the copy>")
     with claim(run_dir):
         pl.seed_everything(int(cfg.seed), workers=True)  # as in training: random backbones rebuild the same
@@ -255,8 +275,12 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
                 raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
                                  f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
         datamodule.setup()  # every data file is read and checked before the model runs
-        module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
-        module.load_state_dict(checkpoint["state_dict"])
+        if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
+            adapter_files.check_fingerprint(adapter_files.read_config(run_dir), method.base_fingerprint, run_dir)
+            adapter_files.load_trained_state(method, run_dir)
+        else:
+            module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
+            module.load_state_dict(checkpoint["state_dict"])
         trainer = make_trainer(cfg, logger=False, callbacks=[])
         datamodule.distribute(trainer.world_size, trainer.global_rank)
         datamodule.order_seed = int(cfg.seed)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every config composed here
+from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError, RunInterrupted
 from sve.layers.singular_values import save_singular_values
 from sve.metrics.scores import UNITS
@@ -222,6 +223,11 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     if checkpoint is not None:
         checkpoint.save(trainer)  # last.ckpt with the final state (a posterior): a rerun of this run refits nothing
         save_final(trainer, checkpoint.dirpath)  # weights and method state only, for evaluate.py
+    if trainer.is_global_zero:  # what training changed, apart from the base (sve.api.adapter_files)
+        write_adapter(method, out_dir / ADAPTER, {
+            "backbone": type(method.backbone).__name__, "method": cfg.method.name,
+            "ensemble_size": method.ensemble_size, "num_classes": method.num_classes,
+            "config": OmegaConf.to_container(cfg, resolve=True)})
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
     if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
         log.warning("%s was asked for ensemble_size=%d and predicts with %d member(s); results.json records both "

@@ -1,0 +1,199 @@
+"""Adapter files: what training changed, apart from the frozen base it was trained on (as peft's adapters).
+
+A directory holds:
+
+- ``adapter_model.safetensors``: every trainable tensor of the method (singular values, member biases, heads,
+  LoRA factors; every weight for the full fine-tunes), by its name in the method's state dict;
+- ``extra_state.pt`` (only for methods that have one): what ``after_fit`` built (a Laplace posterior, a
+  checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
+- ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
+  of the example input, and ``base_fingerprint``: a hash of the frozen base (below).
+
+Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
+``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
+of the trainable parameters, and it is only meaningful on the base it was trained on: the fingerprint
+(``Backbone.fingerprint``) hashes every tensor's name, dtype, shape and a sample of its values, taken before
+any layer is wrapped, and ``from_pretrained`` refuses a base whose
+fingerprint differs, before any SVD.
+
+Hub sharing: ``save_pretrained(dir, push_to_hub=True, repo_id=...)`` uploads the directory with
+``huggingface_hub`` and ``from_pretrained(model, "<user>/<repo>")`` downloads it, when that package is installed
+(a clear error when it is not; offline, ``HF_HUB_OFFLINE=1`` reads Hugging Face's local cache only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from sve.errors import InputError
+
+ADAPTER = "adapter"  # a run's adapter directory, beside its results.json
+CONFIG = "adapter_config.json"
+TENSORS = "adapter_model.safetensors"
+EXTRA = "extra_state.pt"
+FORMAT = "sve-adapter"
+VERSION = 1
+
+
+def trained_state(method: nn.Module) -> tuple[dict[str, Tensor], dict]:
+    """(trainable tensors by state-dict name, extra states by name) of ``method``."""
+    tensors, extra = {}, {}
+    for name, value in method.state_dict(keep_vars=True).items():
+        if name.endswith("_extra_state"):
+            if value:
+                extra[name] = value
+        elif isinstance(value, nn.Parameter) and value.requires_grad:
+            tensors[name] = value.detach().cpu().contiguous().clone()  # safetensors refuses shared storage
+    return tensors, extra
+
+
+def write_adapter(method: nn.Module, directory: str | Path, config: dict) -> Path:
+    """Writes the three files (module docstring); ``config`` is recorded with the format and fingerprint."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, extra = trained_state(method)
+    save_file(tensors, str(directory / TENSORS))
+    if extra:
+        torch.save(extra, directory / EXTRA)
+    elif (directory / EXTRA).exists():
+        (directory / EXTRA).unlink()
+    record = {"format": FORMAT, "version": VERSION, **config,
+              "base_fingerprint": method.base_fingerprint, "tensors": len(tensors),
+              "trainable_parameters": sum(t.numel() for t in tensors.values())}
+    (directory / CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+def read_config(directory: str | Path) -> dict:
+    path = Path(directory).expanduser() / CONFIG
+    if not path.is_file():
+        raise InputError(f"{directory}: no {CONFIG}; an adapter directory holds {CONFIG} and {TENSORS} "
+                         "(written by save_pretrained, or by every run under <run dir>/adapter)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path} is not valid JSON ({err})") from err
+    if config.get("format") != FORMAT or config.get("version") != VERSION:
+        raise InputError(f"{path} is not an SVE adapter config of version {VERSION} (format "
+                         f"{config.get('format')!r}, version {config.get('version')!r})")
+    return config
+
+
+def check_fingerprint(config: dict, actual: str, directory) -> None:
+    saved = config.get("base_fingerprint")
+    if saved != actual:
+        raise InputError(f"the adapter in {directory} was trained on another base model: its base fingerprint is "
+                         f"{str(saved)[:12]}..., this model's is {actual[:12]}... (names, shapes or weights "
+                         "differ); load it on the model it was trained on, with the same head and pooling")
+
+
+def load_trained_state(method: nn.Module, directory: str | Path) -> None:
+    """Loads the adapter's tensors (and extra state) into ``method``; every trainable tensor must be in the
+    file and every tensor of the file must be one of them, with its shape."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory).expanduser()
+    tensors = load_file(str(directory / TENSORS))
+    extra = torch.load(directory / EXTRA, weights_only=True) if (directory / EXTRA).exists() else {}
+    expected, _ = trained_state(method)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    shapes = [f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
+              for k in set(tensors) & set(expected) if tensors[k].shape != expected[k].shape]
+    if missing or unexpected or shapes:
+        raise InputError(f"the adapter in {directory} does not fit this method: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}, shapes {shapes[:5]}")
+    state = method.state_dict()
+    state.update({k: v.to(state[k].dtype) for k, v in tensors.items()})
+    state.update(extra)
+    method.load_state_dict(state)
+
+
+# ----- the Hub ------------------------------------------------------------------------------------------------------
+def hub():
+    try:
+        import huggingface_hub
+    except ImportError as err:  # pragma: no cover - a dependency of transformers
+        raise ImportError("sharing adapters on the Hub needs huggingface_hub: pip install huggingface_hub") from err
+    return huggingface_hub
+
+
+def push(directory: Path, repo_id: str, private: bool = False) -> str:
+    api = hub().HfApi()
+    api.create_repo(repo_id, exist_ok=True, private=private)
+    api.upload_folder(repo_id=repo_id, folder_path=str(directory))
+    return repo_id
+
+
+def locate(name_or_path: str | Path) -> Path:
+    """A local adapter directory, or a Hub repo id downloaded (or read from the local Hub cache)."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or str(name_or_path).startswith(("/", ".", "~")) or str(name_or_path).count("/") != 1:
+        if not path.is_dir():
+            raise InputError(f"{name_or_path}: no adapter directory there (nor a Hub repo id <user>/<repo>)")
+        return path
+    return Path(hub().snapshot_download(repo_id=str(name_or_path)))
+
+
+# ----- the ensemble of ``sve.wrap`` ----------------------------------------------------------------------------------
+def example_spec(batch: dict) -> dict:
+    """The shapes and dtypes of the example input, to rebuild one of zeros."""
+    return {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+            for k, v in batch.items() if isinstance(v, Tensor)}
+
+
+def example_from_spec(spec: dict):
+    from sve.api.module_backbone import from_batch
+
+    batch = {k: torch.zeros(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in spec.items()}
+    if "attention_mask" in batch:
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    args, kwargs = from_batch(batch)
+    return kwargs if not args else (tuple(args) if len(args) > 1 else args[0])
+
+
+def save_adapter(ensemble, directory: str | Path, push_to_hub: bool = False, repo_id: str | None = None,
+                 private: bool = False) -> Path:
+    from sve import __version__
+
+    backbone = ensemble.method.backbone
+    config = {**ensemble.config, "sve_version": __version__,
+              "example_input": example_spec(backbone.probe_batch()) if hasattr(backbone, "example") else None,
+              "backbone": type(backbone).__name__}
+    directory = write_adapter(ensemble.method, directory, config)
+    if push_to_hub:
+        if not repo_id:
+            raise ValueError("push_to_hub=True needs repo_id='<user>/<repo>'")
+        push(directory, repo_id, private)
+    return directory
+
+
+def load_adapter(model: nn.Module, name_or_path: str | Path, **overrides):
+    """The ensemble of ``sve.wrap`` rebuilt on ``model`` from an adapter directory or Hub repo.
+
+    ``overrides`` replace recorded method options that do not change the trained state (``inference``,
+    ``members_at_once``, ``svd_cache``, ...)."""
+    from sve.api.module_backbone import ModuleBackbone
+    from sve.api.wrap import build_ensemble
+
+    directory = locate(name_or_path)
+    config = read_config(directory)
+    if config.get("backbone") != "ModuleBackbone":
+        raise InputError(f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
+                         f"with `sve-eval {directory}`, or rebuild its backbone from the run's config")
+    spec = config.get("example_input")
+    backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
+                              pooling=config["pooling"], example_input=example_from_spec(spec) if spec else None)
+    check_fingerprint(config, backbone.fingerprint(), directory)
+    options = {**config["options"], **overrides}
+    ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
+                              None if config["keep_head"] else config["num_classes"], config["target_modules"],
+                              config["pooling"], options)
+    load_trained_state(ensemble.method, directory)
+    return ensemble

@@ -1,0 +1,275 @@
+"""Any ``nn.Module`` as a backbone: the user's own model, a Hugging Face model or a timm model, as it is.
+
+The framework's backbones are built from a config; ``ModuleBackbone`` takes a model someone already has. Its
+features are the input of the model's classification head: the head is found (``head="auto"``), replaced by a
+``FeatureTap`` that records what reaches it, and the model then runs as it always does. So nothing about the
+model's own forward (its arguments, its pooling, a dropout before the head) has to be re-implemented, and the
+head's weights are kept to start every member from (``initial_head``) when no new class count is asked for.
+
+How the head is found, in order: a timm model's ``get_classifier()``; otherwise, on one probe input, the
+linear layer whose output *is* the model's output (the tensor itself, or the ``logits`` of a Hugging Face
+output). A model whose output comes from no such layer has no head: its output is the features.
+
+Inputs are carried as the framework's batch dicts: positional arguments under ``_arg0``, ``_arg1``, ...,
+keyword arguments under their names (``to_batch``), so the member machinery (stacking members along the
+batch, chunks, ``share_inputs``) works on any signature whose tensors are batch-first.
+
+BatchNorm keeps its running statistics (eval mode) whatever the mode, as for the framework's CNN backbones:
+members are stacked in one batch, and batch statistics would mix them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from sve.backbones.base import Backbone
+from sve.backbones.hf import POOLINGS, pool
+from sve.layers.member import ADAPTABLE_TYPES, MemberLayer
+
+log = logging.getLogger(__name__)
+
+ARG = "_arg"  # batch keys of positional arguments: _arg0, _arg1, ...
+
+
+def to_batch(args: tuple, kwargs: dict) -> dict:
+    """A model call's arguments as a batch dict; a single dict argument is taken as the keyword arguments."""
+    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+        return dict(args[0])
+    return {**{f"{ARG}{i}": a for i, a in enumerate(args)}, **kwargs}
+
+
+def from_batch(batch: dict, skip: tuple[str, ...] = ("labels",)) -> tuple[list, dict]:
+    """The inverse of ``to_batch``: (positional arguments, keyword arguments)."""
+    positional = sorted((int(k[len(ARG):]), v) for k, v in batch.items() if re.fullmatch(rf"{ARG}\d+", k))
+    kwargs = {k: v for k, v in batch.items() if not re.fullmatch(rf"{ARG}\d+", k) and k not in skip}
+    return [v for _, v in positional], kwargs
+
+
+class FeatureTap(nn.Module):
+    """Stands where the head was: keeps the tensor the head would have read and passes it on."""
+
+    def __init__(self):
+        super().__init__()
+        self.features: Tensor | None = None
+
+    def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
+        self.features = x
+        return x
+
+
+def model_output(out) -> Tensor | None:
+    """The tensor a model returns: itself, a Hugging Face output's ``logits``, or a tuple's first element."""
+    if isinstance(out, Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0]
+    return None
+
+
+def described_input(model: nn.Module) -> dict | None:
+    """A one-example input for models that describe their own: timm's ``pretrained_cfg['input_size']`` (a ViT's
+    ``patch_embed.img_size`` first: it may be built at another size), a
+    Hugging Face text model's vocabulary, a Hugging Face vision model's ``image_size``; None otherwise."""
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # a timm ViT built at its own size
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("input_size"):
+        channels, *pixels = cfg["input_size"]
+        return {f"{ARG}0": torch.zeros(1, channels, *(size or pixels))}
+    config = getattr(model, "config", None)
+    name = getattr(model, "main_input_name", None)
+    if config is None or name is None:
+        return None
+    if name == "input_ids" and getattr(config, "vocab_size", None):
+        ids = torch.arange(1, 5).clamp_max(config.vocab_size - 1)[None]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if name == "pixel_values" and getattr(config, "image_size", None):
+        size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+        return {"pixel_values": torch.zeros(1, getattr(config, "num_channels", 3), size, size)}
+    return None
+
+
+def first_example(batch: dict) -> dict:
+    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in batch.items()}
+
+
+def adaptable(module: nn.Module) -> bool:
+    """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv2d`` with
+    groups = 1 and zero numeric padding (depthwise and padding-in-forward convolutions are not)."""
+    if isinstance(module, MemberLayer) or not isinstance(module, ADAPTABLE_TYPES):
+        return False
+    if isinstance(module, nn.Conv2d):
+        own_forward = type(module).forward is not nn.Conv2d.forward
+        return (module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+                and not own_forward)
+    return True
+
+
+class ModuleBackbone(Backbone):
+    """A user's model as a backbone (module docstring).
+
+    Args:
+        model: the network, with or without its head.
+        target_modules: name patterns of the layers to adapt; None: every adaptable layer on the feature path.
+        head: the head's module name, ``"auto"`` (found, module docstring) or None (the output is the features).
+        pooling: for a head that reads a sequence (N, T, D): ``cls``, ``mean`` or ``last`` token (padding on
+            the right, from the batch's ``attention_mask``); None refuses such a head.
+        example_input: one input as the model takes it (a tensor, a tuple of arguments or a dict of keyword
+            arguments); needed unless the model describes its own (``described_input``).
+        freeze_bn: BatchNorm keeps its running statistics in every mode (module docstring).
+    """
+
+    modality = "any"
+
+    def __init__(self, model: nn.Module, target_modules: list[str] | None = None, head: str | None = "auto",
+                 pooling: str | None = None, example_input=None, freeze_bn: bool = True):
+        if pooling is not None and pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)} or None")
+        super().__init__(model, target_modules or [])
+        self.pooling = pooling
+        self.keep_head = False  # set by ``wrap`` when the members keep the model's classes
+        self.freeze_bn = freeze_bn
+        if example_input is None:
+            self.example = described_input(model)
+            if self.example is None:
+                raise ValueError(f"{type(model).__name__} does not say what input it takes: pass example_input= "
+                                 "(one batch as the model takes it: a tensor, a tuple of arguments or a dict of "
+                                 "keyword arguments)")
+        else:
+            args = example_input if isinstance(example_input, tuple) else (example_input,)
+            self.example = to_batch(args, {})
+        self.example = first_example(self.example)
+        explicit_same_padding(model)
+        self.head_name = self.find_head(head)
+        self.head_weights: tuple[Tensor, Tensor] | None = None
+        self.tap: FeatureTap | None = None
+        if self.head_name is not None:
+            self.head_weights = head_weights(model.get_submodule(self.head_name))
+            self.tap = FeatureTap()
+            parent, _, child = self.head_name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, self.tap)
+        with torch.no_grad():
+            was = model.training
+            self.eval()
+            self.feature_dim = int(self(self.probe_batch()).shape[-1])
+            self.train(was)
+        if not self.target_modules:
+            self.target_modules = self.default_targets()
+
+    # ----- the head ---------------------------------------------------------------------------------------------
+    def find_head(self, head: str | None) -> str | None:
+        if head is None:
+            return None
+        names = {m: n for n, m in self.model.named_modules() if n}
+        if head != "auto":
+            if head not in dict(self.model.named_modules()) or not head:
+                linears = [n for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
+                raise ValueError(f"head={head!r} is not a module of {type(self.model).__name__}; its linear layers "
+                                 f"are: {', '.join(linears[-8:])} (or head='auto', or head=None: no head)")
+            return head
+        get_classifier = getattr(self.model, "get_classifier", None)  # timm
+        if callable(get_classifier):
+            found = get_classifier()
+            if isinstance(found, nn.Module) and found in names and not isinstance(found, nn.Identity):
+                return names[found]
+            if isinstance(found, nn.Identity) or found is None:
+                return None
+        outputs: dict[int, str] = {}
+
+        def record(name: str):
+            def hook(_module, _inputs, out) -> None:  # returns None: the output stays the layer's
+                outputs[id(out)] = name
+            return hook
+
+        hooks = [m.register_forward_hook(record(n)) for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
+        try:
+            args, kwargs = from_batch(self.example)
+            with torch.no_grad():
+                out = model_output(self.model(*args, **kwargs))
+        finally:
+            for h in hooks:
+                h.remove()
+        name = outputs.get(id(out)) if out is not None else None
+        if name is None:
+            log.info("%s: no layer produces the model's output; the output is the features",
+                     type(self.model).__name__)
+        return name
+
+    def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
+        """The model's own head, for members that keep its classes (``wrap`` asks only then)."""
+        if not self.keep_head or self.head_weights is None:
+            return None
+        return self.head_weights if self.head_weights[0].shape[0] == num_classes else None
+
+    # ----- features ---------------------------------------------------------------------------------------------
+    def probe_batch(self) -> dict:
+        return dict(self.example)
+
+    def forward(self, batch: dict) -> Tensor:
+        args, kwargs = from_batch(batch)
+        if self.tap is not None:
+            self.tap.features = None
+        out = self.model(*args, **kwargs)
+        if self.tap is not None:
+            features = self.tap.features
+            self.tap.features = None
+            if features is None:
+                raise RuntimeError(f"the head {self.head_name!r} was not called in this forward; name the head "
+                                   "the model calls (head=...) or use head=None")
+            where = f"the input of the head {self.head_name!r}"
+        else:
+            features = model_output(out)
+            where = "the model's output"
+            if features is None:
+                raise TypeError(f"{type(self.model).__name__} returns {type(out).__name__}, not a tensor; name the "
+                                "module whose input is the features (head=...)")
+        if features.dim() == 3 and self.pooling is not None:
+            features = pool(features, batch.get("attention_mask"), self.pooling)
+        if features.dim() != 2:
+            fix = (f"pooling= one of {list(POOLINGS)}" if features.dim() == 3 else
+                   "head= the name of a module that reads one vector per example")
+            raise ValueError(f"{where} has shape {tuple(features.shape)}, not (N, D) features; give {fix}")
+        return features
+
+    def default_targets(self) -> list[str]:
+        """Every adaptable layer that reaches the features, by exact name (``^`` anchors it to the root)."""
+        usage = self.probe_usage()
+        unused = usage.unused_modules if usage is not None else set()
+        return [f"^{re.escape(n)}" for n, m in self.model.named_modules()
+                if n and adaptable(m) and n not in unused]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if getattr(self, "freeze_bn", False):
+            for m in self.model.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+
+def head_weights(head: nn.Module) -> tuple[Tensor, Tensor] | None:
+    """(weight (C, D), bias (C,)) of a linear head, copied; None for other heads (members start fresh)."""
+    if not isinstance(head, nn.Linear):
+        return None
+    bias = head.bias if head.bias is not None else torch.zeros(head.out_features)
+    return head.weight.detach().clone(), bias.detach().clone()
+
+
+def explicit_same_padding(model: nn.Module) -> None:
+    """timm's ``Conv2dSame`` (TF "same" padding computed in forward) as padding + a plain convolution, which
+    member layers can replace (``sve.backbones.timm_cnn``); nothing without timm or such layers."""
+    try:
+        from timm.layers.conv2d_same import Conv2dSame
+
+        from sve.backbones.timm_cnn import explicit_same_padding as rebuild
+    except ImportError:  # pragma: no cover - timm is a dependency
+        return
+    if any(isinstance(m, Conv2dSame) for m in model.modules()):
+        rebuild(model)

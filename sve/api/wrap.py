@@ -1,0 +1,220 @@
+"""``sve.wrap``: any method of the framework on a model the user already has, as peft's ``get_peft_model`` does.
+
+    model = timm.create_model("resnet18", pretrained=True)
+    ensemble = sve.wrap(model, method="sve", ensemble_size=4, num_classes=10)
+    member_logits = ensemble(images)              # (M, B, C), the framework's one layout
+    loss = ensemble.loss(member_logits, labels)   # Eq. 6: the mean member cross-entropy
+    prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
+    ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
+
+The method is built from its config group (``sve/configs/method/<name>.yaml``): the same defaults as
+``train.py method=<name>``, overridden by keyword arguments, and the same class, so every method is reachable
+the same way. A ``Backbone`` of the framework is used as it is; any other ``nn.Module`` becomes a
+``ModuleBackbone`` (features: the input of the model's head). With ``num_classes`` every member gets a fresh
+head; without it the members start from the model's own head, so at zero init noise every member computes
+exactly what the model did. Non-negative singular values are kept by an optimizer hook
+(``sve.layers.sv_linear``): a plain loop needs nothing after ``optimizer.step()``.
+
+Methods with a step after training take it from the ensemble: ``finish_training(loader)`` fits the Laplace
+posteriors and puts the checkpoint ensemble's snapshots in use; ``end_epoch()`` takes a checkpoint
+ensemble's snapshot. A deep ensemble here always holds its members in memory (``mode=in_memory``): its
+sequential mode trains in rounds that only ``train.py`` drives.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from sve.api.module_backbone import ModuleBackbone, to_batch
+from sve.backbones.base import Backbone
+from sve.methods.base import EnsembleMethod
+from sve.paths import CONFIGS
+
+METHOD_CONFIGS = CONFIGS / "method"
+# Config keys that are the training recipe's, not the method's (a hand loop sets its own optimizer).
+RECIPE_KEYS = ("_target_", "name", "lr")
+
+
+def method_names() -> list[str]:
+    return sorted(p.stem for p in METHOD_CONFIGS.glob("*.yaml"))
+
+
+def method_class_and_defaults(method: str) -> tuple[type, dict]:
+    """The class of ``method`` and its config's defaults (interpolated values, which name recipe keys of a
+    run, are left to the class's own default)."""
+    cfg = method_config(method)
+    module, _, name = cfg._target_.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    defaults = {}
+    for key in cfg:
+        if key not in RECIPE_KEYS and not OmegaConf.is_interpolation(cfg, key):
+            value = cfg[key]
+            defaults[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return cls, defaults
+
+
+def method_config(method: str):
+    """The method's config file with the files of its defaults list merged under it, as Hydra composes it."""
+    path = METHOD_CONFIGS / f"{method}.yaml"
+    if not path.is_file():
+        raise ValueError(f"method={method!r} is not valid; choose one of {method_names()}")
+    own = OmegaConf.load(path)
+    parents = [d for d in own.pop("defaults", []) if d != "_self_"]
+    return OmegaConf.merge(*[method_config(p) for p in parents], own)
+
+
+def valid_options(cls: type, defaults: dict) -> list[str]:
+    """Keyword arguments ``wrap`` passes on to a method: its config's keys and its classes' parameters."""
+    names = set(defaults)
+    for klass in cls.__mro__:
+        if issubclass(klass, EnsembleMethod):
+            names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "backbone")}
+    names -= {"ensemble_size", "num_classes", "task", "args", "kwargs", "common"}
+    return sorted(names)
+
+
+def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_classes: int | None = None,
+         target_modules: list[str] | str | None = None, head: str | None = "auto", pooling: str | None = None,
+         example_input=None, **options) -> Ensemble:
+    """An ensemble of ``method`` on ``model`` (module docstring).
+
+    Args:
+        model: the user's network, or a framework ``Backbone``.
+        method: a method's config name (``sve``, ``lora_ensemble``, ``deep_ensemble``, ...).
+        ensemble_size: the member count M.
+        num_classes: a fresh head per member with this many classes; None starts every member from the model's
+            own (linear) head.
+        target_modules: name patterns of the layers to adapt; None: every adaptable layer on the feature path
+            (linears, and convolutions with groups = 1).
+        head, pooling, example_input: how the features are read (``ModuleBackbone``).
+        options: the method's own settings (``sigma_init``, ``rank``, ``dropout``, ``members_at_once``, ...).
+    """
+    if isinstance(target_modules, str):
+        target_modules = [target_modules]
+    if isinstance(model, Backbone):
+        backbone = model
+    else:
+        backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
+                                  example_input=example_input)
+    return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+
+
+def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_classes: int | None,
+                   target_modules: list[str] | None, pooling: str | None, options: dict) -> Ensemble:
+    """The method on a built backbone; ``wrap``'s second half, and ``from_pretrained``'s after the fingerprint
+    check."""
+    cls, defaults = method_class_and_defaults(method)
+    valid = valid_options(cls, defaults)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(f"wrap(method={method!r}) got unknown option(s) {unknown}; valid options are {valid}")
+    if num_classes is None:
+        if not isinstance(backbone, ModuleBackbone) or backbone.head_weights is None:
+            raise ValueError("num_classes=None keeps the model's own head, but this model has no linear head "
+                             f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes")
+        backbone.keep_head = True
+        num_classes = backbone.head_weights[0].shape[0]
+    settings = {**defaults, **options, "target_modules": list(target_modules) if target_modules else None}
+    if method == "deep_ensemble":
+        settings["mode"] = "in_memory"  # module docstring
+    task = "its own head" if getattr(backbone, "keep_head", False) else None  # recorded in head_init
+    built = cls(backbone, ensemble_size=int(ensemble_size), num_classes=int(num_classes), task=task, **settings)
+    config = {"method": method, "ensemble_size": int(ensemble_size), "num_classes": int(num_classes),
+              "target_modules": list(backbone.target_modules if target_modules is None else target_modules),
+              "head": getattr(backbone, "head_name", None), "pooling": pooling,
+              "keep_head": bool(getattr(backbone, "keep_head", False)),
+              "options": {k: v for k, v in settings.items() if k != "target_modules"}}
+    return Ensemble(built, config)
+
+
+class Ensemble(nn.Module):
+    """The wrapped model: ``forward`` gives member logits (M, B, C); ``predict`` the predictive and its
+    uncertainty. Call it as the model is called (positional tensors, keyword arguments, or one batch dict).
+
+    Attributes:
+        method: the framework's method (an ``EnsembleMethod``), which holds the backbone.
+        config: what ``wrap`` was asked, resolved (the adapter files record it).
+    """
+
+    def __init__(self, method: EnsembleMethod, config: dict):
+        super().__init__()
+        self.method = method
+        self.config = config
+
+    @property
+    def ensemble_size(self) -> int:
+        return self.method.ensemble_size
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        return self.method(to_batch(args, kwargs))
+
+    def predict(self, *args, aggregate: str = "probs", **kwargs):
+        """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored)."""
+        return self.method.predict(to_batch(args, kwargs), aggregate)
+
+    def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
+        return self.method.loss(member_logits, labels)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return self.method.trainable_parameters()
+
+    def parameter_counts(self) -> dict[str, int]:
+        """``trainable``: what the optimizer updates; ``stored``: every tensor held (U and V included);
+        ``base``: the backbone's own parameters before wrapping."""
+        counts = self.method.parameter_counts()
+        return {"trainable": counts["trainable"], "stored": counts["total"], "base": self.method.base_parameter_count}
+
+    # ----- the steps some methods take outside the optimizer ------------------------------------------------------
+    def end_epoch(self) -> None:
+        """After each training epoch (a checkpoint ensemble snapshots its weights)."""
+        self.method.on_train_epoch_end(None)
+
+    def finish_training(self, loader=None, batch_size: int | None = None) -> None:
+        """After training: a Laplace method fits its posterior on ``loader`` (batches as (inputs, labels) or
+        dicts with ``labels``); a checkpoint ensemble starts using its snapshots."""
+        data = None
+        if loader is not None:
+            batches = Batches(loader)
+            data = SimpleNamespace(train_dataloader=lambda: batches,
+                                   batch_size=batch_size or getattr(loader, "batch_size", None) or 32)
+        self.method.after_fit(data)
+
+    # ----- adapter files --------------------------------------------------------------------------------------------
+    def save_pretrained(self, directory, **hub) -> None:
+        from sve.api.adapter_files import save_adapter
+
+        save_adapter(self, directory, **hub)
+
+    @classmethod
+    def from_pretrained(cls, model: nn.Module, directory, **overrides) -> Ensemble:
+        from sve.api.adapter_files import load_adapter
+
+        return load_adapter(model, directory, **overrides)
+
+
+class Batches:
+    """A loader's batches as the framework's dicts, with the ``dataset`` (its length) that Laplace fits read."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        dataset = getattr(loader, "dataset", None)
+        self.dataset = dataset if dataset is not None else range(sum(len(as_batch(b)["labels"]) for b in loader))
+
+    def __iter__(self):
+        return (as_batch(b) for b in self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def as_batch(batch) -> dict:
+    """A loader's batch as the framework's dict: (inputs, labels), ((args...), labels), or a dict."""
+    if isinstance(batch, dict):
+        return batch
+    inputs, labels = batch
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    return {**to_batch(args, {}), "labels": labels}

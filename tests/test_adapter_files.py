@@ -1,0 +1,117 @@
+"""Adapter files: a trained ensemble saved with ``save_pretrained`` and rebuilt on a fresh copy of its base
+with ``from_pretrained`` is the same ensemble (every tensor of its state, U and V recomputed); the file holds
+the trainable tensors only; a different base is refused before any SVD; the Hub path round-trips."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+import sve
+from sve.api import adapter_files
+from sve.api.wrap import method_names
+from sve.errors import InputError
+
+torch.set_num_threads(1)
+
+
+def base() -> nn.Module:
+    torch.manual_seed(0)  # the same base every call: what a user reloads from its hub id
+    return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Dropout(0.1), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 3))
+
+
+def trained(method: str, **options):
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    ensemble = sve.wrap(base(), method, ensemble_size=2, num_classes=4, example_input=x, **options)
+    optimizer = torch.optim.SGD(ensemble.trainable_parameters(), lr=0.2)
+    for _ in range(3):
+        loss = ensemble.loss(ensemble(x), y.clamp_max(3))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ensemble.end_epoch()
+    ensemble.finish_training([(x, y)], batch_size=16)
+    return ensemble, x
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_a_saved_ensemble_is_rebuilt_exactly_on_a_fresh_base(method, tmp_path):
+    ensemble, x = trained(method)
+    ensemble.save_pretrained(tmp_path)
+    loaded = sve.from_pretrained(base(), tmp_path)
+    state, again = ensemble.method.state_dict(), loaded.method.state_dict()
+    assert sorted(state) == sorted(again)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, again[key]), key
+    ensemble.eval(), loaded.eval()
+    with torch.no_grad():  # the same draws for the random members (dropout passes, posterior samples)
+        torch.manual_seed(5)
+        expected = ensemble(x)
+        torch.manual_seed(5)
+        assert torch.equal(expected, loaded(x))
+
+
+def test_the_file_holds_what_training_changed_and_nothing_else(tmp_path):
+    ensemble, _ = trained("sve", sigma_init=0.01)
+    ensemble.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / adapter_files.TENSORS))
+    trainable = {n for n, p in ensemble.method.named_parameters() if p.requires_grad}
+    assert set(tensors) == trainable
+    assert not any(k.endswith((".U", ".Vh", "pretrained_singular_values")) for k in tensors)
+    counts = ensemble.parameter_counts()
+    assert sum(t.numel() for t in tensors.values()) == counts["trainable"] < counts["stored"]
+    config = json.loads((tmp_path / adapter_files.CONFIG).read_text())
+    assert config["method"] == "sve" and config["ensemble_size"] == 2 and config["options"]["sigma_init"] == 0.01
+    assert config["trainable_parameters"] == counts["trainable"]
+
+
+def test_another_base_is_refused_before_any_svd(tmp_path, monkeypatch):
+    ensemble, _ = trained("sve")
+    ensemble.save_pretrained(tmp_path)
+    other = base()
+    with torch.no_grad():
+        other[3].weight[0, 0] += 1e-3  # one weight differs (a sampled value: 144 values, all sampled)
+    import sve.layers.sv_linear as sv_linear
+
+    monkeypatch.setattr(sv_linear, "decompose", lambda *a, **k: pytest.fail("an SVD ran before the check"))
+    with pytest.raises(InputError, match="trained on another base model"):
+        sve.from_pretrained(other, tmp_path)
+
+
+def test_a_missing_or_foreign_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="no adapter_config.json"):
+        sve.from_pretrained(base(), tmp_path)
+    (tmp_path / adapter_files.CONFIG).write_text('{"format": "peft"}')
+    with pytest.raises(InputError, match="is not an SVE adapter config"):
+        sve.from_pretrained(base(), tmp_path)
+    with pytest.raises(InputError, match="no adapter directory there"):
+        sve.from_pretrained(base(), tmp_path / "absent")
+
+
+def test_the_hub_round_trip_goes_through_huggingface_hub(tmp_path, monkeypatch):
+    """Offline: the Hub is a local directory behind the two calls the module makes."""
+    import huggingface_hub
+
+    remote = tmp_path / "hub"
+
+    class FakeApi:
+        def create_repo(self, repo_id, exist_ok, private):
+            (remote / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+
+        def upload_folder(self, repo_id, folder_path):
+            for f in sorted(__import__("pathlib").Path(folder_path).iterdir()):
+                (remote / repo_id / f.name).write_bytes(f.read_bytes())
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(remote / repo_id))
+    ensemble, x = trained("lora_ensemble")
+    ensemble.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="someone/mlp-lora")
+    assert (remote / "someone/mlp-lora" / adapter_files.TENSORS).is_file()
+    loaded = sve.from_pretrained(base(), "someone/mlp-lora")
+    ensemble.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(ensemble(x), loaded(x))

@@ -1,0 +1,164 @@
+"""``sve.wrap`` on models users already have: a plain PyTorch model, timm CNNs and ViTs, Hugging Face encoders
+and causal LMs. Facts checked: every member computes the model's own output at init (zero noise, the model's
+head), every method of the framework builds and trains through the same call, the defaults adapt exactly the
+layers on the feature path, and BatchNorm statistics never mix members."""
+
+import pytest
+import timm
+import torch
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+
+import sve
+from sve.api.wrap import method_names
+from sve.layers.member import MemberLayer
+
+torch.set_num_threads(1)
+# Zero init noise on the model's own head is what makes the members equal the model (the warning says so).
+pytestmark = pytest.mark.filterwarnings("ignore:SVE. the head is pretrained")
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 3))
+
+
+def tiny_bert() -> nn.Module:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, num_labels=3)
+    return BertForSequenceClassification(config).eval()
+
+
+def tiny_llama() -> nn.Module:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32)
+    return LlamaForCausalLM(config).eval()
+
+
+def members_equal_the_model(ensemble, expected: torch.Tensor, *args, **kwargs) -> None:
+    ensemble.eval()
+    with torch.no_grad():
+        logits = ensemble(*args, **kwargs)
+    assert logits.shape == (ensemble.ensemble_size, *expected.shape)
+    torch.testing.assert_close(logits, expected.expand_as(logits), atol=2e-5, rtol=1e-4)
+
+
+def test_a_plain_model_keeps_its_output_at_init_and_its_head_is_found():
+    model, x = mlp(), torch.randn(5, 6)
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=3, example_input=x, sigma_init=0.0)
+    assert ensemble.config["head"] == "4" and ensemble.config["target_modules"] == ["^0", "^2"]
+    members_equal_the_model(ensemble, expected, x)
+    # The layers on the feature path, and only they, became SV layers; the head is the members' heads.
+    assert [n for n, m in ensemble.method.backbone.model.named_modules() if isinstance(m, MemberLayer)] == ["0", "2"]
+    assert ensemble.method.heads.weight.shape == (3, 3, 12)
+
+
+def test_fresh_heads_give_the_asked_classes_and_members_differ():
+    model, x = mlp(), torch.randn(5, 6)
+    ensemble = sve.wrap(model, "sve", ensemble_size=4, num_classes=7, example_input=x)
+    logits = ensemble(x)
+    assert logits.shape == (4, 5, 7)
+    assert not torch.allclose(logits[0], logits[1])  # own random heads and own noise per member
+
+
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0"])
+def test_a_timm_cnn_keeps_its_output_and_batchnorm_never_mixes_members(name):
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0)
+    members_equal_the_model(ensemble, expected, x)
+    # Depthwise convolutions (EfficientNet) are not targets; every other convolution and linear on the path is.
+    wrapped = ensemble.method.wrapped
+    convs = {n: m for n, m in ensemble.method.backbone.model.named_modules() if isinstance(m, nn.Conv2d)}
+    assert all(m.groups > 1 for m in convs.values())  # what is left unwrapped is only depthwise
+    assert wrapped
+    # Training mode: BatchNorm keeps its running statistics, so member k's output does not depend on member j.
+    ensemble.train()
+    stats = [m.running_mean.clone() for m in ensemble.modules() if isinstance(m, nn.BatchNorm2d)]
+    both = ensemble(x)
+    alone = ensemble.method.member_logits({"_arg0": x}, [1])
+    torch.testing.assert_close(both[1], alone[0], atol=1e-5, rtol=1e-4)
+    after = [m.running_mean for m in ensemble.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert all(torch.equal(a, b) for a, b in zip(stats, after))
+
+
+def test_a_timm_vit_keeps_its_output():
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4, depth=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0)  # input size read from the model
+    assert ensemble.config["head"] == "head"
+    members_equal_the_model(ensemble, expected, x)
+
+
+def test_a_hugging_face_classifier_keeps_its_output_with_keyword_inputs():
+    model = tiny_bert()
+    ids = torch.randint(1, 40, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0)
+    assert ensemble.config["head"] == "classifier"
+    members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=mask)
+    assert not any("pooler" in n for n in ensemble.method.wrapped) or "bert.pooler.dense" in ensemble.method.wrapped
+
+
+def test_a_causal_lm_needs_a_pooling_and_then_reads_the_last_token():
+    model, ids = tiny_llama(), torch.randint(1, 40, (2, 6))
+    with pytest.raises(ValueError, match=r"shape \(1, 4, 16\).*pooling= one of \['cls', 'mean', 'last'\]"):
+        sve.wrap(tiny_llama(), "sve", ensemble_size=2, num_classes=3)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits[:, -1]  # no padding: the last token is the last position
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, pooling="last", sigma_init=0.0)
+    assert ensemble.config["head"] == "lm_head"
+    members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_trains_and_predicts_through_wrap(method):
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    model = mlp()
+    if method == "mc_dropout":  # it needs dropout sites, and says so (last test)
+        model.insert(3, nn.Dropout(0.1))
+    ensemble = sve.wrap(model, method, ensemble_size=2, num_classes=3, example_input=x)
+    params = ensemble.trainable_parameters()
+    assert params and all(p.requires_grad for p in params)
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    before = [p.detach().clone() for p in params]
+    ensemble.train()
+    for _ in range(2):
+        loss = ensemble.loss(ensemble(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ensemble.end_epoch()
+    assert any(not torch.equal(a, b) for a, b in zip(before, params))
+    ensemble.finish_training([(x[:8], y[:8]), (x[8:], y[8:])], batch_size=8)
+    prediction = ensemble.predict(x)
+    torch.testing.assert_close(prediction.probs.sum(-1), torch.ones(16, dtype=torch.float64))
+    assert prediction.member_probs.shape[1:] == (16, 3)
+    assert (prediction.mutual_information >= -1e-12).all()
+
+
+def test_unknown_options_and_methods_name_the_valid_choices():
+    with pytest.raises(ValueError, match=r"method='sv' is not valid; choose one of \[.*'sve'"):
+        sve.wrap(mlp(), "sv", example_input=torch.randn(1, 6))
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['sigma'\]; valid options are \[.*'sigma_init'"):
+        sve.wrap(mlp(), "sve", example_input=torch.randn(1, 6), sigma=0.1)
+    with pytest.raises(ValueError, match="pass example_input="):
+        sve.wrap(mlp(), "sve")
+    with pytest.raises(ValueError, match=r"head='fc' is not a module of Sequential; its linear layers are: 0, 2, 4"):
+        sve.wrap(mlp(), "sve", head="fc", example_input=torch.randn(1, 6))
+    with pytest.raises(ValueError, match="Sequential has no dropout site"):
+        sve.wrap(mlp(), "mc_dropout", num_classes=3, example_input=torch.randn(1, 6))
