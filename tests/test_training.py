@@ -5,6 +5,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,26 @@ def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     found = sorted((p.parent.name, json.loads(p.read_text())["seed"]) for p in tmp_path.glob("*/results.json"))
     assert len(found) == 4
-    assert {json.loads(p.read_text())["ensemble_size"] for p in tmp_path.glob("*/results.json")} == {1, 2}
+    results = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/results.json")}
+    assert {r["ensemble_size"] for r in results.values()} == {1, 2}
+    # One row per ensemble size, mean and sample std over the two seeds, from the runs' own numbers.
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    by_size = {next(o for o in g["overrides"] if o.startswith("ensemble_size")): g for g in summary["groups"]}
+    assert sorted(by_size) == ["ensemble_size=1", "ensemble_size=2"]
+    for size, group in by_size.items():
+        accs = [r["metrics"]["test/acc"] for r in results.values() if f"ensemble_size={r['ensemble_size']}" == size]
+        assert group["seeds"] == [0, 1] and group["metrics"]["test/acc"]["mean"] == pytest.approx(np.mean(accs))
+        assert group["metrics"]["test/acc"]["std"] == pytest.approx(np.std(accs, ddof=1))
+    assert "| ensemble_size=2 | 2 | 0 1 |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "summary.csv").read_text().startswith("overrides,runs,seeds,")
+
+
+def test_a_sweep_names_its_job_folders_by_the_member_count_the_run_records(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", "method=single,sve", "ensemble_size=2", "trainer=debug",
+           "callbacks=none", "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
+        "0_single_m1_seed0", "1_sve_m2_seed0"]
 
 
 def test_module_rejects_unknown_aggregate():

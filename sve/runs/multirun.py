@@ -1,17 +1,27 @@
 """Sweeps that survive their failures: each failed run leaves ``failed.json`` in its directory and the sweep
 goes on; at the end ``summary.json`` in the sweep directory lists every run as finished, failed (with the
 error), unreadable (a results.json that is not valid JSON, with what to delete) or incomplete, and the sweep
-exits non-zero if any did not finish. A finished run (``results.json``) is skipped when the
-same sweep directory is run again (``skip_finished``), so rerunning a sweep does only the failed or missing
-runs. Works the same with the SLURM launcher (``hydra/launcher=slurm``), whose jobs write to a shared disk.
+exits non-zero if any did not finish.
+
+The finished runs are also grouped by their overrides other than ``seed`` (``.hydra/overrides.yaml``; without
+it, by method, dataset, backbone and member count): ``summary.md`` and ``summary.csv`` give each group's test
+metrics as mean and sample standard deviation over its seeds (std 0 for a group of one run).
+
+A finished run (``results.json``) is skipped when the same sweep directory is run again (``skip_finished``),
+so rerunning a sweep does only the failed or missing runs. Works the same with the SLURM launcher
+(``hydra/launcher=slurm``), whose jobs write to a shared disk.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
+import math
 import traceback
 from pathlib import Path
 
+import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -69,7 +79,62 @@ def summarize(sweep_dir: Path) -> dict:
         else:
             runs.append({"run": run_dir.name, "state": "incomplete"})
     failed = [r["run"] for r in runs if r["state"] != "finished"]
-    return {"runs": runs, "finished": len(runs) - len(failed), "not_finished": failed}
+    finished = [sweep_dir / r["run"] for r in runs if r["state"] == "finished"]
+    return {"runs": runs, "finished": len(runs) - len(failed), "not_finished": failed, "groups": groups(finished)}
+
+
+def run_key(run_dir: Path, results: dict) -> tuple[str, ...]:
+    """What tells a run's group apart: its overrides without ``seed`` (sorted), else its main settings."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if path.is_file():
+        overrides = yaml.safe_load(path.read_text()) or []
+        return tuple(sorted(o for o in overrides if not str(o).lstrip("+~").startswith("seed=")))
+    return tuple(f"{k}={results.get(k)}" for k in ("method", "dataset", "backbone", "ensemble_size"))
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def groups(run_dirs: list[Path]) -> list[dict]:
+    """The finished runs grouped by ``run_key``: seeds, and each test metric's mean and std over them."""
+    grouped: dict[tuple, list[dict]] = {}
+    for run_dir in run_dirs:
+        results = read_results(run_dir / "results.json")
+        grouped.setdefault(run_key(run_dir, results), []).append(results)
+    out = []
+    for key, members in grouped.items():
+        metrics = [r.get("metrics") or {} for r in members]
+        names = sorted(k for k in metrics[0] if k.startswith("test/") and k not in ("test/seconds", "test/examples")
+                       and all(isinstance(m.get(k), (int, float)) for m in metrics))
+        out.append({"overrides": list(key), "runs": len(members), "seeds": sorted(r.get("seed") for r in members),
+                    "metrics": {k: dict(zip(("mean", "std"), mean_std([float(m[k]) for m in metrics])))
+                                for k in names}})
+    return out
+
+
+def summary_tables(groups: list[dict]) -> tuple[str, str]:
+    """(markdown, csv) of the groups: one row each, ``mean ± std`` per metric."""
+    names = sorted({k for g in groups for k in g["metrics"]})
+    common = set.intersection(*[set(g["overrides"]) for g in groups]) if len(groups) > 1 else set()
+    lines = [f"Overrides of every run: {' '.join(sorted(common)) or '(none)'}; mean ± sample std over seeds.", "",
+             "| overrides (without seed) | runs | seeds | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    table = io.StringIO()
+    writer = csv.writer(table, lineterminator="\n")
+    writer.writerow(["overrides", "runs", "seeds", *[f"{n}_{s}" for n in names for s in ("mean", "std")]])
+    for g in groups:
+        cells = [f"{g['metrics'][n]['mean']:.4f} ± {g['metrics'][n]['std']:.4f}" if n in g["metrics"] else ""
+                 for n in names]
+        seeds = " ".join(str(s) for s in g["seeds"])
+        label = " ".join(o for o in g["overrides"] if o not in common) or "(none)"
+        lines.append(f"| {label} | {g['runs']} | {seeds} | " + " | ".join(cells) + " |")
+        writer.writerow([" ".join(g["overrides"]), g["runs"], seeds,
+                         *[g["metrics"].get(n, {}).get(s, "") for n in names for s in ("mean", "std")]])
+    return "\n".join(lines) + "\n", table.getvalue()
 
 
 class SweepSummary(Callback):
@@ -85,6 +150,10 @@ class SweepSummary(Callback):
             return
         summary = summarize(sweep_dir)
         write_json(sweep_dir / "summary.json", summary)
+        markdown, table = summary_tables(summary["groups"])
+        (sweep_dir / "summary.md").write_text(markdown)
+        (sweep_dir / "summary.csv").write_text(table)
+        print(markdown)
         log.info("sweep: %d finished, %d not: %s (see %s)", summary["finished"], len(summary["not_finished"]),
                  summary["not_finished"], sweep_dir / "summary.json")  # fmt: skip
         if summary["not_finished"]:
