@@ -124,3 +124,27 @@ def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):
     assert mean_curve(select(load_runs(tmp_path), "mini_sst2_minilm", "single", 1), "val/nll") is None
     build("mini_table2", root=tmp_path)
     assert_figure(tmp_path / "figures" / "mini_table2_curves_mini_sst2_minilm.png")
+
+
+def test_a_run_reliability_figure_draws_its_bins_and_their_counts(tmp_path):
+    """The per-run figure (every run writes one) shows the recorded accuracy per bin and each bin's count."""
+    from sve.paper.figures import N_BINS, reliability_grid, run_reliability_figure
+
+    count = [0.0] * N_BINS
+    count[9], count[14] = 3.0, 5.0
+    accuracy = [None] * N_BINS
+    accuracy[9], accuracy[14] = 1 / 3, 0.8
+    confidence = [None] * N_BINS
+    confidence[9], confidence[14] = 0.64, 0.97
+    results = {"method": "sve", "num_members": 4, "dataset": "d", "backbone": "b", "seed": 0,
+               "metrics": {"test/ece": 0.1}, "reliability": {"test": {"count": count, "accuracy": accuracy,
+                                                                       "confidence": confidence}}}
+    assert [p.name for p in run_reliability_figure(results, tmp_path)] == ["reliability.png", "reliability.pdf"]
+    bins = {k: np.asarray([np.nan if v is None else v for v in results["reliability"]["test"][k]], dtype=float)
+            for k in ("count", "confidence", "accuracy")}
+    fig = reliability_grid([("SVE", bins)], "t")
+    top, bottom = fig.axes
+    heights = sorted(round(p.get_height(), 6) for p in top.patches[:2])
+    assert heights == [round(1 / 3, 6), 0.8]  # the accuracy bars, one per filled bin
+    assert sorted(t.get_text() for t in bottom.texts) == ["3", "5"]
+    assert run_reliability_figure({"method": "sve"}, tmp_path / "none") == []

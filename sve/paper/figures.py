@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -49,12 +50,28 @@ def _label(method: str, members: int) -> str:
     return f"{METHOD_NAMES.get(method, method)} (M={members})" if members > 1 else METHOD_NAMES.get(method, method)
 
 
-def _line(ax, xs, cells: list[Cell | None], label: str) -> None:
-    """Mean with a ±std band where cells exist; gaps where they do not."""
+MARKERS = "osD^v<>pP*X"
+STYLES = ("-", "--", "-.", ":")
+
+
+def _line(ax, xs, cells: list[Cell | None], label: str, index: int = 0, count: int = 1) -> None:
+    """Mean with a ±std band where cells exist; gaps where they do not. Each line has its own marker and dash
+    and is shifted sideways by a small step (``index`` of ``count`` lines), so equal values stay visible
+    (SVF under SVE) instead of one line hiding the other."""
     mean = np.array([c.mean if c else np.nan for c in cells])
     std = np.array([c.std if c and c.std is not None else 0.0 for c in cells])
-    (line,) = ax.plot(xs, mean, marker="o", label=label)
-    ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    xs = np.asarray(xs, dtype=float)
+    step = (np.min(np.diff(xs)) if len(xs) > 1 else 1.0) * 0.12 / max(count - 1, 1)
+    shifted = xs + (index - (count - 1) / 2) * step
+    (line,) = ax.plot(shifted, mean, marker=MARKERS[index % len(MARKERS)], ms=4, ls=STYLES[index % len(STYLES)],
+                      lw=1.2, label=label)
+    ax.fill_between(shifted, mean - std, mean + std, color=line.get_color(), alpha=0.12)
+
+
+def _legend_outside(fig, ax) -> None:
+    """The legend right of the last panel, where it hides no line."""
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    fig.tight_layout()
 
 
 # --- Fig. 2 ---------------------------------------------------------------------------------------------
@@ -66,15 +83,17 @@ def figure2(table: Table, out_dir: Path) -> list[Path]:
         return []
     xs = np.arange(len(table.blocks))
     fig, axes = plt.subplots(1, len(table.metrics), figsize=(4 * len(table.metrics), 3.4))
+    rows = table.blocks[0].rows
     for ax, metric in zip(np.atleast_1d(axes), table.metrics):
-        for i, row in enumerate(table.blocks[0].rows):
+        for i, row in enumerate(rows):
             cells = [block.rows[i].cells.get(metric.key) for block in table.blocks]
-            _line(ax, xs, cells, _label(row.method, row.members))
-        ax.set_xticks(xs, [block.title for block in table.blocks])
+            _line(ax, xs, cells, _label(row.method, row.members), i, len(rows))
+        # Block titles are long ("ImageNet-1k (EfficientNet-Lite0)"): wrapped, so neighbours never collide.
+        ax.set_xticks(xs, [textwrap.fill(block.title, 16) for block in table.blocks], fontsize=7)
         ax.set_title(f"{metric.label} {metric.arrow}".strip())
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")
     fig.suptitle(table.title, fontsize=10)
+    _legend_outside(fig, np.atleast_1d(axes)[-1])
     return _save(fig, out_dir, table.name)
 
 
@@ -134,15 +153,15 @@ def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
         return written
     fig, axes = plt.subplots(1, len(spec.metrics), figsize=(4 * len(spec.metrics), 3.4))
     for ax, key in zip(np.atleast_1d(axes), spec.metrics):
-        for (method, members), by_metric in series.items():
-            _line(ax, severities, by_metric[key], _label(method, members))
+        for i, ((method, members), by_metric) in enumerate(series.items()):
+            _line(ax, severities, by_metric[key], _label(method, members), i, len(series))
         metric = METRICS[key]
         ax.set_xlabel("shift intensity (severity)")
         ax.set_title(f"{metric.label} {metric.arrow}".strip())
         ax.set_xticks(severities)
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="best")
     fig.suptitle(spec.title, fontsize=10)
+    _legend_outside(fig, np.atleast_1d(axes)[-1])
     return written + _save(fig, root / "figures", spec.name)
 
 
@@ -234,6 +253,63 @@ def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
     return reliability_bins(probs.astype(float), data["labels"])
 
 
+def draw_reliability(fig, cell, bins: dict[str, np.ndarray], title: str) -> None:
+    """One diagram in the grid cell ``cell``: accuracy per confidence bin against the diagonal, the gap to it
+    shaded, and under it the histogram of confidences with each bin's example count."""
+    top, bottom = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.08).subplots(sharex=True)
+    edges = np.linspace(0, 1, N_BINS + 1)
+    width = 1 / N_BINS
+    filled = bins["count"] > 0
+    top.bar(edges[:-1][filled], bins["accuracy"][filled], width=width, align="edge", color="tab:blue",
+            edgecolor="black", lw=0.4, label="accuracy")
+    gap = bins["confidence"][filled] - bins["accuracy"][filled]
+    top.bar(edges[:-1][filled], gap, bottom=bins["accuracy"][filled], width=width, align="edge", color="tab:red",
+            alpha=0.3, lw=0, label="gap to confidence")
+    top.plot([0, 1], [0, 1], "--", color="grey", lw=0.8)
+    top.set(xlim=(0, 1), ylim=(0, 1))
+    top.set_title(title, fontsize=8)
+    top.set_ylabel("accuracy", fontsize=7)
+    top.tick_params(labelsize=6)
+    share = bins["count"] / max(bins["count"].sum(), 1)
+    bottom.bar(edges[:-1], share, width=width, align="edge", color="grey", edgecolor="black", lw=0.3)
+    top_share = max(float(share.max()), 1e-9)
+    for left, count, height in zip(edges[:-1], bins["count"], share):
+        if count:
+            bottom.text(left + width / 2, height + 0.04 * top_share, f"{int(count)}", rotation=90, ha="center",
+                        va="bottom", fontsize=4.5)
+    bottom.set(xlim=(0, 1), ylim=(0, 1.6 * top_share))
+    bottom.set_xlabel("confidence", fontsize=7)
+    bottom.set_ylabel("share", fontsize=7)
+    bottom.tick_params(labelsize=6)
+
+
+def reliability_grid(panels: list[tuple[str, dict]], title: str, columns: int = 4):
+    """The panels in rows of at most ``columns`` (a 1 x 9 strip is unreadable), each with its histogram."""
+    columns = min(columns, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = plt.figure(figsize=(2.7 * columns, 3.3 * rows))
+    grid = fig.add_gridspec(rows, columns, hspace=0.45, wspace=0.35)
+    for i, (label, bins) in enumerate(panels):
+        draw_reliability(fig, grid[i // columns, i % columns], bins, label)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
+    """``reliability.png``/``.pdf`` of one run, from its results' test bins; nothing without them."""
+    record = (results.get("reliability") or {}).get("test")
+    if not isinstance(record, dict) or "accuracy" not in record:
+        return []
+    bins = {k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
+            for k in ("count", "confidence", "accuracy")}
+    members = int(results.get("num_members") or results.get("ensemble_size") or 1)
+    ece = (results.get("metrics") or {}).get("test/ece")
+    label = _label(str(results.get("method")), members) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
+    fig = reliability_grid([(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed "
+                           f"{results.get('seed')}")
+    return _save(fig, Path(out_dir), "reliability")
+
+
 def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
     """Per experiment of a table: one panel per row, from its lowest seed that has the data."""
     written = []
@@ -246,22 +322,10 @@ def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
                 panels.append((_label(row.method, int(row.members)), bins))
         if not panels:
             continue
-        fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False, sharey=True)
-        edges = np.linspace(0, 1, N_BINS + 1)
-        for ax, (label, bins) in zip(axes.flat, panels):
-            filled = bins["count"] > 0
-            ax.bar(edges[:-1][filled], bins["accuracy"][filled], width=1 / N_BINS, align="edge",
-                   edgecolor="black", lw=0.4, label="accuracy")  # fmt: skip
-            ax.plot([0, 1], [0, 1], "--", color="grey", lw=0.8)
-            ax.set_title(label, fontsize=8)
-            ax.set_xlabel("confidence")
-            ax.set_xlim(0, 1)
-            ax.set_ylim(0, 1)
-        axes[0, 0].set_ylabel("accuracy")
-        fig.suptitle(f"Reliability: {title}", fontsize=9)
+        fig = reliability_grid(panels, f"Reliability: {title} (lowest seed; below: share of test examples per bin, "
+                                       "with counts)")
         written += _save(fig, out_dir, f"{spec.name}_reliability_{experiment}")
     return written
-
 
 
 # --- learning curves ------------------------------------------------------------------------------------

@@ -274,6 +274,9 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     if trainer.is_global_zero:
         save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
+        from sve.paper.figures import run_reliability_figure  # matplotlib, only once the results are safe
+
+        run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
         print(format_table(results))
         log.info("results written to %s", out_dir / "results.json")
     return results
