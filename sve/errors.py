@@ -21,6 +21,10 @@ class InputError(ValueError):
     it without a traceback."""
 
 
+class OfflineError(InputError, OSError):
+    """Weights or data that are neither on disk nor reachable (no network); the message names the key to set."""
+
+
 class TrainingDiverged(FloatingPointError):
     """A non-finite loss, gradient or metric during training, with the step and learning rate."""
 
@@ -42,9 +46,23 @@ def one_line_errors():
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGTERM) from None
-    except (InputError, TrainingDiverged) as err:
+    except Exception as err:
+        user = user_error(err)
+        if user is None:
+            raise
         if debugging():
             traceback.print_exc()
         hint = "" if debugging() else " (SVE_DEBUG=1 shows the traceback)"
-        print(f"error: {err}{hint}", file=sys.stderr, flush=True)
+        print(f"error: {user}{hint}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+def user_error(err: BaseException) -> BaseException | None:
+    """``err`` itself, or the error it wraps (Hydra's ``InstantiationException`` wraps what a constructor
+    raised), when that is a user error; None for anything else."""
+    while err is not None:
+        if isinstance(err, (InputError, TrainingDiverged)):
+            return err
+        if type(err).__name__ != "InstantiationException":
+            return None
+        err = err.__cause__

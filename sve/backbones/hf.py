@@ -21,6 +21,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
+from sve.errors import OfflineError
+from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
 from sve.runs.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
 
 POOLINGS = ("cls", "mean", "last")
@@ -98,13 +100,17 @@ class HFBackbone(Backbone):
         if pretrained:
             if not name_or_path:
                 raise ValueError("backbone.name_or_path is required when backbone.pretrained=true")
+            online = Path(name_or_path).exists() or hub_reachable()
             try:
-                model = self.auto_class.from_pretrained(name_or_path, dtype=_dtype(torch_dtype))
+                with hub_offline(not online):  # no network: the cache only, no half a minute of retries
+                    model = self.auto_class.from_pretrained(name_or_path, dtype=_dtype(torch_dtype))
             except OSError as err:
-                raise OSError(
-                    f"could not load '{name_or_path}' ({err}). Without network access, set "
-                    "backbone.name_or_path to a local directory holding config.json and the weights."
-                ) from err
+                reason = str(err) if online else OFFLINE_HINT
+                raise (OfflineError if not online else OSError)(
+                    f"could not load '{name_or_path}' ({reason}). Without network access, set "
+                    "backbone.name_or_path to a local directory holding config.json and the weights, or use "
+                    "backbone.pretrained=false."
+                ) from None if not online else err
         else:
             if not config and not name_or_path:
                 raise ValueError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
@@ -137,7 +143,8 @@ class HFBackbone(Backbone):
         else:
             source = local_or_hub(tokenizer) or name_or_path
             try:
-                self.tokenizer = AutoTokenizer.from_pretrained(source)
+                with hub_offline(not (Path(source).exists() or hub_reachable())):
+                    self.tokenizer = AutoTokenizer.from_pretrained(source)
             except (OSError, ValueError, TypeError) as err:
                 raise OSError(
                     f"could not load a tokenizer from '{source}' ({type(err).__name__}: {err}); the model directory "

@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
+from sve.errors import OfflineError
+from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
 
 
 class TimmBackbone(Backbone):
@@ -57,16 +59,19 @@ class TimmBackbone(Backbone):
             if not path.exists():
                 raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
             kwargs = {**kwargs, "pretrained_cfg_overlay": {"file": str(path)}}
+        online = not pretrained or "file" in kwargs.get("pretrained_cfg_overlay", {}) or hub_reachable()
         try:
-            return create_timm(model_name, pretrained=pretrained, image_size=image_size, num_classes=0, **kwargs)
+            with hub_offline(not online):  # no network: the cache only, no half a minute of retries
+                return create_timm(model_name, pretrained=pretrained, image_size=image_size, num_classes=0, **kwargs)
         except Exception as err:  # network errors come from several libraries; re-raise with the fix
             if not pretrained or isinstance(err, TypeError):  # a bad model_kwargs key is not a network problem
                 raise
-            raise RuntimeError(
-                f"could not load pretrained timm model '{model_name}' ({type(err).__name__}: {err}). "
-                "Without network access, download the weights elsewhere and set "
-                "backbone.checkpoint_path=/path/to/model.safetensors, or use backbone.pretrained=false."
-            ) from err
+            reason = f"{type(err).__name__}: {err}" if online else OFFLINE_HINT
+            raise (OfflineError if not online else RuntimeError)(
+                f"could not load pretrained timm model '{model_name}' ({reason}). Without network access, download "
+                "the weights elsewhere and set backbone.checkpoint_path=/path/to/model.safetensors, or use "
+                "backbone.pretrained=false."
+            ) from None if not online else err
 
     def probe_batch(self) -> dict:
         return {"pixel_values": torch.zeros(1, 3, self.image_size, self.image_size)}

@@ -7,17 +7,14 @@ Every user error in the data becomes one ``sve.errors.InputError`` of one line t
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 
 from sve.errors import InputError
+from sve.offline import hub_offline, hub_reachable
 
 log = logging.getLogger(__name__)
 
@@ -122,37 +119,6 @@ def decode_images(files: Sequence[Path], what: str) -> None:
     log.info("%s: %d images decoded in %.1f s", what, len(files), time.perf_counter() - start)
 
 
-def hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (no request is made)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or \
-            os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in ("1", "true", "yes"):  # fmt: skip
-        return False
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
-            return True
-    except OSError:
-        return False
-
-
-@contextmanager
-def _hub_offline(offline: bool):
-    """Hugging Face libraries in offline mode (the local cache only) while it lasts: without a network they
-    would otherwise retry each request for half a minute, logging every try."""
-    if not offline:
-        yield
-        return
-    import datasets.config
-    import huggingface_hub.constants
-
-    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
-
-
 def load_hub_dataset(name: str, config: str | None, what: str, instead: str):
     """``datasets.load_dataset(name, config)``; without a network only from the local cache. Failing, one
     error naming the dataset and ``instead`` (what to set)."""
@@ -160,7 +126,7 @@ def load_hub_dataset(name: str, config: str | None, what: str, instead: str):
     try:
         import datasets
 
-        with _hub_offline(not online):
+        with hub_offline(not online):
             return datasets.load_dataset(name, config)
     except Exception as err:
         how = "could not load" if online else "the Hugging Face hub cannot be reached and the local cache lacks"
