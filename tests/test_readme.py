@@ -1,30 +1,70 @@
-"""The README's Python example runs as it stands, and does what its comments say."""
+"""The README's Python examples run as they stand and do what their comments say: members predict with their
+uncertainty, and every ensemble they build saves and reloads on a fresh copy of its base to identical
+predictions, while a base with other weights is refused."""
 
+import copy
 import re
 
+import pytest
 import torch
 
+import sve
+from sve.errors import InputError
 from tests.conftest import ROOT
 
 
-def readme_block(section: str) -> str:
+def readme_blocks(section: str) -> list[str]:
     text = (ROOT / "README.md").read_text()
     part = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", part, flags=re.S)
-    return block
+    return re.findall(r"```python\n(.*?)```", part, flags=re.S)
 
 
-def test_the_own_model_example_runs_verbatim_and_its_adapter_reloads_exactly(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the example writes ./mobilenet-sve
+def inputs_for(ensemble, scope) -> dict:
+    ids = scope["ids"]
+    if ensemble is scope["text"]:
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if ensemble is scope["plain"]:
+        return {"_arg0": torch.randn(3, 16)}
+    return {"_arg0": scope["images"]}
+
+
+def test_the_own_model_examples_run_verbatim_and_every_adapter_reloads_exactly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the first example writes ./resnet18-sve
+    monkeypatch.setenv("SVE_SVD_CACHE", str(tmp_path / "svd"))  # each weight's SVD once, then read back
+    bases = {}  # each ensemble's base as it was before wrap changed it in place: the fresh copy to load on
+    wrap = sve.wrap
+
+    def keeping_the_base(model, *args, **kwargs):
+        base = copy.deepcopy(model)
+        ensemble = wrap(model, *args, **kwargs)
+        bases[id(ensemble)] = base
+        return ensemble
+
+    monkeypatch.setattr(sve, "wrap", keeping_the_base)
     torch.manual_seed(0)
     scope: dict = {}
-    exec(compile(readme_block("SVE on your own model"), "README.md", "exec"), scope)
-    ensemble, again, images = scope["ensemble"], scope["again"], scope["images"]
+    for block in readme_blocks("SVE on your own model"):
+        exec(compile(block, "README.md", "exec"), scope)
+    ensemble, images = scope["ensemble"], scope["images"]
     assert ensemble(images).shape == (4, 8, 10)
-    ensemble.eval(), again.eval()
-    with torch.no_grad():
-        assert torch.equal(ensemble(images), again(images))
     torch.testing.assert_close(scope["prediction"].probs.sum(-1), torch.ones(8, dtype=torch.float64))
     counts = ensemble.parameter_counts()
     assert counts["trainable"] < 0.05 * counts["base"] < counts["stored"]
-    assert (tmp_path / "mobilenet-sve" / "adapter_model.safetensors").is_file()
+    ensemble.eval(), scope["again"].eval()
+    with torch.no_grad():
+        assert torch.equal(ensemble(images), scope["again"](images))  # the example's own reload
+
+    built = [scope[k] for k in ("ensemble", "plain", "text", "vit")]
+    assert len(bases) == len(built)
+    for i, wrapped in enumerate(built):
+        batch = inputs_for(wrapped, scope)
+        wrapped.save_pretrained(tmp_path / f"adapter{i}")
+        loaded = sve.from_pretrained(copy.deepcopy(bases[id(wrapped)]), tmp_path / f"adapter{i}")
+        expected, got = wrapped.predict(batch), loaded.predict(batch)
+        assert torch.equal(expected.probs, got.probs) and torch.equal(expected.mutual_information,
+                                                                       got.mutual_information)
+        other = copy.deepcopy(bases[id(wrapped)])
+        with torch.no_grad():
+            next(p for p in other.parameters() if p.dim() >= 2).mul_(1.01)  # on the feature path
+        with pytest.raises(InputError, match="trained on another base model"):
+            sve.from_pretrained(other, tmp_path / f"adapter{i}")

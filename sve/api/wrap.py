@@ -27,6 +27,7 @@ import inspect
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
 from sve.api.module_backbone import ModuleBackbone, to_batch
@@ -44,16 +45,21 @@ def method_names() -> list[str]:
 
 
 def method_class_and_defaults(method: str) -> tuple[type, dict]:
-    """The class of ``method`` and its config's defaults (interpolated values, which name recipe keys of a
-    run, are left to the class's own default)."""
+    """The class of ``method`` and its config's defaults: environment defaults resolved (``svd_cache`` is
+    ``$SVE_SVD_CACHE`` or ``~/.cache/sve/svd``, as for ``train.py``), values taken from a run's recipe
+    (``sigma_init``) left to the class's own default."""
     cfg = method_config(method)
     module, _, name = cfg._target_.rpartition(".")
     cls = getattr(__import__(module, fromlist=[name]), name)
     defaults = {}
     for key in cfg:
-        if key not in RECIPE_KEYS and not OmegaConf.is_interpolation(cfg, key):
+        if key in RECIPE_KEYS:
+            continue
+        try:  # an environment default resolves (the SVD cache's directory, as train.py has it) ...
             value = cfg[key]
-            defaults[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        except InterpolationResolutionError:  # ... a run's recipe key does not: the class's default applies
+            continue
+        defaults[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return cls, defaults
 
 

@@ -132,7 +132,9 @@ class Backbone(nn.Module):
                 continue
             flat = tensor.detach().reshape(-1)
             if flat.numel() > FINGERPRINT_VALUES:
-                index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_VALUES, device=flat.device).long()
+                # Integer steps: a float32 linspace rounds the last index of a large tensor past its end.
+                index = torch.arange(FINGERPRINT_VALUES, device=flat.device) * (flat.numel() - 1) // (
+                    FINGERPRINT_VALUES - 1)
                 flat = flat[index]
             digest.update(flat.to(torch.float64).cpu().numpy().tobytes())
         return digest.hexdigest()
