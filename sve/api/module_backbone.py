@@ -25,9 +25,8 @@ import re
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from sve.backbones.base import Backbone
+from sve.backbones.base import Backbone, keep_batchnorm_statistics
 from sve.backbones.hf import POOLINGS, pool
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer
 
@@ -248,9 +247,7 @@ class ModuleBackbone(Backbone):
     def train(self, mode: bool = True):
         super().train(mode)
         if getattr(self, "freeze_bn", False):
-            for m in self.model.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
+            keep_batchnorm_statistics(self.model)
         return self
 
 

@@ -143,6 +143,13 @@ class Backbone(nn.Module):
         return f"target_modules={self.target_modules}"
 
 
+def keep_batchnorm_statistics(model: nn.Module) -> None:
+    """Every BatchNorm of ``model`` in eval mode: members stacked in one batch must not mix their statistics."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+
+
 def _graph(root) -> tuple[set, set[int]]:
     """All autograd nodes reachable from ``root``, and the ids of the leaf tensors they accumulate into."""
     nodes, leaves, stack = set(), set(), [root]

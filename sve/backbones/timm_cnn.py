@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from timm.layers.conv2d_same import Conv2dSame
 from timm.layers.padding import get_same_padding
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from sve.backbones.base import keep_batchnorm_statistics
 from sve.backbones.timm_vit import TimmBackbone, create_timm
 
 PKG_SCHEME = "pkg://"
@@ -294,9 +294,7 @@ class TimmCNNBackbone(TimmBackbone):
     def train(self, mode: bool = True):
         super().train(mode)
         if getattr(self, "freeze_bn", False):
-            for m in self.model.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
+            keep_batchnorm_statistics(self.model)
         return self
 
 
