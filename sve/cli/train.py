@@ -49,11 +49,13 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def hydra_main(cfg: DictConfig) -> None:
     print(recipe_line(cfg))
+    from sve.runs.preflight import check_sources
     from sve.runs.validate import check_values
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
             check_values(cfg)  # a bad value answers before torch is imported
+            check_sources(cfg)  # and so does a download that cannot happen (no network)
             from sve.runs.run import run  # torch and Lightning: only once there is a run to do
 
             run(cfg)

@@ -48,16 +48,17 @@ def read_tsv(path: Path, num_classes: int = 2) -> list[tuple[str, int]]:
 
 class SST2Data(TextClassificationData):
     """Args:
-    root: local directory (see module docstring); None loads ``glue/sst2`` with ``datasets``.
+    root: local directory (see module docstring); None loads ``hub_name/hub_config`` with ``datasets``.
     val_holdout: training sentences held out (seeded by ``subset_seed``) for validation.
     """
 
     name = "sst2"
     num_classes = 2
 
-    def __init__(self, root: str | None = None, val_holdout: int = 872, **kwargs):
+    def __init__(self, root: str | None = None, val_holdout: int = 872, hub_name: str = "glue",
+                 hub_config: str = "sst2", **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        self.root = root
+        self.root, self.hub_name, self.hub_config = root, hub_name, hub_config
         self.val_holdout = val_holdout
 
     def _read(self) -> tuple[list, list, str]:
@@ -67,9 +68,9 @@ class SST2Data(TextClassificationData):
             require_files(root, ("train.tsv", "dev.tsv"), f"{self.key}.root", self.root, LAYOUT, self.what)
             train, dev = (read_tsv(root / f, self.num_classes) for f in ("train.tsv", "dev.tsv"))
             return train, dev, str(root / "train.tsv")
-        ds = load_hub_dataset("glue", "sst2", self.what, f"set {self.key}.root to {LAYOUT}")
+        ds = load_hub_dataset(self.hub_name, self.hub_config, self.what, f"set {self.key}.root to {LAYOUT}")
         as_pairs = lambda split: list(zip(ds[split]["sentence"], ds[split]["label"]))  # noqa: E731
-        return as_pairs("train"), as_pairs("validation"), "glue/sst2 train"
+        return as_pairs("train"), as_pairs("validation"), f"{self.hub_name}/{self.hub_config} train"
 
     def read_splits(self):
         train, dev, source = self._read()
