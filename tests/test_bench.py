@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -111,6 +112,11 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     methods = table5["methods"]
     assert methods["deep_ensemble"]["parameters"] == M * methods["single"]["parameters"]
     assert costs["deep_ensemble"]["train_memory_overhead_pct"] == 100.0 * (M - 1)
+    # Stored and trainable parameters apart: SVE stores U and V (far more than 1% over the base) and trains
+    # its singular values and heads (a small share of it); Deep Ensemble trains M copies of what Single trains.
+    share = lambda name: 100.0 * methods[name]["trainable_parameters"] / methods["single"]["parameters"]  # noqa: E731
+    assert costs["sve"]["trainable_param_pct"] == share("sve") < 10 < costs["sve"]["param_overhead_pct"]
+    assert costs["deep_ensemble"]["trainable_param_pct"] == pytest.approx(M * share("single"), rel=1e-12)
     assert methods["mc_dropout"]["members"] == M and methods["sve"]["members"] == M
     target = table5["target"]  # timed directly against each other, at 1 thread and (if there are more) all cores
     assert target["by_threads"][0]["threads"] == 1 and target["value"] == target["by_threads"][0]["value"]

@@ -195,9 +195,12 @@ def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
     """Overheads of each method relative to the ``single`` entry of a table5.json (schema in its docstring).
 
     table5.json: {"setting": {...free-form: backbone, ensemble_size, batch_size, sequence_length, device...},
-    "methods": {"<method>": {"parameters": int, "train_memory_bytes": int, "infer_memory_bytes": int,
-    "infer_gflops": float, "infer_ms": float}}} with "single" among the methods; every number measured in
-    one process. Overheads are 100 * (method - single) / single.
+    "methods": {"<method>": {"parameters": int, "trainable_parameters": int, "train_memory_bytes": int,
+    "infer_memory_bytes": int, "infer_gflops": float, "infer_ms": float}}} with "single" among the methods;
+    every number measured in one process. Overheads are 100 * (method - single) / single. Parameters are
+    reported twice, since they differ by far for SVE: stored (``parameters``, SVE's frozen U and V included)
+    as an overhead over the single model's, and trainable as a share of the single model's parameters
+    (absent from a file written before trainable counts were recorded).
     """
     methods = bench["methods"]
     base = methods["single"]
@@ -208,6 +211,8 @@ def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
             continue
         out[name] = {
             "param_overhead_pct": pct("parameters", m),
+            **({"trainable_param_pct": 100.0 * m["trainable_parameters"] / base["parameters"]}
+               if "trainable_parameters" in m else {}),  # fmt: skip
             "train_memory_overhead_pct": pct("train_memory_bytes", m),
             "infer_memory_overhead_pct": pct("infer_memory_bytes", m),
             "infer_gflops": float(m["infer_gflops"]),
