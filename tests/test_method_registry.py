@@ -44,11 +44,22 @@ def runs_on(method: str, family: str) -> bool:
                                        and nn.Conv2d in cls.layer_types or cls.train_backbone)
 
 
+# A method's variants that change its layers' algebra (not just a number) also get rows, on a linear and a
+# convolutional family: the default variant runs on every family above.
+VARIANTS = {"sve_lora": [["method.lora_space=basis"], ["method.lora_members=shared"],
+                         ["method.lora_space=basis", "method.lora_members=shared"]]}  # fmt: skip
+VARIANT_FAMILIES = ("tiny_vit", "resnet20_cifar")
+
+
 def rows():
     for method in config_options("method"):
         for family in FAMILIES:
             if runs_on(method, family):
-                yield pytest.param(method, family, id=f"{method}-{family}")
+                yield pytest.param(method, family, [], id=f"{method}-{family}")
+        for variant in VARIANTS.get(method, []):
+            for family in VARIANT_FAMILIES:
+                name = "+".join(o.split(".")[-1] for o in variant)
+                yield pytest.param(method, family, variant, id=f"{method}[{name}]-{family}")
 
 
 def build(method: str, family: str, *extra: str, seed: int = 0):
@@ -71,10 +82,10 @@ def noise_off(method: str) -> list[str]:
     return [f"method.{k}=0.0" for k in ("sigma_init", "dropout") if k in keys]
 
 
-@pytest.mark.parametrize("method, family", rows())
-def test_method_row(method, family):
+@pytest.mark.parametrize("method, family, variant", rows())
+def test_method_row(method, family, variant):
     """All of the module docstring's checks on one (method, backbone family) pair."""
-    m, batch, datamodule, reference = build(method, family, *noise_off(method), *bayes_steps(method))
+    m, batch, datamodule, reference = build(method, family, *variant, *noise_off(method), *bayes_steps(method))
     check_equal_to_base_at_init(m, batch, reference, method)
     check_layout_and_training_step(m, batch, datamodule)
     perturb(m)

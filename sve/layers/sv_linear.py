@@ -188,15 +188,22 @@ class SVLinear(MemberLayer):
     def merged_weights(self, members: list[int], dtype: torch.dtype, cache: bool) -> Tensor:
         """(K, out, in') merged weights of ``members``: from the cache of all members (rebuilt when a key
         differs) or merged for these members only."""
-        s = self.member_tensor("singular_values")  # (M, r), or a bank's
-        keys = (tensor_key(s), tensor_key(self.U), tensor_key(self.Vh))
+        keys = tuple(tensor_key(t) for t in self.merge_inputs())
         if not cache or None in keys:
-            return merge_members(self.U, self.pick("singular_values", members), self.Vh, dtype)
+            return self.merge_weights(members, dtype)
         key = (*keys, dtype)
         if self._merged is None or self._merged[0] != key:
             self._merged = None  # free the stale copy before building the new one
-            self._merged = (key, merge_members(self.U, s, self.Vh, dtype))
+            self._merged = (key, self.merge_weights(list(range(self.num_members())), dtype))
         return member_slice(self._merged[1], members)
+
+    def merge_inputs(self) -> tuple[Tensor, ...]:
+        """The tensors the merged weights are made of: a cached copy is rebuilt when any of them changes."""
+        return self.member_tensor("singular_values"), self.U, self.Vh  # (M, r) or a bank's, (out, r), (r, in')
+
+    def merge_weights(self, members: list[int], dtype: torch.dtype) -> Tensor:
+        """(K, out, in') weights U diag(s_k) V^T of ``members``, differentiable."""
+        return merge_members(self.U, self.pick("singular_values", members), self.Vh, dtype)
 
     @property
     def inference(self) -> str:

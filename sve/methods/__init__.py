@@ -11,9 +11,10 @@ from sve.methods.lora import LoRAEnsemble, SingleLoRA
 from sve.methods.mc_dropout import MCDropout
 from sve.methods.single import Single
 from sve.methods.sve import SVE, SVF
+from sve.methods.sve_lora import SVELoRA
 
 __all__ = [
     "EnsembleMethod", "MemberHeads", "Single", "SVE", "SVF", "SingleLoRA", "LoRAEnsemble", "MCDropout",
     "DeepEnsemble", "BatchEnsemble", "BayesLoRA", "BayesLoRALLLA", "BayesLoRALA", "BLoB", "LastLayerEnsemble",
-    "CheckpointEnsemble",
+    "CheckpointEnsemble", "SVELoRA",
 ]

@@ -1,0 +1,35 @@
+"""SVE + LoRA (``method=sve_lora``): SV-Ensemble with a LoRA update on the same layers, the combination the
+paper's Sec. 6 leaves to future work. The variants (where the update lives, who owns it) are in
+``sve.layers.sv_lora``; everything else (init noise, member biases, SVD cache, inference paths, the
+non-negative singular values) is SVE's. Trainable parameters: SVE's plus, per adapter,
+q (in + out) per layer in ``weight`` space or 2 q r in ``basis`` space (r = min(in, out)).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sve.layers.sv_lora import SVLoRAConv2d, SVLoRALinear
+from sve.methods.sve import SVE
+
+
+class SVELoRA(SVE):
+    """Args (beside SVE's):
+    lora_rank: q, the rank of each update.
+    lora_alpha: the update is scaled by lora_alpha / lora_rank (LoRA's convention).
+    lora_space: ``weight`` (W_m = U diag(s_m) V^T + B_m A_m) or ``basis`` (W_m = U (diag(s_m) + B_m A_m) V^T).
+    lora_members: ``per_member`` (one update per member) or ``shared`` (one for all).
+    """
+
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, lora_rank: int = 8, lora_alpha: float = 8.0,
+                 lora_space: str = "weight", lora_members: str = "per_member", **kwargs):  # fmt: skip
+        self.lora_options = dict(rank=lora_rank, alpha=lora_alpha, space=lora_space, members=lora_members)
+        super().__init__(backbone, ensemble_size, num_classes, **kwargs)
+
+    def make_layer(self, layer: nn.Module) -> SVLoRALinear:
+        convert = SVLoRAConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLoRALinear.from_linear
+        sv = convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
+                     member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
+                     cache=self.svd_cache)  # fmt: skip
+        sv.add_lora(**self.lora_options)
+        return sv
