@@ -62,4 +62,7 @@ METHOD_NAMES = {
     "last_layer_ensemble": "Last-Layer Ensemble",
     "checkpoint_ensemble": "Ckpt Ensemble",
     "sve": "SV-Ensemble",
+    # Beyond the paper (its Sec. 6 future work): sve.layers.sv_lora
+    "sve_lora": "SVE + LoRA",
+    "sve_lora_shared": "SVE + shared LoRA",
 }
