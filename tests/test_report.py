@@ -169,7 +169,7 @@ def test_table5_from_a_benchmark_file(tmp_path):
     bench = {"setting": {"backbone": "bert_base"}, "methods": {
         "single": {"parameters": 100, "train_memory_bytes": 1000, "infer_memory_bytes": 500, "infer_gflops": 21.9,
                    "infer_ms": 3.0},
-        "sve": {"parameters": 101, "train_memory_bytes": 1100, "infer_memory_bytes": 510, "infer_gflops": 175.2,
+        "sve": {"parameters": 101, "trainable_parameters": 1, "train_memory_bytes": 1100, "infer_memory_bytes": 510, "infer_gflops": 175.2,
                 "infer_ms": 20.0},
         "deep_ensemble": {"parameters": 800, "train_memory_bytes": 8000, "infer_memory_bytes": 4000,
                           "infer_gflops": 175.2, "infer_ms": 24.0}}}  # fmt: skip
@@ -177,10 +177,12 @@ def test_table5_from_a_benchmark_file(tmp_path):
     (tmp_path / "bench" / "table5.json").write_text(json.dumps(bench))
     build("table5", root=tmp_path)
     md = (tmp_path / "tables" / "table5.md").read_text()
-    # overheads relative to single; the paper has no inference-memory column (blank)
-    assert ("| SV-Ensemble | 8 | **1.0** | 1.0 | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | **20.0** | 21.9 |"
-            in md)
-    assert "| Deep Ensemble | 8 | <u>700.0</u> | 700.0 | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |" in md
+    # overheads relative to single; trainable parameters as a share of single's parameters (a file without
+    # them: "–"), beside the paper's one parameter column; the paper has no stored-parameter or
+    # inference-memory column (blank)
+    assert ("| SV-Ensemble | 8 | **1.0** | 1.0 | **1.0** |  | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | "
+            "**20.0** | 21.9 |" in md)
+    assert "| Deep Ensemble | 8 | – | 700.0 | <u>700.0</u> |  | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |" in md
     assert "- Single w/ SVF (M=1): not in" in md
 
 
