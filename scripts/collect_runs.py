@@ -5,7 +5,7 @@ The miniature trains in a clean clone at a committed commit, so that its runs na
 brings what finished back. A run is finished when its directory holds ``results.json``. Copied: what the
 repository keeps of a run (results.json, run_config.yaml, train.log, predictive/), each row's tuned.json, and
 the lines of ``sittings.jsonl`` of the runs copied (the store's wall time). Left behind: checkpoints, CSV
-logs, predictions, Hydra's folder, locks and failure records of earlier attempts, and everything of a run
+logs, predictions, adapters, Hydra's folder, locks and failure records of earlier attempts, and everything of a run
 still training. A run already in TARGET is replaced only when SOURCE's results.json differs (``--dry-run``
 lists what would change).
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 from sve.errors import InputError, one_line_errors
 from sve.paper.sweep import SITTINGS, TUNED
 
-SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz"}
+# adapter/: the trained tensors again (a full fine-tune: the whole model, 100+ MB a run); no table reads them
+SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz", "adapter"}
 
 
 def finished_runs(store: Path) -> list[Path]:

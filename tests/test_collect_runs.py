@@ -22,7 +22,8 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     source, target = tmp_path / "clone" / "results" / "mini", tmp_path / "main" / "results" / "mini"
     done = source / "runs" / "exp" / "sve_m4" / "seed0"
     for name in ("results.json", "run_config.yaml", "train.log", "predictive/test.npz", "checkpoints/final.ckpt",
-                 "csv/metrics.csv", "predictions/test.npz", ".hydra/config.yaml", ".lock", "failed.json"):
+                 "csv/metrics.csv", "predictions/test.npz", ".hydra/config.yaml", ".lock", "failed.json",
+                 "adapter/adapter_model.safetensors"):
         write(done / name)
     write(done / "results.json", json.dumps({"metrics": {"test/acc": 0.5}}))
     tuning = source / "runs" / "exp" / "sve_m4" / "tune" / "method.lr_0.01"

@@ -28,6 +28,23 @@ def test_figure2_one_line_per_method_over_pretraining(tmp_path):
     assert "| SV-Ensemble | 4 | **70.0 ± 0.0†** |" in (tmp_path / "tables" / "figure2.md").read_text()
 
 
+def test_figure2_keeps_every_shifted_marker_inside_its_axes(tmp_path, monkeypatch):
+    """With one pretraining of three filled in (a sweep part way), the sideways-shifted markers of the outer
+    lines must not fall past the axes' edge."""
+    from sve.paper import figures
+
+    for method, members in (("single", 1), ("lora_ensemble", 4), ("sve", 4)):
+        write_run(tmp_path, "cifar100_dinov2", method, members, 0, {"acc": 0.6, "ece": 0.1, "nll": 0.9})
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: drawn.append(fig) or [])
+    build("figure2", root=tmp_path)
+    (fig,) = drawn
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+        assert xs and all(low < x < high for x in xs), (low, high, xs)
+
+
 def test_figure3_series_per_severity(tmp_path):
     def shift(offset):
         return {"by_severity": {str(s): {"acc": 0.9 - 0.1 * s - offset, "ece": 0.02 * s, "nll": 0.3 + 0.2 * s}

@@ -169,7 +169,8 @@ def test_table5_from_a_benchmark_file(tmp_path):
     bench = {"setting": {"backbone": "bert_base"}, "methods": {
         "single": {"parameters": 100, "train_memory_bytes": 1000, "infer_memory_bytes": 500, "infer_gflops": 21.9,
                    "infer_ms": 3.0},
-        "sve": {"parameters": 101, "trainable_parameters": 1, "train_memory_bytes": 1100, "infer_memory_bytes": 510, "infer_gflops": 175.2,
+        "sve": {"parameters": 101, "trainable_parameters": 1, "train_memory_bytes": 1100, "infer_memory_bytes": 510,
+                "infer_gflops": 175.2,
                 "infer_ms": 20.0},
         "deep_ensemble": {"parameters": 800, "train_memory_bytes": 8000, "infer_memory_bytes": 4000,
                           "infer_gflops": 175.2, "infer_ms": 24.0}}}  # fmt: skip
@@ -182,7 +183,8 @@ def test_table5_from_a_benchmark_file(tmp_path):
     # inference-memory column (blank)
     assert ("| SV-Ensemble | 8 | **1.0** | 1.0 | **1.0** |  | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | "
             "**20.0** | 21.9 |" in md)
-    assert "| Deep Ensemble | 8 | – | 700.0 | <u>700.0</u> |  | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |" in md
+    assert ("| Deep Ensemble | 8 | – | 700.0 | <u>700.0</u> |  | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |"
+            in md)
     assert "- Single w/ SVF (M=1): not in" in md
 
 

@@ -90,6 +90,7 @@ def figure2(table: Table, out_dir: Path) -> list[Path]:
             _line(ax, xs, cells, _label(row.method, row.members), i, len(rows))
         # Block titles are long ("ImageNet-1k (EfficientNet-Lite0)"): wrapped, so neighbours never collide.
         ax.set_xticks(xs, [textwrap.fill(block.title, 16) for block in table.blocks], fontsize=7)
+        ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)  # categories: half a step of margin, so no shifted marker is clipped
         ax.set_title(f"{metric.label} {metric.arrow}".strip())
         ax.grid(alpha=0.3)
     fig.suptitle(table.title, fontsize=10)

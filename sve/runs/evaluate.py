@@ -247,9 +247,10 @@ def rebuilt(cfg: DictConfig, run_dir: Path):
                          f"{rebuild_hint(run_dir)}") from None
 
 
-def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | None = None,
-                 ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
-    """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
+def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None):
+    """(config, checkpoint path, module, datamodule) of a trained run (or adapter directory) rebuilt from its
+    config with ``overrides`` and loaded with its trained state; the datamodule is set up (every data file
+    read and checked). What ``evaluate_run`` and ``sve-distill`` start from."""
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()  # an adapter directory (a run's, or one shared)
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
@@ -263,24 +264,34 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
             "evaluates another checkpoint (e.g. checkpoints/last.ckpt: the model at its last epoch end, before "
             "after_fit and before a sequential deep ensemble's last round was stored)"
         )
-    name = name or str(cfg.dataset.name)
     checkpoint = None if adapter else read_checkpoint(path)
+    pl.seed_everything(int(cfg.seed), workers=True)  # as in training: random backbones rebuild the same
+    backbone, datamodule, method, module = rebuilt(cfg, run_dir)
+    if cfg.dataset != trained.dataset:
+        trained_classes = instantiate(trained.dataset).num_classes
+        if trained_classes != datamodule.num_classes:
+            raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
+                             f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
+    datamodule.setup()  # every data file is read and checked before the model runs
+    if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
+        adapter_files.check_fingerprint(adapter_files.read_config(run_dir), method.base_fingerprint, run_dir)
+        adapter_files.load_trained_state(method, run_dir)
+    else:
+        module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
+        module.load_state_dict(checkpoint["state_dict"])
+    return cfg, path, module, datamodule
+
+
+def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | None = None,
+                 ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
+    """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
+    run_dir = Path(run_dir).expanduser()
+    adapter = (run_dir / adapter_files.CONFIG).is_file()
+    trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
     check_writable(run_dir, "run_dir", hint="copy the run directory somewhere writable and pass run_dir=<the copy>")
     with claim(run_dir):
-        pl.seed_everything(int(cfg.seed), workers=True)  # as in training: random backbones rebuild the same
-        backbone, datamodule, method, module = rebuilt(cfg, run_dir)
-        if cfg.dataset != trained.dataset:
-            trained_classes = instantiate(trained.dataset).num_classes
-            if trained_classes != datamodule.num_classes:
-                raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
-                                 f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
-        datamodule.setup()  # every data file is read and checked before the model runs
-        if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
-            adapter_files.check_fingerprint(adapter_files.read_config(run_dir), method.base_fingerprint, run_dir)
-            adapter_files.load_trained_state(method, run_dir)
-        else:
-            module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
-            module.load_state_dict(checkpoint["state_dict"])
+        cfg, path, module, datamodule = load_run(run_dir, overrides, ckpt_path)
+        name = name or str(cfg.dataset.name)
         trainer = make_trainer(cfg, logger=False, callbacks=[])
         datamodule.distribute(trainer.world_size, trainer.global_rank)
         datamodule.order_seed = int(cfg.seed)

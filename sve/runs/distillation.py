@@ -1,0 +1,163 @@
+"""``sve-distill run_dir=<trained ensemble run> [objective=mean|dirichlet] [student=svf] [key=value ...]``: one
+network trained to answer as a trained ensemble does, then evaluated as every run is.
+
+The teacher is the run's trained model (rebuilt and loaded as ``sve-eval`` does). The student is the same
+backbone with a one-member method (``student``: an option of ``configs/method``, ``svf`` by default; any
+method with one member works, e.g. ``single_lora``), built from the teacher's config, trained with a plain
+loop (``sve.training.distill.distill``) on the teacher's member logits for the training inputs, both seeing
+the same augmented batches. The objectives are those of ``sve.training.distill``: ``mean`` (KL to the
+members' mean probabilities) and ``dirichlet`` (EnD^2: the student's logits are the log concentrations of a
+Dirichlet fitted to the members' probabilities).
+
+Evaluation runs the standard evaluator on the student: the ``mean`` student as its one member; the
+``dirichlet`` student as ``samples`` draws from its Dirichlet (in the member layout, as MC dropout's
+samples), so its mutual information and OOD scores come out of the same code as every ensemble's. The
+closed-form uncertainty of the Dirichlet is in ``sve.training.distill.dirichlet_uncertainty``.
+
+Options (beside ``key=value`` overrides of the student's config, e.g. ``method.lr=1e-3``): ``epochs`` (default:
+the teacher's ``trainer.max_epochs``), ``lr`` (default: the student method's ``lr``, else the recipe's),
+``samples`` (32), ``smoothing`` (1e-4), ``out`` (default ``<run_dir>/distilled/<objective>_<student>``).
+
+Output in ``out``: ``results.json`` (the evaluator's metrics, the objective, the loss per epoch, the teacher's
+run, and the cost of each: parameters and milliseconds per test batch, measured in one process), the
+student's ``adapter/`` and its predictions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from sve.api.adapter_files import ADAPTER, write_adapter
+from sve.errors import InputError
+from sve.runs.evaluate import apply_overrides, load_run
+from sve.runs.evaluation import evaluate
+from sve.runs.results import command_line, git_commit, package_versions, write_json
+from sve.runs.run import build, make_trainer, prediction_options, run_config
+from sve.training.distill import check_objective, dirichlet_samples, distill
+
+log = logging.getLogger(__name__)
+
+OPTIONS = {"run_dir": None, "objective": "mean", "student": "svf", "epochs": None, "lr": None, "samples": "32",
+           "smoothing": "1e-4", "out": None}  # fmt: skip
+COST_BATCHES = 8  # test batches timed for the inference cost of teacher and student
+
+
+class DirichletStudent(nn.Module):
+    """The student method read as a Dirichlet: in training its logits (log alpha), in evaluation ``samples``
+    draws from Dir(alpha) as member log-probabilities (S, B, C). Everything else is the method's."""
+
+    def __init__(self, method: nn.Module, samples: int, seed: int):
+        super().__init__()
+        self.method, self.samples, self.seed, self.calls = method, samples, seed, 0
+
+    def forward(self, batch: dict) -> Tensor:
+        logits = self.method(batch)
+        if self.training:
+            return logits
+        self.calls += 1  # every batch its own draws, the same on every evaluation of the same loader order
+        return dirichlet_samples(logits[0], self.samples, seed=self.seed * 1_000_003 + self.calls)
+
+    def num_members(self) -> int:
+        return 1 if self.training else self.samples
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("method"), name)
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    options, overrides = dict(OPTIONS), []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if key in OPTIONS and eq:
+            options[key] = value
+        else:
+            overrides.append(arg)
+    if not options["run_dir"]:
+        raise InputError("run_dir=<a trained ensemble run's directory> is required (sve-distill --help)")
+    check_objective(options["objective"])
+    for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float)):
+        if options[key] is not None:
+            try:
+                options[key] = kind(options[key])
+            except ValueError:
+                expected = "an integer" if kind is int else "a number"
+                raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
+            if options[key] < 0 or (options[key] == 0 and key != "smoothing"):
+                raise InputError(f"{key}={options[key]!r} is not valid; expected a positive number")
+    return options, overrides
+
+
+@torch.no_grad()
+def ms_per_batch(model: nn.Module, batches: list[dict]) -> float:
+    """Mean wall-clock milliseconds of ``model`` on ``batches`` in evaluation mode, after one warm-up batch."""
+    model.eval()
+    model(batches[0])
+    start = time.perf_counter()
+    for batch in batches:
+        model(batch)
+    return 1000 * (time.perf_counter() - start) / len(batches)
+
+
+def distill_run(argv: list[str]) -> dict:
+    options, overrides = parse(argv)
+    run_dir = Path(options["run_dir"]).expanduser()
+    teacher_cfg, _, teacher_module, datamodule = load_run(run_dir)
+    teacher = teacher_module.method.eval()
+    student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
+    out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
+    student_cfg.paths.output_dir = str(out)
+    pl.seed_everything(int(student_cfg.seed), workers=True)
+    _, student_data, student, student_module = build(student_cfg)
+    if student.num_members() != 1:
+        raise InputError(f"student={options['student']} has {student.num_members()} members; a student has one "
+                         "(svf, single, single_lora, ...)")  # fmt: skip
+    student_data.setup()
+    epochs = options["epochs"] or int(OmegaConf.select(teacher_cfg, "trainer.max_epochs", default=1) or 1)
+    lr = options["lr"] or student.lr or float(student_cfg.optimizer.lr)
+    optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=lr,
+                                  weight_decay=float(student_cfg.optimizer.get("weight_decay", 0.0)))  # fmt: skip
+    log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g", teacher_cfg.method.name,
+             teacher.num_members(), options["student"], options["objective"], epochs, lr)
+    start = time.perf_counter()
+    losses = distill(student, teacher, student_data.train_dataloader(), options["objective"], optimizer, epochs,
+                     options["smoothing"], progress=lambda e, loss: log.info("epoch %d: loss %.4f", e, loss))
+    train_seconds = time.perf_counter() - start
+    student.constrain_()
+    evaluated = DirichletStudent(student, options["samples"], int(student_cfg.seed)) \
+        if options["objective"] == "dirichlet" else student  # fmt: skip
+    student_module.method = evaluated
+    trainer = make_trainer(student_cfg, logger=False, callbacks=[])
+    student_data.distribute(trainer.world_size, trainer.global_rank)
+    student_data.order_seed = int(student_cfg.seed)
+    evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
+                          **prediction_options(student_cfg))  # fmt: skip
+    batches = [b for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
+    cost = {"teacher": {"members": teacher.num_members(), **teacher.parameter_counts(),
+                        "ms_per_test_batch": ms_per_batch(teacher, batches)},
+            "student": {"members": 1, **student.parameter_counts(),
+                        "ms_per_test_batch": ms_per_batch(student, batches)},
+            "batches_timed": len(batches)}  # fmt: skip
+    cost["speedup"] = cost["teacher"]["ms_per_test_batch"] / cost["student"]["ms_per_test_batch"]
+    record = {"method": f"distilled_{options['objective']}", "student": options["student"],
+              "objective": options["objective"], "teacher_run": str(run_dir), "teacher_method": teacher_cfg.method.name,
+              "teacher_members": teacher.num_members(), "epochs": epochs, "lr": lr, "losses": losses,
+              "train_seconds": train_seconds, "cost": cost, **evaluation, "command": command_line(),
+              "git_commit": git_commit(), "versions": package_versions(),
+              "config": run_config(student_cfg)}  # fmt: skip
+    write_json(out / "results.json", record)
+    write_adapter(student, out / ADAPTER, {"config": run_config(student_cfg)})
+    m = record["metrics"]
+    print(f"distilled {teacher_cfg.method.name} ({teacher.num_members()} members) into {options['student']} by "
+          f"{options['objective']}: acc {100 * m['test/acc']:.2f}%, ece {100 * m['test/ece']:.2f}%, nll "
+          f"{m['test/nll']:.4f}; {cost['speedup']:.2f}x faster per test batch; written: {out / 'results.json'}")
+    return record

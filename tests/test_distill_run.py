@@ -1,0 +1,68 @@
+"""``sve-distill``: a trained ensemble run distilled into a one-member student, evaluated as every run is, with
+its cost beside the teacher's; the student's adapter evaluates again to the same digits."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sve.errors import InputError
+from sve.runs.distillation import distill_run
+from sve.runs.evaluate import evaluate_run
+from sve.runs.run import run
+from tests.conftest import compose_cfg
+
+TINY = ["backbone=tiny_vit", "dataset=synthetic_image", "callbacks=default", "dataset.num_test=21"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("teacher")
+    run(compose_cfg(["method=sve", "ensemble_size=3", "trainer.max_epochs=3", *TINY], directory))
+    return directory
+
+
+def probs_of(npz) -> np.ndarray:
+    logits = np.load(npz)["member_logits"].astype(np.float64)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).mean(0)
+
+
+@pytest.mark.parametrize("objective, members", [("mean", 1), ("dirichlet", 8)])
+def test_a_run_is_distilled_and_evaluated_with_its_cost(teacher, tmp_path, objective, members):
+    out = tmp_path / objective
+    record = distill_run([f"run_dir={teacher}", f"objective={objective}", "epochs=4", "lr=0.01", "samples=8",
+                          f"out={out}"])  # fmt: skip
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["num_members"] == members and saved["teacher_members"] == 3 and saved["objective"] == objective
+    assert saved["losses"][-1] < saved["losses"][0]  # the student moved towards the teacher
+    cost = saved["cost"]
+    assert cost["student"]["trainable"] < cost["teacher"]["trainable"] and cost["speedup"] > 0
+    assert 0 <= saved["metrics"]["test/acc"] <= 1 and record["metrics"] == saved["metrics"]
+    if objective == "mean":  # the adapter is the student: evaluated again, the same digits
+        again = evaluate_run(out / "adapter")
+        assert again["metrics"]["test/nll"] == saved["metrics"]["test/nll"]
+
+
+def kl(p: np.ndarray, q: np.ndarray) -> float:
+    return float((p * (np.log(p) - np.log(q))).sum(-1).mean())
+
+
+def test_distillation_brings_the_students_test_predictive_to_the_teachers(teacher, tmp_path):
+    """On test inputs it never trained on: KL(teacher || student) after 6 epochs is below that of the same
+    student left (practically) at its init (lr 1e-12)."""
+    teacher_p = probs_of(teacher / "predictions" / "test.npz")
+    gaps = {}
+    for name, lr, epochs in (("init", "1e-12", 1), ("distilled", "0.01", 6)):
+        distill_run([f"run_dir={teacher}", "objective=mean", f"epochs={epochs}", f"lr={lr}", f"out={tmp_path / name}"])
+        gaps[name] = kl(teacher_p, probs_of(tmp_path / name / "predictions" / "test.npz"))
+    assert gaps["distilled"] < 0.5 * gaps["init"], gaps
+
+
+def test_bad_options_name_the_choices(teacher):
+    with pytest.raises(InputError, match=r"objective='kl' is not valid"):
+        distill_run([f"run_dir={teacher}", "objective=kl"])
+    with pytest.raises(InputError, match=r"epochs='two' is not valid; expected an integer"):
+        distill_run([f"run_dir={teacher}", "epochs=two"])
+    with pytest.raises(InputError, match=r"student=lora_ensemble has 3 members"):
+        distill_run([f"run_dir={teacher}", "student=lora_ensemble", "ensemble_size=3"])
