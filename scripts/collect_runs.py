@@ -3,11 +3,11 @@ SOURCE TARGET`` (e.g. a clean clone's ``results/mini`` into this checkout's).
 
 The miniature trains in a clean clone at a committed commit, so that its runs name code that exists; this
 brings what finished back. A run is finished when its directory holds ``results.json``. Copied: what the
-repository keeps of a run (results.json, run_config.yaml, train.log, predictive/), each row's tuned.json, and
-the lines of ``sittings.jsonl`` of the runs copied (the store's wall time). Left behind: checkpoints, CSV
-logs, predictions, adapters, Hydra's folder, locks and failure records of earlier attempts, and everything of a run
-still training. A run already in TARGET is replaced only when SOURCE's results.json differs (``--dry-run``
-lists what would change).
+repository keeps of a run (results.json, run_config.yaml, train.log, predictive/, an adapter/ of at most
+4 MB), each row's tuned.json, and the lines of ``sittings.jsonl`` of the runs copied (the store's wall time).
+Left behind: checkpoints, CSV logs, predictions, larger adapters and tuning runs' adapters, Hydra's folder,
+locks and failure records of earlier attempts, and everything of a run still training. A run already in
+TARGET is replaced only when SOURCE's results.json differs (``--dry-run`` lists what would change).
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from pathlib import Path
 from sve.errors import InputError, one_line_errors
 from sve.paper.sweep import SITTINGS, TUNED
 
-# adapter/: the trained tensors again (a full fine-tune: the whole model, 100+ MB a run); no table reads them
-SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz", "adapter"}
+SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz"}
+# A run's adapter/ is kept when small (SVE's singular values and heads: well under 1 MB): with it a committed
+# run is evaluated again, or distilled, on any machine (sve-eval run_dir=<run>/adapter). A full fine-tune's is
+# the whole model again (100+ MB): left behind.
+MAX_ADAPTER_BYTES = 4 * 2**20
+
+
+def size_of(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def finished_runs(store: Path) -> list[Path]:
@@ -35,6 +42,8 @@ def copy_run(source: Path, target: Path) -> None:
     for item in source.iterdir():
         if item.name in SKIPPED or (item.name == "predictive" and "tune" in source.parts):
             continue  # tuning runs' per-example statistics: the chosen run is a seed run as well
+        if item.name == "adapter" and (size_of(item) > MAX_ADAPTER_BYTES or "tune" in source.parts):
+            continue
         if item.is_dir():
             shutil.copytree(item, target / item.name)
         else:

@@ -23,7 +23,7 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     done = source / "runs" / "exp" / "sve_m4" / "seed0"
     for name in ("results.json", "run_config.yaml", "train.log", "predictive/test.npz", "checkpoints/final.ckpt",
                  "csv/metrics.csv", "predictions/test.npz", ".hydra/config.yaml", ".lock", "failed.json",
-                 "adapter/adapter_model.safetensors"):
+                 "adapter/adapter_config.json"):
         write(done / name)
     write(done / "results.json", json.dumps({"metrics": {"test/acc": 0.5}}))
     tuning = source / "runs" / "exp" / "sve_m4" / "tune" / "method.lr_0.01"
@@ -31,6 +31,11 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     write(tuning / "predictive" / "val.npz")
     write(source / "runs" / "exp" / "sve_m4" / "tuned.json", "{}")
     write(source / "runs" / "exp" / "sve_m4" / "seed1" / "train.log")  # still training: no results.json
+    full = source / "runs" / "exp" / "single_m1" / "seed0"  # a full fine-tune: its adapter is the whole model
+    write(full / "results.json", "{}")
+    write(full / "adapter" / "adapter_config.json")
+    with open(full / "adapter" / "adapter_model.safetensors", "wb") as big:
+        big.truncate(5 * 2**20)
     sittings = [{"run": "runs/exp/sve_m4/seed0", "started": 1}, {"run": "runs/exp/sve_m4/seed1", "started": 2}]
     write(source / "sittings.jsonl", "".join(json.dumps(s) + "\n" for s in sittings))
     target.mkdir(parents=True)
@@ -40,10 +45,12 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     changes = collect(source, target)
     assert "added runs/exp/sve_m4/seed0" in changes and "tuned runs/exp/sve_m4" in changes
     copied = target / "runs" / "exp" / "sve_m4"
-    assert sorted(p.name for p in (copied / "seed0").iterdir()) == ["predictive", "results.json", "run_config.yaml",
-                                                                    "train.log"]  # fmt: skip
+    assert sorted(p.name for p in (copied / "seed0").iterdir()) == ["adapter", "predictive", "results.json",
+                                                                    "run_config.yaml", "train.log"]  # fmt: skip
     assert not (copied / "tune" / "method.lr_0.01" / "predictive").exists()  # tuning runs' statistics stay
     assert not (copied / "seed1").exists()
+    assert (target / "runs" / "exp" / "single_m1" / "seed0" / "results.json").exists()
+    assert not (target / "runs" / "exp" / "single_m1" / "seed0" / "adapter").exists()  # over 4 MB: left behind
     lines = (target / "sittings.jsonl").read_text().splitlines()
     assert [json.loads(line)["run"] for line in lines] == ["runs/exp/sve_m4/seed0"]  # only what was copied
     assert collect(source, target) == []  # a second pass finds nothing new, and adds no sitting twice
