@@ -12,9 +12,10 @@ from sve.methods.mc_dropout import MCDropout
 from sve.methods.single import Single
 from sve.methods.sve import SVE, SVF
 from sve.methods.sve_lora import SVELoRA
+from sve.methods.sve_top import SVETop
 
 __all__ = [
     "EnsembleMethod", "MemberHeads", "Single", "SVE", "SVF", "SingleLoRA", "LoRAEnsemble", "MCDropout",
     "DeepEnsemble", "BatchEnsemble", "BayesLoRA", "BayesLoRALLLA", "BayesLoRALA", "BLoB", "LastLayerEnsemble",
-    "CheckpointEnsemble", "SVELoRA",
+    "CheckpointEnsemble", "SVELoRA", "SVETop",
 ]

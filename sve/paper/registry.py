@@ -65,4 +65,5 @@ METHOD_NAMES = {
     # Beyond the paper (its Sec. 6 future work): sve.layers.sv_lora
     "sve_lora": "SVE + LoRA",
     "sve_lora_shared": "SVE + shared LoRA",
+    "sve_top": "SVE (top-r)",  # beyond the paper: sve.layers.sv_top
 }
