@@ -356,7 +356,7 @@ def targets(setting: Setting, report: dict) -> list[dict]:
 
 TABLE5_DEFAULT = ["svf", "single_lora", "mc_dropout", "deep_ensemble", "batch_ensemble", "lora_ensemble",
                   "last_layer_ensemble", "checkpoint_ensemble", "bayes_lora_llla", "blob", "sve", "sve_factored",
-                  "sve_lean"]
+                  "sve_lean", "sve_top", "sve_top32"]  # fmt: skip  (top-r: beyond the paper, sve.layers.sv_top)
 # SVE variants beside the default (Table 5's "sve" row): method config and overrides.
 VARIANTS = {"sve_factored": ("sve", ["method.inference=factored"]),
             "sve_lean": ("sve", ["method.inference=factored", "method.factor_dtype=bfloat16"])}

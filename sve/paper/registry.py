@@ -65,5 +65,6 @@ METHOD_NAMES = {
     # Beyond the paper (its Sec. 6 future work): sve.layers.sv_lora
     "sve_lora": "SVE + LoRA",
     "sve_lora_shared": "SVE + shared LoRA",
-    "sve_top": "SVE (top-r)",  # beyond the paper: sve.layers.sv_top
+    "sve_top": "SVE (top-8)",  # beyond the paper: sve.layers.sv_top
+    "sve_top32": "SVE (top-32)",
 }
