@@ -50,9 +50,17 @@ VARIANTS = {"sve_lora": [["method.lora_space=basis"]], "sve_lora_shared": [["met
 VARIANT_FAMILIES = ("tiny_vit", "resnet20_cifar")
 
 
+# Options that only change a number of another option (a rank) run that option's algebra: not again here.
+SAME_ALGEBRA = {"sve_top32": "sve_top"}
+# Options that are a variant of another: on the variant families only, like VARIANTS (the test-time budget).
+VARIANT_OF = {"sve_lora_shared": "sve_lora"}
+
+
 def rows():
     for method in config_options("method"):
-        for family in FAMILIES:
+        if method in SAME_ALGEBRA:
+            continue
+        for family in VARIANT_FAMILIES if method in VARIANT_OF else FAMILIES:
             if runs_on(method, family):
                 yield pytest.param(method, family, [], id=f"{method}-{family}")
         for variant in VARIANTS.get(method, []):
@@ -222,3 +230,12 @@ def check_inference_paths_agree(m, batch, method) -> None:
     for mode, out in outputs.items():
         torch.testing.assert_close(out, outputs["factored"], atol=1e-5, rtol=1e-5,
                                    msg=lambda e, mode=mode: f"{method} {mode}: {e}")
+
+
+def test_options_left_out_as_the_same_algebra_differ_only_by_numbers():
+    """SAME_ALGEBRA may skip an option only when its config is another's with some numbers changed."""
+    for option, same in SAME_ALGEBRA.items():
+        a, b = compose_cfg([f"method={option}"]).method, compose_cfg([f"method={same}"]).method
+        differ = {k for k in set(a) | set(b) if k != "name" and a.get(k) != b.get(k)}
+        assert differ and all(isinstance(a.get(k), (int, float)) and isinstance(b.get(k), (int, float))
+                              for k in differ), (option, differ)  # fmt: skip
