@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError
+from sve.members import to_device
 from sve.runs.evaluate import apply_overrides, load_run
 from sve.runs.evaluation import evaluate
 from sve.runs.results import command_line, git_commit, package_versions, write_json
@@ -126,11 +127,17 @@ def distill_run(argv: list[str]) -> dict:
     lr = options["lr"] or student.lr or float(student_cfg.optimizer.lr)
     optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=lr,
                                   weight_decay=float(student_cfg.optimizer.get("weight_decay", 0.0)))  # fmt: skip
-    log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g", teacher_cfg.method.name,
-             teacher.num_members(), options["student"], options["objective"], epochs, lr)
+    # The loop runs where the run trained: a GPU when the trainer asks for one and there is one (the evaluation
+    # below is Lightning's, which places the model itself).
+    wants_gpu = str(OmegaConf.select(student_cfg, "trainer.accelerator", default="cpu")) in ("gpu", "cuda", "auto")
+    device = torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
+    teacher.to(device), student.to(device)
+    log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g on %s", teacher_cfg.method.name,
+             teacher.num_members(), options["student"], options["objective"], epochs, lr, device)
     start = time.perf_counter()
     losses = distill(student, teacher, student_data.train_dataloader(), options["objective"], optimizer, epochs,
-                     options["smoothing"], progress=lambda e, loss: log.info("epoch %d: loss %.4f", e, loss))
+                     options["smoothing"], progress=lambda e, loss: log.info("epoch %d: loss %.4f", e, loss),
+                     device=device)  # fmt: skip
     train_seconds = time.perf_counter() - start
     student.constrain_()
     evaluated = DirichletStudent(student, options["samples"], int(student_cfg.seed)) \
@@ -141,7 +148,8 @@ def distill_run(argv: list[str]) -> dict:
     student_data.order_seed = int(student_cfg.seed)
     evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
                           **prediction_options(student_cfg))  # fmt: skip
-    batches = [b for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
+    batches = [to_device(b, device) for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
+    teacher.to(device), student.to(device)  # Lightning's evaluation may have moved the student back
     cost = {"teacher": {"members": teacher.num_members(), **teacher.parameter_counts(),
                         "ms_per_test_batch": ms_per_batch(teacher, batches)},
             "student": {"members": 1, **student.parameter_counts(),

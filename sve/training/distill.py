@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from sve.errors import InputError
+from sve.members import to_device
 from sve.metrics.scores import Prediction, entropy
 
 OBJECTIVES = ("mean", "dirichlet")
@@ -114,15 +115,18 @@ def student_logits_of(output: Tensor) -> Tensor:
 
 def distill(student: torch.nn.Module, teacher: Callable[[dict], Tensor], batches: Iterable[dict], objective: str,
             optimizer: torch.optim.Optimizer, epochs: int = 1, smoothing: float = 1e-4,
-            progress: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
+            progress: Callable[[int, float], None] | None = None,
+            device: torch.device | None = None) -> list[float]:  # fmt: skip
     """Trains ``student`` on ``teacher``'s member logits (M, B, C) for every batch of ``batches`` (re-iterated
     each epoch), the teacher in evaluation mode and without gradients: the teacher answers the same
-    (augmented) inputs the student sees. Returns the mean loss of each epoch; ``progress(epoch, loss)``."""
+    (augmented) inputs the student sees. Batches are moved to ``device`` (where both models are) when given.
+    Returns the mean loss of each epoch; ``progress(epoch, loss)``."""
     check_objective(objective)
     losses = []
     for epoch in range(epochs):
         total, count = 0.0, 0
         for batch in batches:
+            batch = batch if device is None else to_device(batch, device)
             with torch.no_grad():
                 member_logits = teacher(batch)
             student.train()
