@@ -22,6 +22,11 @@ def hub_reachable(timeout: float = 5.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in TRUE or \
             os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in TRUE:  # fmt: skip
         return False
+    return endpoint_answers(timeout)
+
+
+def endpoint_answers(timeout: float = 5.0) -> bool:
+    """Whether the Hub's host (``HF_ENDPOINT``) answers a TCP connection, whatever the offline variables say."""
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
         with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):

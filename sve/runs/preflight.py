@@ -11,14 +11,12 @@ again and fail fast on their own (``sve.offline``).
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError, OfflineError
-from sve.offline import hub_reachable
+from sve.offline import endpoint_answers, hub_reachable
 
 # Where torchvision-style datasets are downloaded when dataset.root is null (sve.data.vision.CACHE).
 DATA_CACHE = Path("~/.cache/sve/data")
@@ -43,14 +41,9 @@ def has_entries(path: Path) -> bool:
 
 
 def network_reachable(timeout: float = 5.0) -> bool:
-    """Whether the internet answers at all (a TCP connection to the Hub's host, whatever ``HF_HUB_OFFLINE``
-    says): the probe for downloads that are not from the Hub, such as torchvision's."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
-            return True
-    except OSError:
-        return False
+    """Whether the internet answers at all (the Hub's host, whatever ``HF_HUB_OFFLINE`` says): the probe for
+    downloads that are not from the Hub, such as torchvision's."""
+    return endpoint_answers(timeout)
 
 
 def hub_model_cached(repo_id: str) -> bool:
