@@ -52,15 +52,16 @@ VARIANT_FAMILIES = ("tiny_vit", "resnet20_cifar")
 
 # Options that only change a number of another option (a rank) run that option's algebra: not again here.
 SAME_ALGEBRA = {"sve_top32": "sve_top"}
-# Options that are a variant of another: on the variant families only, like VARIANTS (the test-time budget).
-VARIANT_OF = {"sve_lora_shared": "sve_lora"}
+# Options that are a variant of another (sve_lora_shared of sve_lora): on the variant families only, like
+# VARIANTS (the test-time budget).
+VARIANT_OPTIONS = {"sve_lora_shared"}
 
 
 def rows():
     for method in config_options("method"):
         if method in SAME_ALGEBRA:
             continue
-        for family in VARIANT_FAMILIES if method in VARIANT_OF else FAMILIES:
+        for family in VARIANT_FAMILIES if method in VARIANT_OPTIONS else FAMILIES:
             if runs_on(method, family):
                 yield pytest.param(method, family, [], id=f"{method}-{family}")
         for variant in VARIANTS.get(method, []):

@@ -253,8 +253,8 @@ class SVLinear(MemberLayer):
         self.singular_values.clamp_(min=0)
 
     def member_weight(self, member: int) -> Tensor:
-        """W_m = U diag(s_m) V^T, (out, in'), in float32."""
-        return (self.U.float() * self.member_tensor("singular_values")[member]) @ self.Vh.float()
+        """W_m = U diag(s_m) V^T (and what a subclass's ``merge_weights`` adds), (out, in'), in float32."""
+        return self.merge_weights([member], torch.float32)[0]
 
     def member_bias(self, member: int) -> Tensor | None:
         if self.biases is not None:

@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from sve.errors import InputError
 from sve.layers.adapter import member_conv2d
 from sve.layers.sv_conv import SVConv2d
-from sve.layers.sv_inference import merge_members
 from sve.layers.sv_linear import SVLinear
 
 SPACES = ("weight", "basis")
@@ -74,14 +73,11 @@ class LoRATerm:
         """(K, out, in') merged member weights with the update, computed at least in float32."""
         compute = torch.promote_types(torch.float32, dtype)
         A, B = (t.to(compute) for t in self.lora_pair(members))
-        s = self.pick("singular_values", members).to(compute)
         if self.lora_space == "weight":
-            return (merge_members(self.U, s, self.Vh, compute) + self.lora_scaling * B @ A).to(dtype)
+            return (super().merge_weights(members, compute) + self.lora_scaling * B @ A).to(dtype)
+        s = self.pick("singular_values", members).to(compute)
         core = torch.diag_embed(s) + self.lora_scaling * B @ A  # (K, r, r)
         return (self.U.to(compute) @ core @ self.Vh.to(compute)).to(dtype)
-
-    def member_weight(self, member: int) -> Tensor:
-        return self.merge_weights([member], torch.float32)[0]
 
     def lora_repr(self) -> str:
         return (f", lora_rank={self.lora_rank}, lora_space={self.lora_space}, lora_members={self.lora_owners}, "

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sve.errors import InputError
 from sve.layers.member import check_layer, weight_matrix
 from sve.layers.sv_conv import SVConv2d
 from sve.layers.sv_linear import SVLinear, decompose
@@ -30,7 +31,7 @@ def split_top(layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype:
     """(U_r, s_r, Vh_r, W_res) of ``layer``'s weight matrix; W_res computed in ``svd_dtype``, stored in the
     weight's dtype."""
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"method.top_rank={rank!r} is not valid; expected a positive integer")
+        raise InputError(f"method.top_rank={rank!r} is not valid; expected a positive integer")
     W = weight_matrix(layer).detach()
     U, s, Vh = decompose(layer, svd_dtype, factor_dtype, cache)
     r = min(rank, s.shape[0])  # a layer narrower than the rank keeps all its directions (W_res = 0)
@@ -53,9 +54,6 @@ class TopRankTerm:
     def merge_weights(self, members: list[int], dtype: torch.dtype) -> Tensor:
         compute = torch.promote_types(torch.float32, dtype)
         return (super().merge_weights(members, compute) + self.residual.to(compute)).to(dtype)
-
-    def member_weight(self, member: int) -> Tensor:
-        return self.merge_weights([member], torch.float32)[0]
 
 
 class SVTopLinear(TopRankTerm, SVLinear):

@@ -112,7 +112,7 @@ def ms_per_batch(model: nn.Module, batches: list[dict]) -> float:
 def distill_run(argv: list[str]) -> dict:
     options, overrides = parse(argv)
     run_dir = Path(options["run_dir"]).expanduser()
-    teacher_cfg, _, teacher_module, datamodule = load_run(run_dir)
+    teacher_cfg, _, _, teacher_module, _ = load_run(run_dir)
     teacher = teacher_module.method.eval()
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
@@ -131,7 +131,8 @@ def distill_run(argv: list[str]) -> dict:
     # below is Lightning's, which places the model itself).
     wants_gpu = str(OmegaConf.select(student_cfg, "trainer.accelerator", default="cpu")) in ("gpu", "cuda", "auto")
     device = torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
-    teacher.to(device), student.to(device)
+    teacher.to(device)
+    student.to(device)
     log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g on %s", teacher_cfg.method.name,
              teacher.num_members(), options["student"], options["objective"], epochs, lr, device)
     start = time.perf_counter()
@@ -149,7 +150,7 @@ def distill_run(argv: list[str]) -> dict:
     evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
                           **prediction_options(student_cfg))  # fmt: skip
     batches = [to_device(b, device) for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
-    teacher.to(device), student.to(device)  # Lightning's evaluation may have moved the student back
+    student.to(device)  # Lightning's evaluation may have moved the student back
     cost = {"teacher": {"members": teacher.num_members(), **teacher.parameter_counts(),
                         "ms_per_test_batch": ms_per_batch(teacher, batches)},
             "student": {"members": 1, **student.parameter_counts(),

@@ -125,11 +125,11 @@ def distill(student: torch.nn.Module, teacher: Callable[[dict], Tensor], batches
     losses = []
     for epoch in range(epochs):
         total, count = 0.0, 0
+        student.train()
         for batch in batches:
             batch = batch if device is None else to_device(batch, device)
             with torch.no_grad():
                 member_logits = teacher(batch)
-            student.train()
             loss = distillation_loss(objective, student_logits_of(student(batch)), member_logits, smoothing)
             if not math.isfinite(float(loss.detach())):
                 raise FloatingPointError(f"distillation loss is {float(loss)} at epoch {epoch}")
