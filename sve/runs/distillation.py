@@ -112,7 +112,7 @@ def ms_per_batch(model: nn.Module, batches: list[dict]) -> float:
 def distill_run(argv: list[str]) -> dict:
     options, overrides = parse(argv)
     run_dir = Path(options["run_dir"]).expanduser()
-    teacher_cfg, _, _, teacher_module, _ = load_run(run_dir)
+    teacher_cfg, _, teacher_module, _ = load_run(run_dir)
     teacher = teacher_module.method.eval()
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()

@@ -248,9 +248,9 @@ def rebuilt(cfg: DictConfig, run_dir: Path):
 
 
 def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None):
-    """(config, trained config, checkpoint path, module, datamodule) of a trained run (or adapter directory)
-    rebuilt from its config (``trained``) with ``overrides`` and loaded with its trained state; the datamodule
-    is set up (every data file read and checked). What ``evaluate_run`` and ``sve-distill`` start from."""
+    """(config, checkpoint path, module, datamodule) of a trained run (or adapter directory) rebuilt from its
+    config with ``overrides`` and loaded with its trained state; the datamodule is set up (every data file
+    read and checked). What ``evaluate_run`` and ``sve-distill`` start from."""
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()  # an adapter directory (a run's, or one shared)
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
@@ -279,16 +279,18 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
     else:
         module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
         module.load_state_dict(checkpoint["state_dict"])
-    return cfg, trained, path, module, datamodule
+    return cfg, path, module, datamodule
 
 
 def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | None = None,
                  ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
     """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
     run_dir = Path(run_dir).expanduser()
+    adapter = (run_dir / adapter_files.CONFIG).is_file()
+    trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
     check_writable(run_dir, "run_dir", hint="copy the run directory somewhere writable and pass run_dir=<the copy>")
     with claim(run_dir):
-        cfg, trained, path, module, datamodule = load_run(run_dir, overrides, ckpt_path)
+        cfg, path, module, datamodule = load_run(run_dir, overrides, ckpt_path)
         name = name or str(cfg.dataset.name)
         trainer = make_trainer(cfg, logger=False, callbacks=[])
         datamodule.distribute(trainer.world_size, trainer.global_rank)
