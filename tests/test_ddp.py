@@ -52,11 +52,21 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
     # One process group for every run (starting one costs more than a tiny run): every method on the ViT, then
     # SVE and full fine-tuning on BERT, whose pooler gets no gradient: the method base freezes it, so full
     # fine-tuning runs under DDP too.
+    # Last, SVE on BERT trained one member at a time (members_at_once: 1, sve.training.module.chunked_step):
+    # DDP reduces the first member's gradients, which its own backward left aside, with the second's.
     text_methods = ("sve", "single")
+    chunked = overrides("sve", "ddp_sim") + TEXT + ["method.members_at_once=1"]
     runs = [overrides(m, "ddp_sim") for m in METHODS] + [overrides(m, "ddp_sim") + TEXT for m in text_methods]
-    results = ddp_runs(tmp_path / "ddp", runs)
+    results = ddp_runs(tmp_path / "ddp", runs + [chunked])
     for method, result in zip(text_methods, results[len(METHODS):]):
         assert isinstance(result, dict) and result["metrics"]["test/examples"] == 21, (method, result)
+    assert isinstance(results[-1], dict), f"members_at_once=1 under DDP: {results[-1]}"
+    # ... and trains what all members at once train under DDP (equal to the last digit here). (Text runs are
+    # compared with each other, not with one process: a micro-batch pads its sentences to its own longest,
+    # so dropout masks, drawn per padded shape, differ from one process's.)
+    together, one_by_one = (np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")["member_logits"]
+                            for i in (len(METHODS), len(runs)))  # fmt: skip
+    np.testing.assert_allclose(one_by_one, together, rtol=1e-6, atol=1e-7)
     for i, (method, ddp) in enumerate(zip(METHODS, results)):
         assert isinstance(ddp, dict), f"{method} under DDP: {ddp}"
         metrics = ddp["metrics"]

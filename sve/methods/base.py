@@ -9,15 +9,20 @@ then one class with its own logic: ``make_layer`` and, where members are not sim
 
 Members run in chunks (``members_at_once``): ``all`` stacks every member's copy of the batch member-major
 and runs the backbone once; ``k`` runs k members per pass with ``select``, so activation memory drops about
-M/k-fold; ``1`` works on any architecture whatever its internal layout. ``auto`` runs all members at once
-in training and on accelerators, and evaluates on the CPU with passes of at most ``CPU_EVAL_EXAMPLES``
-examples (members x batch): there the activations of all members of a large batch overflow the CPU's caches,
-so one member per pass is faster, while the few examples of all members at batch 1 still run best at once
-(the batched and one-at-a-time rows of results/bench/bench.md). With one member per pass, the member-free
-layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once, not once per member
-(``sve.layers.shared_inputs``). When a member layer reports that
-its input is not batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a
-warning naming the module: never a silently wrong result.
+M/k-fold; ``1`` works on any architecture whatever its internal layout. In training, ``k`` also splits the
+backward: the LightningModule runs and back-propagates one chunk at a time (``training_chunks``), gradients
+add up across the chunks, and only one chunk's activations are alive at once. The step is the one all
+members at once would take (the loss is a sum over members, and each member draws its own dropout masks,
+``sve.training.draws``), so ``k`` trades time for memory and never changes what is trained.
+
+``auto`` runs all members at once in training and on accelerators, and evaluates on the CPU with passes of at
+most ``CPU_EVAL_EXAMPLES`` examples (members x batch): there the activations of all members of a large batch
+overflow the CPU's caches, so one member per pass is faster, while the few examples of all members at batch 1
+still run best at once (the batched and one-at-a-time rows of results/bench/bench.md). With one member per
+pass, the member-free layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once,
+not once per member (``sve.layers.shared_inputs``). When a member layer reports that its input is not
+batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a warning naming the
+module: never a silently wrong result.
 """
 
 from __future__ import annotations
@@ -99,6 +104,10 @@ class EnsembleMethod(nn.Module):
         train_backbone: the backbone's own weights train (full fine-tuning methods).
         shared_head: one head for all members (stochastic passes of one model: MC dropout, BLoB, Laplace).
         stochastic: members are random passes that no two runs reproduce (no member-by-member checks).
+        chunked_training: ``members_at_once: k`` also splits training into k-member forward-backward
+            passes (``training_chunks``). True where members are independent passes of ``member_logits``
+            and the loss is the mean member loss; a method whose members share one pass (a last-layer
+            ensemble) or that trains them otherwise (a deep ensemble's rounds) sets False.
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
@@ -112,6 +121,7 @@ class EnsembleMethod(nn.Module):
     """
 
     fixed_ensemble_size: int | None = None
+    chunked_training: bool = True
     train_backbone: bool = False
     shared_head: bool = False
     stochastic: bool = False
@@ -219,6 +229,18 @@ class EnsembleMethod(nn.Module):
             return members
         return min(members, max(1, CPU_EVAL_EXAMPLES // batch_size(batch)))
 
+    def training_chunks(self) -> list[list[int]] | None:
+        """The member chunks one training step runs and back-propagates one after another
+        (``members_at_once: k``), or None: all members in one pass (and one backward)."""
+        M, k = self.num_members(), 1 if self.fallback else self.members_at_once
+        if not self.chunked_training or not isinstance(k, int) or k >= M:
+            return None
+        return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
+
+    def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
+        """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members."""
+        return check_member_logits(mask_choices(self.member_logits(batch, members), batch), len(members))
+
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
         chunk = self.members_per_pass(batch, len(members))
@@ -268,10 +290,16 @@ class EnsembleMethod(nn.Module):
                 else self.members_at_once, "fell_back_to_one_member_at_a_time": self.fallback,
                 "head_init": self.head_init}
 
-    def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
-        """Eq. 6: the mean over members of each member's cross-entropy."""
-        M, B, C = member_logits.shape
-        return F.cross_entropy(member_logits.reshape(M * B, C).float(), labels.repeat(M))
+    def loss(self, member_logits: Tensor, labels: Tensor, ensemble_size: int | None = None) -> Tensor:
+        """Eq. 6: the mean over members of each member's cross-entropy. With ``ensemble_size`` (training in
+        chunks), these K members' share of the mean over that many: the chunks' losses add up to the loss of
+        all members at once, and their gradients to its gradient, rounding included (a sum divided by M B,
+        as the mean divides)."""
+        K, B, C = member_logits.shape
+        logits, targets = member_logits.reshape(K * B, C).float(), labels.repeat(K)
+        if ensemble_size is None:
+            return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits, targets, reduction="sum") / (ensemble_size * B)
 
     def constrain_(self) -> None:
         """Called after every optimiser step (e.g. to keep singular values non-negative)."""

@@ -81,8 +81,9 @@ class BLoB(EnsembleMethod):
     def kl(self) -> Tensor:
         return torch.stack([layer.kl() for layer in self.member_layers()]).sum()
 
-    def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
-        return super().loss(member_logits, labels) + self.kl_weight * self.kl()
+    def loss(self, member_logits: Tensor, labels: Tensor, ensemble_size: int | None = None) -> Tensor:
+        # One training member (each example its own sample), so a step is never split into member chunks.
+        return super().loss(member_logits, labels, ensemble_size) + self.kl_weight * self.kl()
 
     def report(self) -> dict:
         return {**super().report(), "num_samples": self.num_samples, "kl_weight": self.kl_weight}

@@ -59,6 +59,7 @@ class DeepEnsemble(EnsembleMethod):
     """
 
     train_backbone = True
+    chunked_training = False  # its memory lever is the sequential mode's rounds (chunk_size)
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, mode: str = "auto", chunk_size: int = 1,
                  **common):

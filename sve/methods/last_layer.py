@@ -19,6 +19,7 @@ class LastLayerEnsemble(LoRAEnsemble):
     """
 
     adapters_per_member = False
+    chunked_training = False  # one backbone pass serves every head: nothing to split
 
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         features = self.backbone(batch)  # (B, D): one backbone pass shared by all heads

@@ -6,6 +6,10 @@ each per-example draw is made for the whole global batch, of which the micro-bat
 (``rows``, from the sampler). Each example then gets the dropout mask, or the weight sample, it gets on one
 device without accumulation, and a resumed run draws what the uninterrupted one drew.
 
+Training in member chunks (``members_at_once: k``) runs each chunk in its own ``seeded_draws`` from the
+step's seed, naming its members: every dropout call then draws the masks of all M members, as one pass of
+all members would, and keeps its chunk's. Each member gets the masks it gets when all members run at once.
+
 What is covered: ``torch.nn.functional.dropout`` (which ``nn.Dropout`` and Hugging Face attention call), and
 per-example weight samples that ask ``rows_to_draw`` (BLoB). Attention that fuses its dropout into one kernel
 (timm's ``fused_attn``, PyTorch's SDPA in Hugging Face models) draws inside the kernel with the local batch's
@@ -26,6 +30,7 @@ from torch import Tensor, nn
 
 _plain_dropout = F.dropout
 _rows: tuple[int, int, int] | None = None  # (offset, local, total): this micro-batch's rows of the global batch
+_members: tuple[list[int], int] | None = None  # (members, of): the member chunk running, of how many members
 _warned: set[tuple[int, ...]] = set()
 
 
@@ -48,30 +53,37 @@ def _global_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplac
                           f"{local}: its mask is drawn per process (exact_draws)", stacklevel=2)  # fmt: skip
         return _plain_dropout(input, p, training, inplace)
     K = input.shape[0] // local  # members stacked member-major: row k * local + j
-    # As the CPU kernel of F.dropout: a Bernoulli(1 - p) mask scaled by 1 / (1 - p), here for all global rows.
-    noise = torch.empty((K, total, *input.shape[1:]), dtype=input.dtype, device=input.device).bernoulli_(1 - p)
+    chunk, drawn = (_members[0], _members[1]) if _members is not None and len(_members[0]) == K else (None, K)
+    # As the CPU kernel of F.dropout: a Bernoulli(1 - p) mask scaled by 1 / (1 - p), here for all global rows
+    # (and, in a member chunk, for all members: the chunk keeps its own).
+    noise = torch.empty((drawn, total, *input.shape[1:]), dtype=input.dtype, device=input.device).bernoulli_(1 - p)
+    if chunk is not None:
+        noise = noise[chunk]
     noise = noise[:, offset : offset + local].reshape(input.shape)
     noise = noise.div_(1 - p) if p < 1 else noise.zero_()
     return input.mul_(noise) if inplace else input * noise
 
 
 @contextmanager
-def seeded_draws(seed: int, rows: tuple[int, int] | None = None, local: int = 0) -> Iterator[None]:
+def seeded_draws(seed: int, rows: tuple[int, int] | None = None, local: int = 0,
+                 members: tuple[list[int], int] | None = None) -> Iterator[None]:
     """Inside: draws seeded by ``seed`` and, with ``rows = (offset, total)`` (training), dropout drawn for
-    the global batch of which this micro-batch of ``local`` examples holds those rows; the global random
+    the global batch of which this micro-batch of ``local`` examples holds those rows; with ``members =
+    (chunk, M)``, drawn for all M members, of which the running chunk keeps its own. The global random
     state is as it was afterwards."""
-    global _rows
+    global _rows, _members
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    previous = _rows
+    previous = _rows, _members
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         _rows = None if rows is None else (int(rows[0]), local, int(rows[1]))
+        _members = None if members is None else (list(members[0]), int(members[1]))
         F.dropout = _global_dropout
         try:
             yield
         finally:
             F.dropout = _plain_dropout
-            _rows = previous
+            _rows, _members = previous
 
 
 def unfuse_attention_dropout(model: nn.Module) -> list[str]:

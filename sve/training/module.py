@@ -82,16 +82,54 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         scale = batch.pop("loss_scale", 1.0)  # this micro-batch's share of the global batch (sve.data.sampling)
-        rows = batch.pop("rows", None)  # its place in the global batch
+        B = batch["labels"].shape[0]
+        rows = batch.pop("rows", (0, B))  # its place in the global batch (all of it, without the sampler)
         # A tuple of ints hashes alike in every process (strings do not); -1 keeps it apart from ``draws``'.
         seed = hash((self.draw_seed, -1, self.global_step)) % 2**63
-        draws = seeded_draws(seed, rows, batch["labels"].shape[0]) if self.exact_draws else nullcontext()
-        with draws:
-            logits = check_member_logits(self.method(batch))
-            loss = self.method.loss(logits, batch["labels"])
+        chunks = self.method.training_chunks()
+        if chunks is not None:
+            loss = self.chunked_step(batch, chunks, seed, rows, scale)
+        else:
+            with seeded_draws(seed, rows, B) if self.exact_draws else nullcontext():
+                logits = check_member_logits(self.method(batch))
+                loss = self.method.loss(logits, batch["labels"])
         self.check_finite(loss, batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
         return loss * scale
+
+    def chunked_step(self, batch: dict, chunks: list[list[int]], seed: int, rows, scale: float) -> Tensor:
+        """``members_at_once: k`` in training: each chunk's forward and backward in turn, so one chunk's
+        activations are alive at a time, with the gradients of all members at once. Each chunk draws from the
+        step's seed what all members would (``sve.training.draws``).
+
+        Lightning zeroes the gradients between a training step and its backward, so the chunks before the
+        last keep theirs aside, and the loss returned brings them back: for each parameter with kept
+        gradient g, (p * g).sum() minus its own value, which adds 0 to the loss and exactly g to p's
+        gradient in Lightning's backward. Everything Lightning does around that backward (accumulation,
+        clipping, float16 scaling, DDP's gradient reduction, which then covers the earlier chunks' members
+        too) applies to all chunks alike."""
+        M, labels = sum(len(c) for c in chunks), batch["labels"]
+        params = [p for p in self.method.trainable_parameters() if p.numel()]
+        before = [p.grad for p in params]  # accumulated micro-batches (or the last step's, about to be zeroed)
+        for p in params:
+            p.grad = None
+        trainer = self._trainer  # None in a plain PyTorch loop
+        scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+        earlier = []
+        for i, members in enumerate(chunks):
+            draws = seeded_draws(seed, rows, labels.shape[0], (members, M)) if self.exact_draws else nullcontext()
+            with draws:
+                part = self.method.loss(self.method.chunk_logits(batch, members), labels, ensemble_size=M)
+            if i == len(chunks) - 1:
+                break
+            (scaler.scale(part) if scaler is not None else part).backward()  # this chunk's graph is freed
+            earlier.append(part.detach())
+        kept = [(p, p.grad if scaler is None else p.grad / scaler.get_scale()) for p in params if p.grad is not None]
+        for p, grad in zip(params, before):
+            p.grad = grad
+        restore = [(p * g).sum() for p, g in kept]
+        restore = sum(t - t.detach() for t in restore) if restore else 0.0
+        return part + restore + (torch.stack(earlier).sum() if earlier else 0.0)
 
     def check_finite(self, loss: Tensor, batch: dict | None = None) -> None:
         """Stops at the first non-finite loss (on any rank, so all ranks stop together): the data's fault when
