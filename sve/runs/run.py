@@ -41,6 +41,7 @@ from sve.training.checkpoint import FILENAME, FINAL, LastCheckpoint, read_checkp
 from sve.training.curves import LearningCurve
 from sve.training.loggers import CSVLogger
 from sve.training.module import EnsembleModule
+from sve.training.sharding import is_sharded, unshard_method
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,8 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         datamodule.order_seed += 1  # each round its own data order (restored from checkpoints of that round)
         trainer = make_trainer(cfg, logger, callbacks)
         trainer.fit(module, datamodule=datamodule)
+    if is_sharded(method):  # trainer=fsdp: from here on every rank holds the whole trained model
+        unshard_method(method)
     module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU; a posterior fits here
     with datamodule.whole_training_split():  # every rank fits the same thing on the same data
         method.after_fit(datamodule)

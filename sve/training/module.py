@@ -80,6 +80,15 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
     def forward(self, batch: dict) -> Tensor:
         return self.method(batch)
 
+    def configure_model(self) -> None:
+        """Under ``trainer=fsdp`` (Lightning's ModelParallelStrategy gives the device mesh): shards the
+        method, block by block (``sve.training.sharding``). Any other strategy leaves the model as it is."""
+        if self.device_mesh is not None:
+            from sve.training.sharding import shard_method
+
+            self.frozen_fingerprint()  # of the whole frozen tensors, kept for every checkpoint: before sharding
+            shard_method(self.method, self.device_mesh["data_parallel"])
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         scale = batch.pop("loss_scale", 1.0)  # this micro-batch's share of the global batch (sve.data.sampling)
         B = batch["labels"].shape[0]
@@ -176,14 +185,16 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         """A step can leave the loss finite and the weights not (an overflowing update, the last step of a
         run): stop here, naming the step, rather than after training with non-finite test metrics. One fused
         norm per step over the trainable tensors (about 1% of the backbone for SVE)."""
-        params = [p for p in self.method.trainable_parameters() if p.numel()]
-        if not params:
-            return
-        finite = bool(torch.isfinite(torch.stack([p.detach().abs().amax().float() for p in params])).all())
+        # Under trainer=fsdp each rank checks its own slice (the decision is reduced over ranks below).
+        params = [p.to_local() if hasattr(p, "to_local") else p for p in self.method.trainable_parameters()]
+        params = [p for p in params if p.numel()]
+        finite = not params or bool(torch.isfinite(torch.stack([p.detach().abs().amax().float()
+                                                                for p in params])).all())  # fmt: skip
         if self.trainer.world_size > 1:
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
         if not finite:
-            bad = [n for n, p in self.method.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+            bad = [n for n, p in self.method.named_parameters()
+                   if p.requires_grad and not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()]
             raise TrainingDiverged(
                 f"training diverged: {len(bad)} trainable tensor(s) became non-finite in the optimiser step "
                 f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}, e.g. "

@@ -1,0 +1,152 @@
+"""Fully sharded data parallel training (``trainer=fsdp``): parameters, gradients and optimiser state split
+over the devices, for the full fine-tunes that do not fit one device (Table 3's 7B rows as full fine-tunes).
+
+DDP (``trainer=ddp``) keeps a whole model, its gradients and its AdamW moments on every device: a 7B full
+fine-tune needs about 16 bytes per parameter (weights, gradient, two moments; more in float32), which no
+single 80 GB GPU holds. FSDP keeps 1/N of each on each of N devices and gathers one unit's weights at a time
+for its forward and backward. The units are the backbone's repeated blocks (``repeated_blocks``: the
+children of its longest ``nn.ModuleList`` of one class, e.g. LLaMA's decoder layers, BERT's layers, a ViT's
+blocks), found on the model itself, so any architecture is wrapped without a list of class names; the rest
+of the method (embeddings, heads, member tensors outside the blocks) is the root unit.
+
+This is PyTorch's FSDP2 (``fully_shard``) under Lightning's ``ModelParallelStrategy``: FSDP2 runs on the CPU
+over gloo too, so a sharded run is tested against one process (``trainer=fsdp_sim``), while Lightning's
+FSDP1 strategy refuses the CPU (PyTorch's FSDP1 needs an accelerator). Frozen and trainable tensors mix
+inside one unit for SVE and the LoRA methods (frozen U, V and base weights beside trainable singular values
+or adapters): each parameter keeps its own ``requires_grad``, and only the trainable ones get gradients and
+optimiser state. Outside a unit's forward a parameter is a ``DTensor`` holding this rank's rows, which the
+optimiser step and SVE's projection onto s >= 0 (``constrain_``) act on elementwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+from pytorch_lightning.strategies import ModelParallelStrategy
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def repeated_blocks(model: nn.Module) -> set[type[nn.Module]]:
+    """The classes of the blocks a model repeats: the children of its longest ``nn.ModuleList`` whose
+    children all share one class (empty when it has none of at least two)."""
+    best: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > len(best):
+            if len(Counter(type(child) for child in module)) == 1:
+                best = list(module)
+    return {type(best[0])} if len(best) >= 2 else set()
+
+
+def shard_method(method: nn.Module, mesh) -> list[str]:
+    """Applies FSDP2 to ``method``: every repeated block of its backbone a unit, the method the root. The
+    member-logit entry points that do not go through ``forward`` (training in member chunks) gather the
+    root's parameters as ``forward`` does. Returns the unit classes."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    # Lightning calls configure_model for every fit and test: shard once. A method made whole again after
+    # training (``unshard_method``) is tested as it is, each rank holding all of it, as under DDP.
+    if is_sharded(method) or getattr(method, "was_sharded", False):
+        return [b.__name__ for b in repeated_blocks(method.backbone)]
+    method.was_sharded = True
+    for p in method.parameters():  # FSDP2 shards by rows of a contiguous tensor (an SVD's Vh is often a view)
+        if not p.is_contiguous():
+            p.data = p.data.contiguous()
+    blocks = tuple(repeated_blocks(method.backbone))
+    for module in method.backbone.modules():
+        if blocks and isinstance(module, blocks):
+            fully_shard(module, mesh=mesh)
+    fully_shard(method, mesh=mesh)
+    for name in ("member_logits", "chunk_logits"):
+        register_fsdp_forward_method(method, name)
+    names = [b.__name__ for b in blocks]
+    log.info("FSDP units: %s, and the method as the root", ", ".join(names) or "none (no repeated block)")
+    return names
+
+
+def is_sharded(method: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(method, FSDPModule)
+
+
+def unshard_method(method: nn.Module) -> None:
+    """Turns a sharded method back into a plain module on every rank, each holding every tensor in full:
+    called after training, so that what follows reads the model as on one device (the posterior fits of
+    ``after_fit``, rank 0's adapter files and final checkpoint, the metrics' checks). Collective: every
+    rank calls it."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    for module in method.modules():  # gather first, while every unit still has its state
+        for name, p in list(module._parameters.items()):
+            if isinstance(p, DTensor):
+                module._parameters[name] = nn.Parameter(p.full_tensor().detach().clone(), requires_grad=p.requires_grad)
+    for module in method.modules():
+        if isinstance(module, FSDPModule):
+            # fully_shard swapped in a subclass and added its hooks (and forward methods) to the instance
+            module.__class__ = next(c for c in type(module).__mro__[1:] if not issubclass(c, FSDPModule))
+            for hooks, kwargs in ((module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),
+                                  (module._forward_hooks, module._forward_hooks_with_kwargs)):  # fmt: skip
+                for key in [k for k, hook in hooks.items() if is_fsdp_hook(hook)]:
+                    del hooks[key]
+                    kwargs.pop(key, None)
+            for name in ("member_logits", "chunk_logits"):
+                module.__dict__.pop(name, None)
+
+
+def load_state(module: nn.Module, state: dict) -> None:
+    """``module.load_state_dict(state)``, where the module may be sharded and the state whole (a deep
+    ensemble's pretrained start, kept before sharding): each whole tensor is cut to this rank's slice as its
+    parameter is laid out. Every rank calls it, with the same state."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    current = module.state_dict()
+    state = {k: distribute_tensor(v.to(current[k].device_mesh.device_type), current[k].device_mesh,
+                                  current[k].placements)
+             if isinstance(current.get(k), DTensor) and not isinstance(v, DTensor) else v
+             for k, v in state.items()}  # fmt: skip
+    module.load_state_dict(state)
+
+
+def is_fsdp_hook(hook) -> bool:
+    owner = getattr(hook, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith("torch.distributed.fsdp")
+
+
+class ShardedStrategy(ModelParallelStrategy):
+    """Lightning's strategy for FSDP2 with every device in one data-parallel group (no tensor parallelism):
+    the model is sharded by the LightningModule's ``configure_model`` (``shard_method``)."""
+
+    def __init__(self, save_distributed_checkpoint: bool = False, **kwargs):
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
+        super().setup_environment()
+
+    def optimizer_state(self, optimizer) -> dict:
+        # Each rank's own AdamW state (its slices of the trainable tensors), gathered as a list on rank 0: a
+        # checkpoint resumes on the same number of devices. (PyTorch's consolidation to one full state maps
+        # parameters by their names and fails on parameter groups built outside the model.)
+        state = optimizer.state_dict()
+        gathered = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, state)
+        return {"sharded": gathered}
+
+
+def fsdp_strategy(save_distributed_checkpoint: bool = False) -> ShardedStrategy:
+    """The strategy of ``configs/trainer/fsdp.yaml`` and ``fsdp_sim.yaml``.
+
+    Args:
+        save_distributed_checkpoint: each rank writes its shard (a folder of files); False gathers the
+            trainable state into one file on rank 0, as the other strategies write it.
+    """
+    return ShardedStrategy(save_distributed_checkpoint=save_distributed_checkpoint)
+
+
+__all__ = ["ShardedStrategy", "fsdp_strategy", "is_sharded", "load_state", "repeated_blocks", "shard_method",
+           "unshard_method"]
