@@ -6,6 +6,13 @@ A_m (r x in') and B_m (out x r) trainable. B_m starts at zero, so every member e
 init; the A_m are drawn independently (nn.Linear's default init), which is where LoRA-Ensemble members
 start to differ. With M = 1 this is plain LoRA.
 
+``dropout`` > 0 drops the low-rank path's input, as peft's ``lora_dropout`` does: y = W0 x + (alpha / r)
+B_m A_m dropout(x), the base layer seeing x whole. It is drawn with ``torch.nn.functional.dropout``, looked up
+at call time, so the exact training draws (``sve.training.draws``) cover it: on the member-major input each
+row k*B + j gets member k's mask for example j, whichever member chunk or micro-batch runs. It is on while the
+layer trains (a method keeping it on at evaluation puts the layer in training mode, as MC dropout does); 0.0,
+the default, leaves the layer as it was.
+
 All selected members run in one batched forward: the base layer sees the whole (K*B, ...) input once, and
 the low-rank path is a batched matmul over members (or, for a Conv2d, a grouped convolution: A_m as r
 filters of the full kernel size, B_m as a 1x1 convolution; see ``sve.layers.adapter``). Posterior samples
@@ -17,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.layers.adapter import member_conv2d
@@ -29,21 +37,32 @@ class LoRALayer(MemberLayer):
     ensemble_size: number of members M (1: plain LoRA).
     rank: r.
     alpha: scaling numerator; the update is scaled by alpha / r (C.3: r = alpha = 8, i.e. scale 1).
+    dropout: rate of the dropout on the low-rank path's input (peft's ``lora_dropout``; module docstring).
     """
 
-    def __init__(self, base: nn.Module, ensemble_size: int = 1, rank: int = 8, alpha: float = 8.0):
+    def __init__(self, base: nn.Module, ensemble_size: int = 1, rank: int = 8, alpha: float = 8.0,
+                 dropout: float = 0.0):
         super().__init__(base, ensemble_size)
         if rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout}")
         self.base = base.requires_grad_(False)
         self.rank = rank
         self.scaling = alpha / rank
-        A = torch.empty(ensemble_size, rank, self.in_features)
-        for a in A:  # nn.Linear's default init, one independent draw per member
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
-        self.lora_A = nn.Parameter(A)  # (M, r, in')
-        self.lora_B = nn.Parameter(torch.zeros(ensemble_size, self.out_features, rank))  # (M, out, r)
+        self.dropout = float(dropout)
+        self.lora_A = nn.Parameter(torch.empty(ensemble_size, rank, self.in_features))  # (M, r, in')
+        self.lora_B = nn.Parameter(torch.empty(ensemble_size, self.out_features, rank))  # (M, out, r)
+        self.reset(range(ensemble_size))
         self.record: list | None = None  # set by sve.methods.kfac to collect KFAC statistics
+
+    @torch.no_grad()
+    def reset(self, members) -> None:
+        """Draws ``members``' adapters afresh: A as nn.Linear's default init, one independent draw per member,
+        and B = 0, so each starts as the base layer (a deep ensemble re-draws each round's members)."""
+        for m in members:
+            nn.init.kaiming_uniform_(self.lora_A[m], a=math.sqrt(5))
+            self.lora_B[m].zero_()
 
     @property
     def base_dtype(self) -> torch.dtype:
@@ -51,6 +70,8 @@ class LoRALayer(MemberLayer):
 
     def forward_members(self, x: Tensor, members: list[int]) -> Tensor:
         y = self.base(x)  # shared weight: the member-major rows pass through unchanged
+        if self.dropout:  # the low-rank path only, as peft; F.dropout so that exact draws cover it
+            x = F.dropout(x, self.dropout, self.training)
         return y + self.delta(x, self.pick("lora_A", members), self.pick("lora_B", members)).to(y.dtype)
 
     def delta(self, x: Tensor, A: Tensor, B: Tensor) -> Tensor:
@@ -77,4 +98,4 @@ class LoRALayer(MemberLayer):
         return self.base.bias
 
     def extra_repr(self) -> str:
-        return f"ensemble_size={self.ensemble_size}, rank={self.rank}, scaling={self.scaling}"
+        return f"ensemble_size={self.ensemble_size}, rank={self.rank}, scaling={self.scaling}, dropout={self.dropout}"

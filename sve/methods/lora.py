@@ -4,7 +4,9 @@
 Every target layer (the backbone's ``target_modules``, the same as SVE's: attention projections and MLP
 linears, C.3) becomes a ``LoRALayer`` with one rank-r adapter per member; the backbone is frozen and each
 member has its own head. All members run in one batched forward, and their adapters live in the module's
-``state_dict``. Trainable parameters: M * sum_l r (in_l + out_l) plus M heads.
+``state_dict``. Trainable parameters: M * sum_l r (in_l + out_l) plus M heads. ``dropout`` (0.0 by default)
+drops the input of every adapter's low-rank path while training, as peft's ``lora_dropout``
+(``sve.layers.lora``); Table 3's LoRA rows use Yang et al.'s 0.1.
 """
 
 from __future__ import annotations
@@ -19,18 +21,22 @@ class LoRAEnsemble(EnsembleMethod):
     """Args:
     rank: LoRA rank r (C.3: 8).
     alpha: LoRA alpha (C.3: 8); the update is scaled by alpha / r.
+    dropout: LoRA dropout on the low-rank path's input in training (0.0: none; Yang et al., 2024: 0.1).
     """
 
     adapters_per_member = True  # False: one adapter shared by all members (last-layer, checkpoint ensembles)
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
-                 **common):
+                 dropout: float = 0.0, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
-        self.rank, self.alpha = rank, alpha
+        if not 0 <= dropout < 1:
+            raise ValueError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
+        self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)
         self.adapt()
 
     def make_layer(self, layer: nn.Module) -> LoRALayer:
-        return LoRALayer(layer, self.ensemble_size if self.adapters_per_member else 1, self.rank, self.alpha)
+        members = self.ensemble_size if self.adapters_per_member else 1
+        return LoRALayer(layer, members, self.rank, self.alpha, self.dropout)
 
     def lora_layers(self) -> list[LoRALayer]:
         return [m for m in self.modules() if isinstance(m, LoRALayer)]
