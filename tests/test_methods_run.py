@@ -14,6 +14,7 @@ from tests.conftest import compose_cfg, config_options
 
 BASELINES = config_options("method")
 
+SAMPLED = ("mc_dropout", "mc_dropout_lora", "blob", "bayes_lora_llla", "bayes_lora_la")  # 10 passes or samples
 FAST = ["backbone=tiny_bert", "dataset=synthetic_text", "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1", "ensemble_size=2"]
 
@@ -24,15 +25,16 @@ def test_every_baseline_config_runs(method, tmp_path):
     if method == "checkpoint_ensemble":  # one epoch-end checkpoint per member
         extra = ["trainer.max_epochs=2", "trainer.limit_train_batches=2"]
     results = run(compose_cfg([f"method={method}", *FAST, *extra], tmp_path))
-    assert results["num_members"] == (10 if method in ("mc_dropout", "blob", "bayes_lora_llla", "bayes_lora_la")
-                                      else results["ensemble_size"])  # fmt: skip
+    assert results["num_members"] == (10 if method in SAMPLED else results["ensemble_size"])
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["method"] == method and 0 <= written["metrics"]["test/acc"] <= 100
     assert results["parameters"]["trainable"] > 0
     report = written["method_report"]
     if method == "deep_ensemble":
         assert report["mode"] == "in_memory"  # CPU: M copies fit
-    if method in ("mc_dropout", "blob", "bayes_lora_llla", "bayes_lora_la"):
+    if method == "deep_ensemble_lora":
+        assert (report["mode"], report["rounds"]) == ("sequential", 2)  # one run per member
+    if method in SAMPLED:
         assert report["num_samples"] == 10 and results["num_members"] == 10
     if method.startswith("bayes_lora"):
         assert report["prior_precision"] > 0

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from sve.api.module_backbone import ModuleBackbone, to_batch
 from sve.backbones.base import Backbone
 from sve.methods.base import EnsembleMethod
+from sve.methods.deep_ensemble import DeepEnsemble
 from sve.paths import CONFIGS
 
 METHOD_CONFIGS = CONFIGS / "method"
@@ -125,7 +126,7 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
         backbone.keep_head = True
         num_classes = backbone.head_weights[0].shape[0]
     settings = {**defaults, **options, "target_modules": list(target_modules) if target_modules else None}
-    if method == "deep_ensemble":
+    if issubclass(cls, DeepEnsemble):  # deep_ensemble, deep_ensemble_lora
         settings["mode"] = "in_memory"  # module docstring
     task = "its own head" if getattr(backbone, "keep_head", False) else None  # recorded in head_init
     built = cls(backbone, ensemble_size=int(ensemble_size), num_classes=int(num_classes), task=task, **settings)

@@ -21,6 +21,18 @@ times (measured on mini Table 1: equal member accuracies, no disagreement). ``au
 where each round draws its own data order; what differs between members is that order. Members trained in
 one chunk share it, so this uses chunks of one, and an explicit ``in_memory`` (or ``chunk_size`` > 1) with a
 pretrained head warns.
+
+``DeepEnsembleLoRA`` (``method=deep_ensemble_lora``) is the deep ensemble as Yang et al. (2024) ran it on
+LLaMA-2-7B (Table 3's Deep Ensemble row): each member is a LoRA fine-tune, an adapter and a head on the shared
+frozen backbone, and members are independent runs with their own seeds. The backbone is held once: every
+target layer is a ``LoRALayer`` with one adapter per member, and a round trains its members' adapters and
+heads only (``select``). A member's trainable tensors are stored on the CPU when its round ends, never a copy
+of the backbone; the next round's members are drawn afresh from that round's seed (LoRA A as nn.Linear's
+init, B = 0, a random head or the pretrained one) before they train. Members that are not training still sit
+in the optimiser, with zero gradients, where AdamW's weight decay moves them a little, so the stored tensors
+are put back when a round starts and when the last one ends: each member is its round's result. ``auto``
+trains round by round (``sequential``): in memory, the members would be LoRA-Ensemble's, trained jointly on
+the same batches.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from sve.layers.lora import LoRALayer
 from sve.members import check_member_logits
 from sve.methods.base import EnsembleMethod, count_parameters, mask_choices
 
@@ -68,31 +81,39 @@ class DeepEnsemble(EnsembleMethod):
             raise ValueError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
         self.adapt()  # before copying: the copies inherit which parameters train
         M = self.ensemble_size
-        same_start = self.head_pretrained  # every member starts from the same weights (docstring)
-        if mode == "auto":
-            self.mode = "sequential" if same_start else choose_mode(backbone, M)
-            chunk_size = 1 if same_start else chunk_size
-        else:
-            self.mode = mode
-        self.chunk_size = M if self.mode == "in_memory" else max(1, min(chunk_size, M))
-        if same_start and self.chunk_size > 1:
-            warnings.warn(f"DeepEnsemble: the head is {self.head_init}, so every member starts from the same "
-                          f"weights, and the {self.chunk_size} members trained together (mode={self.mode}, "
-                          f"chunk_size={self.chunk_size}) see the same batches: they stay identical. Use "
-                          f"mode=sequential with chunk_size=1 (or mode=auto) for members of their own.",
-                          stacklevel=2)  # fmt: skip
-        if self.mode == "sequential":  # evaluation loads one chunk of stored members per pass
-            k = self.members_at_once if isinstance(self.members_at_once, int) else self.chunk_size
-            self.members_at_once = min(k, self.chunk_size)
+        self.mode, self.chunk_size = self.plan(mode, chunk_size)
         self.seed = torch.initial_seed()
-        # Working copies: all M members in memory, or one chunk. Copy 0 is the backbone itself.
-        self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])
-        self.initial = cpu_state(backbone) if self.mode == "sequential" else None
+        self.hold_members()
         self.store: list[dict[str, Tensor] | None] = [None] * M  # finished members (sequential mode)
         self.round = 0
         self.loaded = list(range(self.chunk_size))  # member held by each working copy
         self.finished = self.mode == "in_memory"
-        log.info("DeepEnsemble: %d members, mode=%s, chunk_size=%d", M, self.mode, self.chunk_size)
+        log.info("%s: %d members, mode=%s, chunk_size=%d", type(self).__name__, M, self.mode, self.chunk_size)
+
+    def plan(self, mode: str, chunk_size: int) -> tuple[str, int]:
+        """(mode, chunk_size) as run: ``auto`` resolved, chunks within 1..M (module docstring)."""
+        M = self.ensemble_size
+        same_start = self.head_pretrained  # every member starts from the same weights (docstring)
+        if mode == "auto":
+            mode = "sequential" if same_start else choose_mode(self.backbone, M)
+            chunk_size = 1 if same_start else chunk_size
+        chunk_size = M if mode == "in_memory" else max(1, min(chunk_size, M))
+        if same_start and chunk_size > 1:
+            warnings.warn(f"DeepEnsemble: the head is {self.head_init}, so every member starts from the same "
+                          f"weights, and the {chunk_size} members trained together (mode={mode}, "
+                          f"chunk_size={chunk_size}) see the same batches: they stay identical. Use "
+                          f"mode=sequential with chunk_size=1 (or mode=auto) for members of their own.",
+                          stacklevel=3)  # fmt: skip
+        if mode == "sequential":  # evaluation loads one chunk of stored members per pass
+            k = self.members_at_once if isinstance(self.members_at_once, int) else chunk_size
+            self.members_at_once = min(k, chunk_size)
+        return mode, chunk_size
+
+    def hold_members(self) -> None:
+        """Working copies: all M members in memory, or one chunk. Copy 0 is the backbone itself."""
+        backbone = self.backbone
+        self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])
+        self.initial = cpu_state(backbone) if self.mode == "sequential" else None
 
     @property
     def rounds(self) -> int:
@@ -103,21 +124,34 @@ class DeepEnsemble(EnsembleMethod):
         return list(range(start, min(start + self.chunk_size, self.ensemble_size)))
 
     def next_round(self) -> bool:
-        """Stores the members just trained; loads the initial weights for the next round, if any."""
-        if self.mode == "in_memory":
+        """Stores the members just trained; starts the next round's, if any."""
+        if self.mode == "in_memory" or self.finished:
             return False
-        for copy_, member in zip(self.members, self.active()):
-            self.store[member] = cpu_state(copy_)
+        for slot, member in enumerate(self.active()):
+            self.store[member] = self.member_state(slot, member)
         if self.round + 1 >= self.rounds:
             self.finished = True
+            self.end_rounds()
             return False
         self.round += 1
+        torch.manual_seed(self.seed + self.round)  # each round its own seed (data order, dropout, fresh draws)
+        self.start_round()
+        log.info("%s: training members %s (round %d of %d)", type(self).__name__, self.active(), self.round + 1,
+                 self.rounds)
+        return True
+
+    def member_state(self, slot: int, member: int) -> dict[str, Tensor]:
+        """What the store keeps of ``member``, trained in working copy ``slot``: the copy's whole state."""
+        return cpu_state(self.members[slot])
+
+    def start_round(self) -> None:
+        """The working copies back to the initial weights, for this round's members."""
         for copy_ in self.members:
             copy_.load_state_dict(self.initial)
         self.loaded = self.active()
-        torch.manual_seed(self.seed + self.round)  # each round its own seed (data order, dropout)
-        log.info("DeepEnsemble: training members %s (round %d of %d)", self.loaded, self.round + 1, self.rounds)
-        return True
+
+    def end_rounds(self) -> None:
+        """After the last round (finished members load from the store as evaluation needs them)."""
 
     def copies(self, members: list[int]) -> list[nn.Module]:
         """The working copies holding ``members``, loading finished members from the store if needed."""
@@ -159,3 +193,86 @@ class DeepEnsemble(EnsembleMethod):
 
     def report(self) -> dict:
         return {**super().report(), "mode": self.mode, "chunk_size": self.chunk_size, "rounds": self.rounds}
+
+
+class DeepEnsembleLoRA(DeepEnsemble):
+    """Args:
+    rank, alpha, dropout: every member's LoRA adapter (Yang et al.: 8, 16, LoRA dropout 0.1).
+    mode: ``auto`` (= ``sequential``: one run per member), ``sequential`` or ``in_memory`` (jointly trained).
+    chunk_size: members trained together per round in sequential mode.
+    """
+
+    train_backbone = False  # the members are adapters on the one frozen backbone
+
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
+                 dropout: float = 0.1, mode: str = "auto", chunk_size: int = 1, **common):
+        if not 0 <= dropout < 1:
+            raise ValueError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
+        self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)  # read by make_layer, in adapt()
+        super().__init__(backbone, ensemble_size, num_classes, mode=mode, chunk_size=chunk_size, **common)
+
+    def make_layer(self, layer: nn.Module) -> LoRALayer:
+        return LoRALayer(layer, self.ensemble_size, self.rank, self.alpha, self.dropout)
+
+    def lora_layers(self) -> list[LoRALayer]:
+        return [m for m in self.modules() if isinstance(m, LoRALayer)]
+
+    def plan(self, mode: str, chunk_size: int) -> tuple[str, int]:
+        """``auto`` is ``sequential``; members differ by their adapters' draws even from a pretrained head."""
+        mode = "sequential" if mode == "auto" else mode
+        return mode, self.ensemble_size if mode == "in_memory" else max(1, min(chunk_size, self.ensemble_size))
+
+    def hold_members(self) -> None:
+        """Nothing to copy: every member's adapter lives in the layers, its head in the heads."""
+        with torch.no_grad():  # the pretrained head (if any), which every round's members start from
+            self.head_start = (self.heads.weight[0].clone(), self.heads.bias[0].clone()) if self.head_pretrained \
+                else None
+
+    def trained(self) -> dict[str, nn.Parameter]:
+        """The trainable tensors, each (M, ...): row m is member m's."""
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        wrong = [n for n, p in params.items() if p.shape[0] != self.ensemble_size]
+        if wrong:  # pragma: no cover - every adapter and head has one row per member
+            raise RuntimeError(f"DeepEnsembleLoRA: trainable tensors without one row per member: {wrong[:4]}")
+        return params
+
+    def member_state(self, slot: int, member: int) -> dict[str, Tensor]:
+        """Member ``member``'s rows of the trainable tensors: its adapter and head, never the backbone."""
+        return {n: p[member].detach().to("cpu", copy=True) for n, p in self.trained().items()}
+
+    @torch.no_grad()
+    def put_back(self) -> None:
+        """The finished members' rows as they were stored (weight decay moved them during later rounds)."""
+        params = self.trained()
+        for member, state in enumerate(self.store):
+            for name, row in (state or {}).items():
+                params[name][member].copy_(row)
+
+    @torch.no_grad()
+    def start_round(self) -> None:
+        """This round's members drawn afresh from the round's seed (set by ``next_round``)."""
+        self.put_back()
+        members = self.active()
+        for layer in self.lora_layers():
+            layer.reset(members)
+        for m in members:
+            if self.head_start is not None:
+                weight, bias = self.head_start
+            else:  # nn.Linear's init, as MemberHeads draws every head
+                fresh = nn.Linear(self.heads.weight.shape[2], self.heads.weight.shape[1])
+                weight, bias = fresh.weight, fresh.bias
+            self.heads.weight[m].copy_(weight)
+            self.heads.bias[m].copy_(bias)
+        self.loaded = members
+
+    def end_rounds(self) -> None:
+        self.put_back()
+
+    def member_features(self, batch: dict, members: list[int]) -> Tensor:
+        return EnsembleMethod.member_features(self, batch, members)  # the one backbone, members selected
+
+    def parameter_counts(self) -> dict[str, int]:
+        return EnsembleMethod.parameter_counts(self)  # the backbone once, M adapters and heads
+
+    def report(self) -> dict:
+        return {**super().report(), "rank": self.rank, "alpha": self.alpha, "dropout": self.dropout}

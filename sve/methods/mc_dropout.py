@@ -10,6 +10,13 @@ probabilities; switching on only the ``nn.Dropout`` modules would leave that sit
 The passes are the members: the batch is stacked ``num_samples`` times member-major (or in chunks, with
 ``members_at_once``), so each row gets its own dropout masks, and the one head reads every pass; the output
 is (num_samples, B, C) in the usual layout.
+
+``MCDropoutLoRA`` (``method=mc_dropout_lora``) is MC dropout as Yang et al. (2024) ran it on LLaMA-2-7B (the
+MC Dropout row of Table 3): one LoRA adapter (rank 8, alpha 16, LoRA dropout 0.1) on a frozen backbone, whose
+LoRA dropout (``sve.layers.lora``) stays on at evaluation. The backbone's own dropout sites are left as the
+backbone has them, and off at evaluation. The passes run as above: the one adapter serves every row of the
+member-major batch, and each row draws its own LoRA-dropout mask. In training it is the single LoRA with that
+dropout (``method=single_lora method.dropout=0.1``), step for step.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from sve.methods.base import EnsembleMethod
+from sve.methods.lora import SingleLoRA
 
 
 def set_dropout(model: nn.Module, rate: float) -> int:
@@ -71,3 +79,34 @@ class MCDropout(EnsembleMethod):
     def report(self) -> dict:
         return {**super().report(), "num_samples": self.num_samples, "dropout": self.dropout,
                 "dropout_sites": self.sites}
+
+
+class MCDropoutLoRA(SingleLoRA):
+    """Args:
+    rank, alpha: the one LoRA adapter (Yang et al.: 8, 16).
+    dropout: the LoRA dropout, in training and at evaluation (Yang et al.: 0.1).
+    num_samples: stochastic passes at evaluation (Yang et al.: 10).
+    """
+
+    shared_head = True  # one adapter and one head: the members are its passes
+    stochastic = True
+
+    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
+                 dropout: float = 0.1, num_samples: int = 10, **common):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"method.num_samples={num_samples!r} is not valid: passes are a positive integer")
+        self.num_samples = num_samples
+        super().__init__(backbone, ensemble_size, num_classes, rank=rank, alpha=alpha, dropout=dropout, **common)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if not mode:  # the LoRA dropout keeps sampling at test time; the backbone stays in evaluation mode
+            for layer in self.lora_layers():
+                layer.train()
+        return self
+
+    def num_members(self) -> int:
+        return 1 if self.training else self.num_samples  # each pass draws its own LoRA-dropout masks
+
+    def report(self) -> dict:
+        return {**super().report(), "num_samples": self.num_samples, "dropout": self.dropout}

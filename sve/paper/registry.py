@@ -52,8 +52,11 @@ METHOD_NAMES = {
     "single": "Single",
     "svf": "Single w/ SVF",
     "single_lora": "Single w/ LoRA",
+    "single_lora_yang": "Single (LoRA, Yang et al.)",  # Table 3's rows run on LoRA as their source did
     "mc_dropout": "MC Dropout",
+    "mc_dropout_lora": "MC Dropout (LoRA)",
     "deep_ensemble": "Deep Ensemble",
+    "deep_ensemble_lora": "Deep Ensemble (LoRA)",
     "batch_ensemble": "Batch Ensemble",
     "lora_ensemble": "LoRA-Ensemble",
     "bayes_lora_llla": "Bayes-LoRA (LLLA)",
