@@ -108,6 +108,8 @@ class EnsembleMethod(nn.Module):
             passes (``training_chunks``). True where members are independent passes of ``member_logits``
             and the loss is the mean member loss; a method whose members share one pass (a last-layer
             ensemble) or that trains them otherwise (a deep ensemble's rounds) sets False.
+        shardable: ``trainer=fsdp`` may shard it (``sve.training.sharding``); False where a tensor's rows
+            are its members and the method reads them one by one.
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
@@ -122,6 +124,7 @@ class EnsembleMethod(nn.Module):
 
     fixed_ensemble_size: int | None = None
     chunked_training: bool = True
+    shardable: bool = True
     train_backbone: bool = False
     shared_head: bool = False
     stochastic: bool = False

@@ -65,6 +65,11 @@ def cpu_state(module: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
+def whole(tensor: Tensor) -> Tensor:
+    """A sharded tensor gathered whole (collective), on the CPU; any other tensor as it is."""
+    return tensor.full_tensor().cpu() if hasattr(tensor, "full_tensor") else tensor
+
+
 class DeepEnsemble(EnsembleMethod):
     """Args:
     mode: ``auto``, ``in_memory`` or ``sequential`` (see the module docstring).
@@ -145,10 +150,18 @@ class DeepEnsemble(EnsembleMethod):
         return cpu_state(self.members[slot])
 
     def start_round(self) -> None:
-        """The working copies back to the initial weights, for this round's members."""
+        """The working copies back to the initial weights, for this round's members (under ``trainer=fsdp``
+        the whole initial weights are cut to this rank's shards: ``load_state``)."""
+        from sve.training.sharding import load_state
+
         for copy_ in self.members:
-            copy_.load_state_dict(self.initial)
+            load_state(copy_, self.initial)
         self.loaded = self.active()
+
+    def unshard_state(self) -> None:
+        """Called on every rank when a sharded method is made whole after training (``unshard_method``): the
+        stored members (this rank's shards, as they were when stored) become whole tensors too."""
+        self.store = [None if state is None else {k: whole(v) for k, v in state.items()} for state in self.store]
 
     def end_rounds(self) -> None:
         """After the last round (finished members load from the store as evaluation needs them)."""
@@ -158,8 +171,10 @@ class DeepEnsemble(EnsembleMethod):
         if self.mode == "in_memory":
             return [self.members[m] for m in members]
         if self.loaded[: len(members)] != members:
+            from sve.training.sharding import load_state
+
             for copy_, member in zip(self.members, members):
-                copy_.load_state_dict(self.store[member])
+                load_state(copy_, self.store[member])
             self.loaded = list(members)
         return list(self.members[: len(members)])
 
@@ -203,6 +218,9 @@ class DeepEnsembleLoRA(DeepEnsemble):
     """
 
     train_backbone = False  # the members are adapters on the one frozen backbone
+    # Rows of (M, ...) tensors are its members: FSDP would split them over ranks. The adapters are ~1% of the
+    # backbone, so trainer=gpu or ddp holds them; sharding is for full fine-tunes.
+    shardable = False
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
                  dropout: float = 0.1, mode: str = "auto", chunk_size: int = 1, **common):

@@ -27,6 +27,8 @@ import torch
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import nn
 
+from sve.errors import InputError
+
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +53,10 @@ def shard_method(method: nn.Module, mesh) -> list[str]:
     # training (``unshard_method``) is tested as it is, each rank holding all of it, as under DDP.
     if is_sharded(method) or getattr(method, "was_sharded", False):
         return [b.__name__ for b in repeated_blocks(method.backbone)]
+    if not getattr(method, "shardable", True):
+        raise InputError(f"trainer=fsdp cannot shard {type(method).__name__}: its trainable tensors hold one row "
+                         "per member and it reads them member by member; it trains ~1% of the backbone, so use "
+                         "trainer=gpu or trainer=ddp")  # fmt: skip
     method.was_sharded = True
     for p in method.parameters():  # FSDP2 shards by rows of a contiguous tensor (an SVD's Vh is often a view)
         if not p.is_contiguous():
@@ -87,15 +93,20 @@ def unshard_method(method: nn.Module) -> None:
                 module._parameters[name] = nn.Parameter(p.full_tensor().detach().clone(), requires_grad=p.requires_grad)
     for module in method.modules():
         if isinstance(module, FSDPModule):
-            # fully_shard swapped in a subclass and added its hooks (and forward methods) to the instance
+            # fully_shard swapped in a subclass and added hooks (forward, state dict) and forward methods to
+            # the instance; the parameters' own hooks (the load_state_dict one re-shards) go with them.
             module.__class__ = next(c for c in type(module).__mro__[1:] if not issubclass(c, FSDPModule))
-            for hooks, kwargs in ((module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),
-                                  (module._forward_hooks, module._forward_hooks_with_kwargs)):  # fmt: skip
-                for key in [k for k, hook in hooks.items() if is_fsdp_hook(hook)]:
-                    del hooks[key]
-                    kwargs.pop(key, None)
             for name in ("member_logits", "chunk_logits"):
                 module.__dict__.pop(name, None)
+        for attribute, hooks in list(vars(module).items()):
+            if attribute.startswith("_") and attribute.endswith("hooks") and isinstance(hooks, dict):
+                for key in [k for k, hook in hooks.items() if is_fsdp_hook(hook)]:
+                    del hooks[key]
+                    for flags in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                                  "_forward_hooks_always_called"):  # fmt: skip
+                        getattr(module, flags, {}).pop(key, None)
+    if hasattr(method, "unshard_state"):  # what a method keeps of its own beside its parameters
+        method.unshard_state()
 
 
 def load_state(module: nn.Module, state: dict) -> None:
@@ -113,8 +124,11 @@ def load_state(module: nn.Module, state: dict) -> None:
 
 
 def is_fsdp_hook(hook) -> bool:
+    """A hook FSDP registered: a method of one of its objects, or a function of its modules (a lambda)."""
+    hook = getattr(hook, "hook", hook)  # state-dict hooks may come wrapped
     owner = getattr(hook, "__self__", None)
-    return owner is not None and type(owner).__module__.startswith("torch.distributed.fsdp")
+    where = type(owner).__module__ if owner is not None else getattr(hook, "__module__", "") or ""
+    return where.startswith("torch.distributed.fsdp")
 
 
 class ShardedStrategy(ModelParallelStrategy):
