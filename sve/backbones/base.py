@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,8 @@ class Backbone(nn.Module):
             if not isinstance(tensor, Tensor):
                 continue
             digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            if tensor.device.type == "meta" or tensor.numel() == 0:
-                continue
+            if tensor.device.type == "meta" or is_fake(tensor) or tensor.numel() == 0:
+                continue  # no values to sample: a model built for a memory plan (sve.runs.plan)
             flat = tensor.detach().reshape(-1)
             if flat.numel() > FINGERPRINT_VALUES:
                 # Integer steps: a float32 linspace rounds the last index of a large tensor past its end.

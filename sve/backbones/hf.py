@@ -184,10 +184,14 @@ class HFBackbone(Backbone):
         if self.modality == "image":
             return base(pixel_values=batch["pixel_values"].to(self.model.dtype)).last_hidden_state
         ids, mask = batch["input_ids"], batch.get("attention_mask")
+        # No key-value cache: features need one pass, and a decoder's cache would hold every layer's keys and
+        # values for the whole batch (4 GiB for LLaMA-2-7B's evaluation at M = 16, length 512; sve-train plan=true).
+        cache = {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}
         if self.is_encoder_decoder:
-            out = base(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, decoder_attention_mask=mask)
+            out = base(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, decoder_attention_mask=mask,
+                       **cache)
         else:
-            out = base(input_ids=ids, attention_mask=mask)
+            out = base(input_ids=ids, attention_mask=mask, **cache)
         return out.last_hidden_state
 
     def forward(self, batch: dict) -> Tensor:

@@ -52,6 +52,13 @@ def hydra_main(cfg: DictConfig) -> None:
     from sve.runs.preflight import check_sources
     from sve.runs.validate import check_values
 
+    if cfg.get("plan"):  # the memory a run would take per device, on fake tensors: nothing trained or downloaded
+        with one_line_errors():
+            check_values(cfg)
+            from sve.runs.plan import print_plan
+
+            print_plan(cfg)
+        return
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
             check_values(cfg)  # a bad value answers before torch is imported

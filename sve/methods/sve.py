@@ -60,6 +60,9 @@ class SVE(EnsembleMethod):
         self.inference = check_inference(inference, "method.inference")
         self.svd_cache = SVDCache(svd_cache) if svd_cache else None
         self.merged_cache: bool | None = None  # auto's last decision (plan_inference)
+        # The free memory plan_inference assumes instead of asking the device: a memory plan (sve.runs.plan)
+        # builds the model on fake tensors, for a device this machine may not have.
+        self.planned_free_memory: int | None = None
         start = time.perf_counter()
         self.adapt()
         self.svd_seconds = time.perf_counter() - start  # one-time cost (Sec. 5: ~3.5 s for BERT-base on a GPU)
@@ -97,7 +100,8 @@ class SVE(EnsembleMethod):
             return
         need = self.merged_bytes()
         device = self.sv_layers()[0].U.device
-        cache = need <= free_memory(device) / 2
+        free = free_memory(device) if self.planned_free_memory is None else self.planned_free_memory
+        cache = need <= free / 2
         if cache != self.merged_cache:
             log.info("%s inference: merged weights %s (%.0f MB for all members)", type(self).__name__,
                      "cached for all members" if cache else "merged per chunk of members", need / 2**20)

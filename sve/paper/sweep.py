@@ -515,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the result store (default: ./results, or $SVE_RESULTS)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
+    parser.add_argument("--plan", action="store_true",
+                        help="print each row's memory plan per device (sve.runs.plan), train and download nothing")
     parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",
                         help="only these rows, e.g. --rows deep_ensemble:4 (default: every row; one table only)")
     args = parser.parse_args(argv)
@@ -523,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in table_names()]
     if unknown or not names:
         parser.error(f"unknown table {unknown}; choose from {table_names()}" if unknown else "name a table")
+    if args.plan:
+        from sve.runs.plan import plan_tables
+
+        return 1 if plan_tables(names, args.smoke, overrides) else 0
     failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, args.rows)
     if args.dry_run:
         return 0

@@ -1,0 +1,717 @@
+"""``sve-train ... plan=true``: the memory a run would take on each device, for training and for evaluation,
+without training and without downloading anything.
+
+The configured backbone is built on fake tensors (``torch._subclasses.FakeTensorMode``: shapes, dtypes and
+devices, no storage), so a 7B model costs no memory and no weights are read; an SVD of a fake weight returns
+fake factors of the right shapes. A Hugging Face backbone needs only its architecture: its config.json from
+a local directory or the local Hugging Face cache, else the copy shipped in ``sve.runs.architectures`` for
+the paper's backbones; timm backbones build from code. The method then wraps the backbone exactly as a run
+does, and one training step (forward, backward, optimiser step) and one evaluation forward run on fake
+inputs of the configured shape (``dataset.batch_size`` per device, ``dataset.max_length`` tokens or the
+backbone's image size) under the configured precision, while ``LiveMemory`` adds up the bytes of every tensor
+storage alive (rounded to the CUDA allocator's 512-byte blocks) and keeps the peak.
+
+What is exact and what is an estimate (the plan prints it beside each number):
+
+- *exact*: parameter and buffer bytes (frozen weights, SVE's factors U and V, sve_top's residual W_res,
+  trainable parameters), their gradients and the optimiser state (counted after the step), the merged-weight
+  cache of evaluation (counted after the forward), and how FSDP shards them;
+- *estimate*: activations and the peaks. They count every tensor the step creates, as the step does, but
+  not the allocator's fragmentation, the CUDA context (about 0.3-0.5 GiB per process), kernel workspaces
+  (cuBLAS, attention) or memory held by the data loader. On fake tensors the Hugging Face attention mask
+  is always materialised (a real all-ones mask may be skipped), which adds (B, 1, T, T) booleans. The
+  validation test (tests/test_plan.py) compares the peaks with measured ones on the CPU.
+
+Per device: a single device holds everything; DDP the same plus its gradient buckets (a copy of every
+trainable gradient: Lightning leaves ``gradient_as_bucket_view`` off); FSDP (``trainer=fsdp``,
+``sve.training.sharding``) shards parameters, gradients and optimiser state over ``trainer.devices`` and
+gathers the root unit (embeddings, heads) and two blocks (the one running and the next, prefetched) at a
+time, one unit per repeated block of the backbone as ``sharding`` wraps them. Activations are per device in
+every case, for the device's share of the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from sve.errors import InputError
+from sve.paths import CONFIGS
+from sve.runs.architectures import ARCHITECTURES
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
+STRATEGIES = ("auto", "single_device", "ddp", "fsdp")  # ddp_spawn, ddp_find_unused_parameters_true, ...: ddp
+# Lightning precision -> (how, dtype): autocast around the step, or the whole module cast (true half precision).
+PRECISIONS = {"32": None, "32-true": None, "64": None, "64-true": None,
+              "bf16-mixed": ("autocast", torch.bfloat16), "16-mixed": ("autocast", torch.float16),
+              "bf16-true": ("cast", torch.bfloat16), "16-true": ("cast", torch.float16),
+              "bf16": ("autocast", torch.bfloat16), "16": ("autocast", torch.float16)}  # fmt: skip
+# What a CUDA process holds before its first tensor (the context, cuBLAS's workspace): an estimate, typical of
+# CUDA 12-13 with lazily loaded kernels; counted into the peaks of a GPU plan.
+CUDA_CONTEXT = GIB // 2
+OPTION_TOKENS = 32  # cloze scoring: tokens planned per option text (ARC's options are a few words)
+
+
+# ----- counting live memory ------------------------------------------------------------------------------------
+class LiveMemory(TorchDispatchMode):
+    """Adds up the bytes of every tensor storage created inside it while that storage lives; ``peak`` is the
+    most at any moment since ``reset_peak``. An output that shares a storage with an input of its operator (a
+    view, an in-place result) is no new allocation and is not counted: a view of a parameter made before
+    the tracker (``U.t()``) costs nothing."""
+
+    def __init__(self, block: int = 1):
+        super().__init__()
+        self.block = block
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, tuple[int, weakref.ref]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, Tensor) and not _storageless(t)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, Tensor) and not _storageless(t) and t.untyped_storage()._cdata not in inputs:
+                self._track(t)
+        return out
+
+    def _track(self, t: Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._sizes:
+            return
+        size = -(-storage.nbytes() // self.block) * self.block
+        # A weak reference with a callback, kept here (as torch's own MemTracker keeps them); weakref.finalize
+        # on fake storages corrupted the heap now and then (torch 2.14).
+        self._sizes[key] = (size, weakref.ref(storage, lambda _, key=key: self._free(key)))
+        self.live += size
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int) -> None:
+        size, _ = self._sizes.pop(key, (0, None))
+        self.live -= size
+
+    def reset_peak(self) -> int:
+        self.peak = self.live
+        return self.live
+
+
+def _storageless(t: Tensor) -> bool:
+    """Sparse and other layouts without one storage: never made by the steps planned here."""
+    return t.layout != torch.strided
+
+
+def tensor_bytes(tensors, block: int = 1) -> int:
+    """Bytes of distinct storages among ``tensors``, each rounded up to ``block`` bytes."""
+    sizes = {}
+    for t in tensors:
+        if isinstance(t, Tensor):
+            storage = t.untyped_storage()
+            sizes[storage._cdata] = -(-storage.nbytes() // block) * block
+    return sum(sizes.values())
+
+
+# ----- the device layout ---------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """Where the run trains: ``device`` (cpu or cuda), ``devices`` (processes), ``strategy`` (single, ddp or
+    fsdp), ``precision`` (Lightning's name) and ``accumulate`` (micro-batches per optimiser step)."""
+
+    device: str
+    devices: int
+    strategy: str
+    precision: str
+    accumulate: int
+    notes: list[str] = field(default_factory=list)
+
+
+def device_layout(cfg: DictConfig) -> Layout:
+    """The trainer config read as a layout; an unknown strategy or precision is an error naming the valid ones."""
+    get = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+    notes = []
+    accelerator = str(get("trainer.accelerator", "cpu"))
+    device = "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()) \
+        else "cpu"  # fmt: skip
+    devices = get("trainer.devices", 1)
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        devices = len(devices)
+    elif devices in (-1, "-1", "auto", None):
+        found = torch.cuda.device_count() if device == "cuda" else 1
+        notes.append(f"trainer.devices={devices}: planned for {max(found, 1)} device(s), as many as this machine "
+                     "has; set trainer.devices=N to plan for N")  # fmt: skip
+        devices = max(found, 1)
+    else:
+        try:
+            devices = int(devices)
+        except (TypeError, ValueError):
+            devices = 0
+        if devices < 1:
+            raise InputError(f"trainer.devices={get('trainer.devices')!r} cannot be planned; expected a positive "
+                             "integer, a list of device ids or -1")  # fmt: skip
+    devices *= int(get("trainer.num_nodes", 1) or 1)
+    strategy = get("trainer.strategy", "auto")
+    if isinstance(strategy, DictConfig):  # a strategy object: planned by its class
+        target = str(strategy.get("_target_", ""))
+        strategy = "fsdp" if "fsdp" in target.lower() else "ddp" if "ddp" in target.lower() else target
+    strategy = str(strategy or "auto")
+    if strategy.startswith("ddp"):
+        strategy = "ddp"
+    if strategy not in STRATEGIES:
+        raise InputError(f"trainer.strategy={strategy!r} cannot be planned; choose one of {list(STRATEGIES)}")
+    if strategy in ("auto", "single_device"):
+        strategy = "ddp" if devices > 1 else "single"
+    precision = str(get("trainer.precision", "32-true") or "32-true")
+    if precision not in PRECISIONS:
+        raise InputError(f"trainer.precision={precision!r} cannot be planned; choose one of {list(PRECISIONS)}")
+    return Layout(device, devices, strategy, precision, int(get("trainer.accumulate_grad_batches", 1) or 1), notes)
+
+
+# ----- the backbone without weights --------------------------------------------------------------------------
+def architecture(name_or_path: str | None, key: str = "backbone") -> dict:
+    """A Hugging Face config as keyword arguments of ``AutoConfig.for_model``: the local directory's
+    config.json, the local Hugging Face cache's, or the copy in ``sve.runs.architectures``; never a download."""
+    if name_or_path:
+        path = Path(str(name_or_path)).expanduser()
+        if (path / "config.json").exists():
+            return json.loads((path / "config.json").read_text())
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(name_or_path), "config.json")
+        except Exception:  # noqa: BLE001 - not a hub id (a missing local path, say): no cache entry
+            cached = None
+        if isinstance(cached, str) and Path(cached).exists():
+            return json.loads(Path(cached).read_text())
+        if str(name_or_path) in ARCHITECTURES:
+            return dict(ARCHITECTURES[str(name_or_path)])
+    raise InputError(f"the plan cannot know the architecture of {key}.name_or_path={name_or_path!r} offline (no "
+                     "config.json there or in the local Hugging Face cache, and no shipped copy in "
+                     f"sve/runs/architectures.py); set {key}.config={{model_type: ..., hidden_size: ..., ...}} or "
+                     f"{key}.name_or_path to a directory holding its config.json")  # fmt: skip
+
+
+def offline_backbone(node: DictConfig) -> dict:
+    """The backbone config with random weights of the same architecture: nothing downloaded or read but a
+    config.json; the offline character tokenizer (the plan's inputs have the configured lengths anyway)."""
+    resolved = OmegaConf.to_container(node, resolve=True)
+    if "pretrained" in resolved:
+        resolved["pretrained"] = False
+    if "checkpoint_path" in resolved:
+        resolved["checkpoint_path"] = None
+    if "tokenizer" in resolved:
+        resolved["tokenizer"] = "char"
+    if "name_or_path" in resolved:
+        if not resolved.get("config"):
+            resolved["config"] = architecture(resolved["name_or_path"])
+        resolved["name_or_path"] = None
+    return resolved
+
+
+# ----- the plan -----------------------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """Bytes per device. ``stored`` holds the exact parameter bytes by kind; ``train`` and ``eval`` the step's
+    numbers; ``alternatives`` the training peaks measured with one setting changed (name -> bytes)."""
+
+    title: str
+    layout: Layout
+    capacity: int
+    stored: dict[str, int]
+    train: dict[str, int]
+    eval: dict[str, int]
+    alternatives: dict[str, dict[str, int]]
+    per_device: dict[str, int]
+    notes: list[str]
+    unit: int = 0  # bytes FSDP gathers at once: the root unit and two blocks
+    sv_shapes: list[tuple[int, int, int]] = field(default_factory=list)  # (out, in', factor bytes) per SV layer
+
+    @property
+    def train_peak(self) -> int:
+        return self.per_device["train_peak"]
+
+    @property
+    def eval_peak(self) -> int:
+        return self.per_device["eval_peak"]
+
+    @property
+    def fits(self) -> bool:
+        return max(self.train_peak, self.eval_peak) <= self.capacity
+
+
+def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool = True) -> Plan:
+    """The memory plan of the run ``cfg`` describes (module docstring). ``capacity_gib``: the device memory to
+    check against (default ``plan_memory_gib`` of the config; the CPU: this machine's memory)."""
+    from sve.layers.member import member_layers
+    from sve.runs.run import instantiate
+    from sve.training.draws import unfuse_attention_dropout
+
+    layout = device_layout(cfg)
+    capacity = device_capacity(cfg, layout, capacity_gib)
+    block = BLOCK if layout.device == "cuda" else 1  # the CUDA caching allocator's rounding; none on the CPU
+    # Fake CPU tensors whatever the device: autograd's engine needs a real CUDA context for CUDA tensors, fake
+    # or not. The step then runs CPU kernels (and CPU autocast), whose outputs have the same sizes. (CPU is
+    # the default device: a ``torch.device`` context around FakeTensorMode crashed torch 2.14 here.)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        backbone = build_backbone(OmegaConf.create(offline_backbone(cfg.backbone)), fake, instantiate)
+        datamodule = instantiate(cfg.dataset)
+        datamodule.attach(backbone)
+        method_node = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
+        if "svd_cache" in method_node:
+            method_node.svd_cache = None  # the cache hashes weight values, which fake weights do not have
+        method = instantiate(method_node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
+                             num_classes=datamodule.num_classes, task=cfg.dataset.name)  # fmt: skip
+        # As the LightningModule does with exact_draws (sve.training.draws): attention with dropout runs
+        # unfused, and the step keeps its probabilities as the run's does. (The module itself is not built:
+        # its torchmetrics states on fake tensors corrupted the heap now and then, torch 2.14.)
+        if bool(cfg.get("exact_draws", True)):
+            unfuse_attention_dropout(method.backbone)
+        if getattr(backbone.model, "is_gradient_checkpointing", False):
+            checkpointing(backbone.model, True)  # the same checkpointing, without stashing fake RNG states
+        how = PRECISIONS[layout.precision]
+        if how is not None and how[0] == "cast":
+            method.to(how[1])
+        stored = stored_bytes(method, block)
+        resident = sum(stored.values())
+        per_device_batch = -(-int(cfg.dataset.batch_size) // (layout.devices * layout.accumulate))
+        batch = example_batch(datamodule, backbone, per_device_batch)
+        factory = optimizer_factory(cfg, method)
+        clip = OmegaConf.select(cfg, "trainer.gradient_clip_val", default=None)
+        train = train_step(method, batch, factory, how, clip, block)
+        others = alternative_steps(method, batch, factory, how, clip, block) if alternatives else {}
+        if hasattr(method, "planned_free_memory"):  # SVE: cache merged weights when they fit half of what is free
+            method.planned_free_memory = max(capacity - resident, 0)
+        eval_batch = example_batch(datamodule, backbone, int(getattr(datamodule, "eval_batch_size", per_device_batch)))
+        if layout.device != "cpu" and method.members_at_once == "auto":
+            method.members_at_once = None  # auto runs every member at once on an accelerator (the fake tensors
+            # are CPU tensors, on which auto would evaluate a few examples per pass)
+        evaluation = eval_step(method, eval_batch, how, block)
+        unit, root = fsdp_units(method, block)
+    notes = list(layout.notes)
+    from sve.methods.base import EnsembleMethod
+
+    if type(method).after_fit is not EnsembleMethod.after_fit:
+        notes.append(f"{type(method).__name__} builds something after training (after_fit: a posterior, snapshots); "
+                     "its memory is not planned")  # fmt: skip
+    M = int(cfg.ensemble_size)
+    title = (f"{cfg.backbone.name} + {cfg.method.name} (ensemble_size {M}) on {cfg.dataset.name}: {layout.devices} "
+             f"device(s) ({layout.device}, {layout.strategy}), precision {layout.precision}, batch "
+             f"{per_device_batch} per device ({cfg.dataset.batch_size} global), "
+             f"{input_shape(batch)}")  # fmt: skip
+    unit = root + 2 * unit  # gathered at once: the root unit and two blocks (the one running, the next prefetched)
+    per_device = device_share(stored, train, evaluation, layout, unit)
+    notes += [f"FSDP: parameters, gradients and optimiser state sharded over {layout.devices} devices, plus the "
+              f"root unit and two blocks gathered ({gib(unit)} GiB)"] if layout.strategy == "fsdp" else []
+    shapes = [(layer.out_features, layer.in_features, layer.U.element_size()) for layer in member_layers(method)
+              if isinstance(getattr(layer, "U", None), Tensor) and getattr(layer, "residual", None) is None]
+    return Plan(title, layout, capacity, stored, train, evaluation, others, per_device, notes, unit, shapes)
+
+
+def build_backbone(node: DictConfig, fake: FakeTensorMode, instantiate) -> nn.Module:
+    """The backbone on fake tensors. One whose construction reads values (timm's ViTs turn a linspace of
+    drop-path rates into floats) is built with real random weights first, which must fit in host memory (the
+    paper's ViTs take 90 MB), and its tensors are then made fake."""
+    try:
+        return instantiate(node)
+    except Exception as err:  # noqa: BLE001 - hydra wraps what the constructor raised
+        if not reads_values(err):
+            raise
+    with unset_fake_temporarily():
+        backbone = instantiate(node)
+    for module in backbone.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = nn.Parameter(fake.from_tensor(p.detach()), requires_grad=p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = fake.from_tensor(b)
+    return backbone
+
+
+def reads_values(err: BaseException | None) -> bool:
+    """Whether ``err`` (or what caused it) is a fake tensor's refusal to give a value."""
+    while err is not None:
+        if isinstance(err, DataDependentOutputException):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def device_capacity(cfg: DictConfig, layout: Layout, capacity_gib: float | None) -> int:
+    value = capacity_gib if capacity_gib is not None else cfg.get("plan_memory_gib", 24)
+    if layout.device == "cpu" and capacity_gib is None:
+        from sve.methods.base import free_memory
+
+        return free_memory("cpu")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"plan_memory_gib={cfg.get('plan_memory_gib')!r} is not valid; expected the device memory "
+                         "in GiB, a positive number (e.g. 24 for an RTX 4090)")  # fmt: skip
+    return int(value * GIB)
+
+
+def stored_bytes(method: nn.Module, block: int = 1) -> dict[str, int]:
+    """Exact bytes of parameters and buffers by kind (each storage once)."""
+    from sve.layers.member import member_layers
+
+    factors, residual = [], []
+    for layer in member_layers(method):
+        factors += [t for t in (getattr(layer, "U", None), getattr(layer, "Vh", None)) if isinstance(t, Tensor)]
+        if isinstance(getattr(layer, "residual", None), Tensor):
+            residual.append(layer.residual)
+    special = {id(t) for t in factors + residual}
+    params = list(dict.fromkeys(method.parameters()))
+    out = {
+        "frozen weights": tensor_bytes([p for p in params if not p.requires_grad and id(p) not in special]
+                                       + list(method.buffers()), block),
+        "factors (U, V)": tensor_bytes(factors, block),
+        "residual W_res": tensor_bytes(residual, block),
+        "trainable parameters": tensor_bytes([p for p in params if p.requires_grad], block),
+    }
+    return {k: v for k, v in out.items() if v or k in ("frozen weights", "trainable parameters")}
+
+
+def example_batch(datamodule, backbone, rows: int) -> dict:
+    """A batch of ``rows`` examples shaped as the data module's collate makes them, at the longest length."""
+    labels = torch.zeros(rows, dtype=torch.long)
+    if backbone.modality == "image":
+        size = int(backbone.image_size)
+        return {"pixel_values": torch.zeros(rows, 3, size, size), "labels": labels}
+    T = int(getattr(datamodule, "max_length", 128))
+    scoring = getattr(datamodule, "scoring", None)
+    C = int(datamodule.num_classes)
+    if scoring == "cloze":
+        L = min(OPTION_TOKENS, T // 2)
+        return {"input_ids": torch.zeros(rows, T - L, dtype=torch.long),
+                "attention_mask": torch.ones(rows, T - L, dtype=torch.long),
+                "option_ids": torch.zeros(rows, C, L, dtype=torch.long),
+                "option_mask": torch.ones(rows, C, L, dtype=torch.long),
+                "labels": labels, "choice_mask": torch.ones(rows, C, dtype=torch.bool)}  # fmt: skip
+    batch = {"input_ids": torch.zeros(rows, T, dtype=torch.long),
+             "attention_mask": torch.ones(rows, T, dtype=torch.long), "labels": labels}
+    if scoring is not None:
+        batch["choice_mask"] = torch.ones(rows, C, dtype=torch.bool)
+    return batch
+
+
+def input_shape(batch: dict) -> str:
+    if "pixel_values" in batch:
+        return f"images {batch['pixel_values'].shape[-1]} px"
+    tokens = batch["input_ids"].shape[1] + (batch["option_ids"].shape[-1] if "option_ids" in batch else 0)
+    return f"sequence length {tokens}"
+
+
+def optimizer_factory(cfg: DictConfig, method):
+    """A function making the configured optimiser over the trainable parameters, as the module does."""
+    import hydra
+
+    partial = hydra.utils.instantiate(cfg.optimizer)
+    extra = {"lr": method.lr} if getattr(method, "lr", None) is not None else {}
+    return lambda: partial(method.trainable_parameters(), **extra)
+
+
+def autocast(how):
+    return torch.autocast("cpu", dtype=how[1]) if how is not None and how[0] == "autocast" else nullcontext()
+
+
+def train_step(method, batch: dict, factory, how, clip, block: int = 1) -> dict[str, int]:
+    """One training step on fake tensors: bytes of activations (alive at the end of the forward), gradients,
+    optimiser state, and the peaks beyond the stored parameters of the forward and backward and of the
+    optimiser step. Members run in chunks where the method trains them so (``training_chunks``)."""
+    method.train()
+    optimizer = factory()
+    tracker = LiveMemory(block)
+    labels = batch["labels"]
+    with tracker:
+        chunks = method.training_chunks() if hasattr(method, "training_chunks") else None
+        activations = 0
+        with autocast(how):
+            if chunks is None:
+                loss = method.loss(method(batch), labels)
+                activations = tracker.live
+            else:
+                M = sum(len(c) for c in chunks)
+                # Two chunks hold what every later one does (the same shapes; the gradients exist from the
+                # first on), so the rest are not run: a 7B model's sixteen chunks would take minutes here.
+                for members in chunks[:2]:
+                    before = tracker.live
+                    loss = method.loss(method.chunk_logits(batch, members), labels, ensemble_size=M)
+                    activations = max(activations, tracker.live - before)
+                    # Inside the chunk's selection: gradient checkpointing recomputes the layers in the
+                    # backward, and they must run this chunk's members there too.
+                    with method.select(members):
+                        loss.backward()
+                    del loss
+        if chunks is None:
+            loss.backward()
+            del loss
+        forward_backward = tracker.peak
+        trainable = method.trainable_parameters()
+        gradients = tensor_bytes([p.grad for p in trainable if p.grad is not None], block)
+        tracker.reset_peak()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(trainable, float(clip))
+        optimizer.step()
+        state = tensor_bytes([t for s in optimizer.state.values() for t in s.values()], block)
+        optimizer.zero_grad(set_to_none=True)
+        step = tracker.peak
+    return {"activations": activations, "gradients": gradients, "optimizer state": state,
+            "forward_backward_peak": forward_backward, "step_peak": step}  # fmt: skip
+
+
+def train_peak(train: dict[str, int]) -> int:
+    """The most a step holds beyond the stored parameters once the optimiser state exists (every step after
+    the first): the forward and backward with that state resident, or the optimiser step itself."""
+    return max(train["forward_backward_peak"] + train["optimizer state"], train["step_peak"])
+
+
+def alternative_steps(method, batch: dict, factory, how, clip, block: int = 1) -> dict[str, dict[str, int]]:
+    """The training step again with gradient checkpointing switched (Hugging Face backbones) and with one
+    member per pass (methods that train in chunks); each restored afterwards."""
+    out = {}
+    model = method.backbone.model
+    if getattr(model, "supports_gradient_checkpointing", False):
+        on = bool(model.is_gradient_checkpointing)
+        checkpointing(model, not on)
+        try:
+            name = f"backbone.gradient_checkpointing={str(not on).lower()}"
+            out[name] = train_step(method, batch, factory, how, clip, block)
+        finally:
+            checkpointing(model, on)
+    chunk = method.training_chunks() if hasattr(method, "training_chunks") else None
+    if method.num_members() > 1 and getattr(method, "chunked_training", False) and (chunk is None or len(chunk[0]) > 1):
+        previous, method.members_at_once = method.members_at_once, 1
+        try:
+            out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)
+        finally:
+            method.members_at_once = previous
+    return out
+
+
+def checkpointing(model: nn.Module, on: bool) -> None:
+    """Gradient checkpointing of a Hugging Face model on or off, as ``HFBackbone`` sets it, except that the
+    random state is not stashed for the recomputation: a fake tensor cannot be restored as one (and the
+    dropout masks it would repeat cost no memory)."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                           "preserve_rng_state": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def eval_step(method, batch: dict, how, block: int = 1) -> dict[str, int]:
+    """One evaluation forward on fake tensors: the merged-weight cache it builds and its peak beyond the
+    stored parameters."""
+    from sve.layers.member import member_layers
+
+    method.eval()
+    tracker = LiveMemory(block)
+    batch = {k: v for k, v in batch.items()}
+    with tracker, torch.no_grad(), autocast(how):
+        logits = method(batch)
+        cache = sum(layer.cache_bytes() for layer in member_layers(method) if hasattr(layer, "cache_bytes"))
+        del logits
+    method.train()
+    return {"merged cache": cache, "peak": tracker.peak}
+
+
+def fsdp_units(method: nn.Module, block: int = 1) -> tuple[int, int]:
+    """(largest block, root) parameter bytes of the units ``trainer=fsdp`` wraps (``sve.training.sharding``):
+    one unit per repeated block of the backbone, the rest of the method (embeddings, heads) the root unit."""
+    from sve.training.sharding import repeated_blocks
+
+    kinds = tuple(repeated_blocks(method.backbone.model))
+    blocks = [m for m in method.modules() if kinds and isinstance(m, kinds)]
+    inside = {id(p) for b in blocks for p in b.parameters()}
+    root = tensor_bytes([p for p in method.parameters() if id(p) not in inside], block)
+    return max((tensor_bytes(b.parameters(), block) for b in blocks), default=0), root
+
+
+def device_share(stored: dict[str, int], train: dict[str, int], evaluation: dict[str, int], layout: Layout,
+                 unit: int) -> dict[str, int]:
+    """Bytes on each device: what is stored, trained and gathered there under the layout's strategy."""
+    N = layout.devices if layout.strategy == "fsdp" else 1
+    resident = sum(stored.values())
+    sharded = -(-resident // N)
+    gathered = min(unit, resident) if layout.strategy == "fsdp" else 0
+    grads, state = -(-train["gradients"] // N), -(-train["optimizer state"] // N)
+    buckets = train["gradients"] if layout.strategy == "ddp" else 0
+    # Peaks measured on one device with everything replicated; under FSDP the gradients and the state are
+    # a shard each, so the replicated parts of the peaks are replaced by their shards.
+    fb = train["forward_backward_peak"] - train["gradients"] + grads
+    step = train["step_peak"] - train["gradients"] - train["optimizer state"] + grads + state
+    peak = max(fb + state, step)
+    context = CUDA_CONTEXT if layout.device == "cuda" else 0
+    return {"stored": sharded, "gathered": gathered, "gradients": grads, "optimizer state": state,
+            "ddp buckets": buckets, "context": context, "train_peak": context + sharded + gathered + buckets + peak,
+            "eval_peak": context + sharded + gathered + evaluation["peak"]}  # fmt: skip
+
+
+# ----- the report ------------------------------------------------------------------------------------------------
+def gib(n: int) -> str:
+    return f"{n / GIB:.3f}"
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as the lines ``plan=true`` prints."""
+    d = p.per_device
+    rows = [f"memory plan: {p.title}", f"  per device, GiB (capacity {gib(p.capacity)}):"]
+    shard = f" (1/{p.layout.devices} of it per device)" if p.layout.strategy == "fsdp" else ""
+    for kind, n in p.stored.items():
+        rows.append(f"    {kind:<34}{gib(n):>9}  exact{shard}")
+    if d["gathered"]:
+        rows.append(f"    {'FSDP gathered units':<34}{gib(d['gathered']):>9}  exact")
+    rows.append(f"    {'gradients':<34}{gib(d['gradients']):>9}  exact")
+    rows.append(f"    {'optimizer state':<34}{gib(d['optimizer state']):>9}  exact")
+    if d["ddp buckets"]:
+        rows.append(f"    {'DDP gradient buckets':<34}{gib(d['ddp buckets']):>9}  exact")
+    if d["context"]:
+        rows.append(f"    {'CUDA context':<34}{gib(d['context']):>9}  estimate")
+    rows.append(f"    {'activations (training)':<34}{gib(p.train['activations']):>9}  estimate")
+    for name, alt in p.alternatives.items():
+        rows.append(f"      with {name:<29}{gib(alt['activations']):>9}  estimate (training peak "
+                    f"{gib(alt_peak(p, alt))})")  # fmt: skip
+    rows.append(f"    {'merged cache (evaluation)':<34}{gib(p.eval['merged cache']):>9}  exact")
+    rows.append(f"    {'training peak':<34}{gib(p.train_peak):>9}  estimate")
+    rows.append(f"    {'evaluation peak':<34}{gib(p.eval_peak):>9}  estimate")
+    rows += [f"  note: {n}" for n in p.notes]
+    rows.append("  " + verdict(p))
+    return "\n".join(rows)
+
+
+def alt_peak(p: Plan, alt: dict[str, int]) -> int:
+    """The training peak per device with the step ``alt`` measured instead of the configured one."""
+    return device_share(p.stored, alt, p.eval, p.layout, p.unit)["train_peak"]
+
+
+def verdict(p: Plan) -> str:
+    """Fits, or which parts exceed the capacity and by how much, and the settings that bring it under."""
+    worst = max(p.train_peak, p.eval_peak)
+    phase = "training" if p.train_peak >= p.eval_peak else "evaluation"
+    if p.fits:
+        return f"fits: {phase} peak {gib(worst)} GiB of {gib(p.capacity)} GiB ({gib(p.capacity - worst)} GiB left)"
+    parts = dict(p.stored)
+    parts["activations"] = p.train["activations"]
+    if p.eval["merged cache"]:
+        parts["merged cache"] = p.eval["merged cache"]
+    big = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    lines = [f"does not fit: {phase} peak {gib(worst)} GiB exceeds {gib(p.capacity)} GiB by "
+             f"{gib(worst - p.capacity)} GiB; largest parts: "
+             + ", ".join(f"{k} {gib(v)} GiB" + (f" (alone over by {gib(v - p.capacity)} GiB)" if v > p.capacity else "")
+                         for k, v in big)]  # fmt: skip
+    fixes = []
+    for name, alt in p.alternatives.items():
+        peak = alt_peak(p, alt)
+        if peak < p.train_peak:
+            fixes.append(f"{name}: training peak {gib(peak)} GiB" + (" (fits)" if peak <= p.capacity else ""))
+    factors = p.stored.get("factors (U, V)", 0)
+    if p.sv_shapes and factors:
+        # Exact parameter bytes of the alternatives; the rest of the step taken as measured for this method.
+        rank = int(OmegaConf.load(CONFIGS / "method" / "sve_top.yaml").top_rank)
+        top = sum((o * i + rank * (o + i)) * size for o, i, size in p.sv_shapes)
+        fixes.append(f"method=sve_top (r = {rank}): W_res and factors {gib(top)} GiB instead of "
+                     f"{gib(factors)} GiB, training peak about {gib(p.train_peak - factors + top)} GiB")
+        if min(size for *_, size in p.sv_shapes) > 2:
+            fixes.append(f"method.factor_dtype=bfloat16: factors {gib(factors // 2)} GiB, training peak about "
+                         f"{gib(p.train_peak - factors // 2)} GiB")
+    if p.layout.strategy != "fsdp":
+        for N in (2, 4, 8):
+            layout = Layout(p.layout.device, N, "fsdp", p.layout.precision, p.layout.accumulate)
+            share = device_share(p.stored, p.train, p.eval, layout, p.unit)
+            if max(share["train_peak"], share["eval_peak"]) <= p.capacity:
+                fixes.append(f"trainer.strategy=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
+                             "device (the same global batch split over the devices would lower the activations too)")
+                break
+    lines.append("  to bring it under: " + ("; ".join(fixes) if fixes else "no single setting measured here does"))
+    return "\n  ".join(lines)
+
+
+def print_plan(cfg: DictConfig) -> Plan:
+    p = plan(cfg)
+    print(format_plan(p))
+    return p
+
+
+
+
+# ----- every row of a table (sve-sweep --plan) -------------------------------------------------------------------
+SAMPLED = ("mc_dropout", "blob", "bayes_lora_la", "bayes_lora_llla")  # members are samples of one model
+
+
+def table_runs(name: str, smoke: bool = False, extra: list[str] = ()) -> list[tuple[str, list[str]]]:
+    """(label, overrides) of each row of the table ``name``, once per experiment (seeds do not change memory),
+    as the sweep expands them (``sve.paper.sweep.jobs``). A cost table (Table 5) has no runs to train; its rows
+    are planned at the benchmark's setting: batch 1, one GPU, each method at its row's member count."""
+    from sve.paper.store import load_spec, results_root
+    from sve.paper.sweep import jobs
+
+    spec = load_spec(name, smoke)
+    if spec.kind == "cost":
+        out = []
+        for experiment in spec.experiments:
+            for row in spec.rows:
+                M = int(row.members)
+                members = ["ensemble_size=1", f"method.num_samples={M}"] if row.method in SAMPLED \
+                    else [f"ensemble_size={M}"]  # fmt: skip
+                out.append((f"{name} {experiment} {row.method} M={M}",
+                            [f"experiment={experiment}", f"method={row.method}", "trainer=gpu",
+                             "dataset.batch_size=1", *members, *extra]))  # fmt: skip
+        return out
+    seen, out = set(), []
+    for job in jobs(spec, results_root(smoke, None), smoke, list(extra)):
+        key = (job.experiment, job.method, job.members)
+        if key not in seen:
+            seen.add(key)
+            out.append((f"{name} {job.experiment} {job.method} M={job.members}", job.overrides))
+    return out
+
+
+def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) -> list[str]:
+    """Prints one plan line per row of each table (training and evaluation peaks per device, and whether they
+    fit); returns one line per row that could not be planned."""
+    from hydra import compose, initialize_config_dir
+
+    failures = []
+    for name in names:
+        for label, overrides in table_runs(name, smoke, extra):
+            try:
+                with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+                    cfg = compose("train", overrides=overrides)
+                p = plan(cfg, alternatives=False)
+            except Exception as err:  # noqa: BLE001 - one row that cannot be planned does not stop the others
+                failures.append(f"{label}: {type(err).__name__}: {err}")
+                print(f"{label}: NOT PLANNED: {type(err).__name__}: {err}", flush=True)
+                continue
+            print(f"{label}: {summary_line(p)}", flush=True)
+    return failures
+
+
+def summary_line(p: Plan) -> str:
+    """Training and evaluation peaks per device and the verdict, in one line."""
+    layout = p.layout
+    head = (f"{layout.devices}x {layout.device} {layout.strategy} {layout.precision}: training {gib(p.train_peak)} GiB "
+            f"(stored {gib(p.per_device['stored'])}, activations {gib(p.train['activations'])}), evaluation "
+            f"{gib(p.eval_peak)} GiB (merged cache {gib(p.eval['merged cache'])})")  # fmt: skip
+    worst = max(p.train_peak, p.eval_peak)
+    verdict = "fits" if p.fits else f"over by {gib(worst - p.capacity)} GiB"
+    return f"{head}; {verdict} {gib(p.capacity)} GiB"
+
+
+__all__ = ["LiveMemory", "Plan", "plan", "format_plan", "print_plan", "device_layout", "offline_backbone",
+           "architecture", "train_peak", "table_runs", "plan_tables", "summary_line"]
