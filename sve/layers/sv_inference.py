@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 INFERENCE = ("auto", "factored", "cached", "merged")
 CACHED_SAVED_TOKENS = 8
@@ -75,7 +76,9 @@ def tensor_key(t: Tensor) -> tuple | None:
     has no version counter (it is merged per call, never cached)."""
     if t.is_inference():
         return None
-    return t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)
+    # A fake tensor (a memory plan, sve.runs.plan) has no data to point to: the object stands for it.
+    pointer = id(t) if is_fake(t) else t.data_ptr()
+    return pointer, t._version, t.dtype, t.device, tuple(t.shape)
 
 
 def member_slice(W: Tensor, members: list[int]) -> Tensor:
