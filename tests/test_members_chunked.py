@@ -77,3 +77,11 @@ def test_methods_that_train_otherwise_are_not_split():
 
     assert EnsembleMethod.chunked_training and not DeepEnsemble.chunked_training
     assert not LastLayerEnsemble.chunked_training
+
+
+def test_member_chunks_with_gradient_checkpointing_are_refused_in_one_line(tmp_path):
+    from sve.errors import InputError
+
+    overrides = ["method=sve", "method.members_at_once=2", *BASE, "+backbone.gradient_checkpointing=true"]
+    with pytest.raises(InputError, match=r"members_at_once=2 .*gradient_checkpointing=true"):
+        run(compose_cfg(overrides, tmp_path))

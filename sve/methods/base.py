@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
+from sve.errors import InputError
 from sve.layers.inject import inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
@@ -238,7 +239,18 @@ class EnsembleMethod(nn.Module):
         M, k = self.num_members(), 1 if self.fallback else self.members_at_once
         if not self.chunked_training or not isinstance(k, int) or k >= M:
             return None
+        self.check_chunks_in_training(k)
         return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
+
+    def check_chunks_in_training(self, chunk: int) -> None:
+        """Member chunks cannot train through gradient checkpointing yet: a checkpointed block is recomputed
+        in the backward, after the chunk's member selection (and its dropout draws) ended, so the recomputed
+        shapes differ (PyTorch's CheckpointError) or, worse, its draws would."""
+        if getattr(getattr(self.backbone, "model", None), "is_gradient_checkpointing", False):
+            raise InputError(
+                f"method.members_at_once={chunk} (members trained in chunks) does not work with "
+                "backbone.gradient_checkpointing=true yet; set one of them off (members_at_once=all keeps "
+                "checkpointing; docs/memory.md says what each costs)")  # fmt: skip
 
     def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
         """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members."""
@@ -247,6 +259,8 @@ class EnsembleMethod(nn.Module):
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
         chunk = self.members_per_pass(batch, len(members))
+        if self.training and chunk < len(members) and torch.is_grad_enabled():
+            self.check_chunks_in_training(chunk)
         # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
         shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
         try:
