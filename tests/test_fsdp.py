@@ -13,11 +13,11 @@ from sve.training.sharding import repeated_blocks
 from tests.conftest import compose_cfg
 from tests.test_ddp import ddp_runs, overrides
 
-# Full fine-tunes (every weight sharded, with its gradient and AdamW moments), SVE (frozen U, V beside
+# A full fine-tune (every weight sharded, with its gradient and AdamW moments), SVE (frozen U, V beside
 # trainable singular values in one unit) and a full-fine-tune deep ensemble trained in rounds (each round a
 # fit of its own, starting from the whole pretrained weights cut to the shards; the stored members made
 # whole after training). A LoRA deep ensemble is refused, naming the trainers that hold it.
-METHODS = [["method=single"], ["method=mc_dropout"], ["method=sve"],
+METHODS = [["method=single"], ["method=sve"],
            ["method=deep_ensemble", "method.mode=sequential"], ["method=deep_ensemble_lora"]]  # fmt: skip
 
 
