@@ -500,7 +500,15 @@ def alternative_steps(method, batch: dict, factory, how, clip, block: int = 1) -
     if method.num_members() > 1 and getattr(method, "chunked_training", False) and (chunk is None or len(chunk[0]) > 1):
         previous, method.members_at_once = method.members_at_once, 1
         try:
-            out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)
+            try:
+                out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)
+            except InputError:  # chunks do not train through gradient checkpointing (the method refuses it)
+                checkpointing(model, False)
+                try:
+                    name = "method.members_at_once=1 backbone.gradient_checkpointing=false"
+                    out[name] = train_step(method, batch, factory, how, clip, block)
+                finally:
+                    checkpointing(model, True)
         finally:
             method.members_at_once = previous
     return out
@@ -637,7 +645,7 @@ def verdict(p: Plan) -> str:
             layout = Layout(p.layout.device, N, "fsdp", p.layout.precision, p.layout.accumulate)
             share = device_share(p.stored, p.train, p.eval, layout, p.unit)
             if max(share["train_peak"], share["eval_peak"]) <= p.capacity:
-                fixes.append(f"trainer.strategy=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
+                fixes.append(f"trainer=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
                              "device (the same global batch split over the devices would lower the activations too)")
                 break
     lines.append("  to bring it under: " + ("; ".join(fixes) if fixes else "no single setting measured here does"))
