@@ -217,6 +217,9 @@ class EnsembleMethod(nn.Module):
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
         K, B = len(members), batch_size(batch)
+        if self.training and torch.is_grad_enabled() and K < max((layer.ensemble_size for layer in
+                                                                 self.member_layers()), default=K):  # fmt: skip
+            self.check_chunks_in_training(K)  # some of the layers' members: e.g. a LoRA deep ensemble's round
         with self.select(members), member_rows(K * B):
             return split_members(self.backbone(repeat_batch(batch, K)), K)
 
@@ -248,9 +251,11 @@ class EnsembleMethod(nn.Module):
         shapes differ (PyTorch's CheckpointError) or, worse, its draws would."""
         if getattr(getattr(self.backbone, "model", None), "is_gradient_checkpointing", False):
             raise InputError(
-                f"method.members_at_once={chunk} (members trained in chunks) does not work with "
-                "backbone.gradient_checkpointing=true yet; set one of them off (members_at_once=all keeps "
-                "checkpointing; docs/memory.md says what each costs)")  # fmt: skip
+                f"{type(self).__name__} trains {chunk} of its {self.ensemble_size} members per pass "
+                f"(method.members_at_once={self.members_at_once or 'all'}, or a deep ensemble's rounds), which does "
+                "not work with backbone.gradient_checkpointing=true yet; set backbone.gradient_checkpointing=false, "
+                "or train all members at once (members_at_once=all; a deep ensemble's mode=in_memory); "
+                "docs/memory.md says what each costs")  # fmt: skip
 
     def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
         """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members."""
