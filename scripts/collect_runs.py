@@ -4,7 +4,7 @@ SOURCE TARGET`` (e.g. a clean clone's ``results/mini`` into this checkout's).
 The miniature trains in a clean clone at a committed commit, so that its runs name code that exists; this
 brings what finished back. A run is finished when its directory holds ``results.json``. Copied: what the
 repository keeps of a run (results.json, run_config.yaml, train.log, predictive/, an adapter/ of at most
-4 MB), each row's tuned.json, and the lines of ``sittings.jsonl`` of the runs copied (the store's wall time).
+1 MiB), each row's tuned.json, and the lines of ``sittings.jsonl`` of the runs copied (the store's wall time).
 Left behind: checkpoints, CSV logs, predictions, larger adapters and tuning runs' adapters, Hydra's folder,
 locks and failure records of earlier attempts, and everything of a run still training. A run already in
 TARGET is replaced only when SOURCE's results.json differs (``--dry-run`` lists what would change).
@@ -24,7 +24,7 @@ SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json"
 # A run's adapter/ is kept when small (SVE's singular values and heads: well under 1 MB): with it a committed
 # run is evaluated again, or distilled, on any machine (sve-eval run_dir=<run>/adapter). A full fine-tune's is
 # the whole model again (100+ MB): left behind.
-MAX_ADAPTER_BYTES = 4 * 2**20
+MAX_ADAPTER_BYTES = 2**20  # the repository takes no file over 1 MiB
 
 
 def size_of(directory: Path) -> int:

@@ -35,7 +35,7 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     write(full / "results.json", "{}")
     write(full / "adapter" / "adapter_config.json")
     with open(full / "adapter" / "adapter_model.safetensors", "wb") as big:
-        big.truncate(5 * 2**20)
+        big.truncate(2 * 2**20)  # over the 1 MiB limit (the repository takes no larger file)
     sittings = [{"run": "runs/exp/sve_m4/seed0", "started": 1}, {"run": "runs/exp/sve_m4/seed1", "started": 2}]
     write(source / "sittings.jsonl", "".join(json.dumps(s) + "\n" for s in sittings))
     target.mkdir(parents=True)
@@ -50,7 +50,7 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     assert not (copied / "tune" / "method.lr_0.01" / "predictive").exists()  # tuning runs' statistics stay
     assert not (copied / "seed1").exists()
     assert (target / "runs" / "exp" / "single_m1" / "seed0" / "results.json").exists()
-    assert not (target / "runs" / "exp" / "single_m1" / "seed0" / "adapter").exists()  # over 4 MB: left behind
+    assert not (target / "runs" / "exp" / "single_m1" / "seed0" / "adapter").exists()  # over 1 MiB: left behind
     lines = (target / "sittings.jsonl").read_text().splitlines()
     assert [json.loads(line)["run"] for line in lines] == ["runs/exp/sve_m4/seed0"]  # only what was copied
     assert collect(source, target) == []  # a second pass finds nothing new, and adds no sitting twice

@@ -217,8 +217,8 @@ class EnsembleMethod(nn.Module):
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
         K, B = len(members), batch_size(batch)
-        if self.training and torch.is_grad_enabled() and K < max((layer.ensemble_size for layer in
-                                                                 self.member_layers()), default=K):  # fmt: skip
+        if self.training and torch.is_grad_enabled() and self.checkpointing() and K < max(
+                (layer.ensemble_size for layer in self.member_layers()), default=K):  # fmt: skip
             self.check_chunks_in_training(K)  # some of the layers' members: e.g. a LoRA deep ensemble's round
         with self.select(members), member_rows(K * B):
             return split_members(self.backbone(repeat_batch(batch, K)), K)
@@ -245,11 +245,15 @@ class EnsembleMethod(nn.Module):
         self.check_chunks_in_training(k)
         return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
 
+    def checkpointing(self) -> bool:
+        """The backbone recomputes its blocks in the backward (Hugging Face gradient checkpointing)."""
+        return bool(getattr(getattr(self.backbone, "model", None), "is_gradient_checkpointing", False))
+
     def check_chunks_in_training(self, chunk: int) -> None:
         """Member chunks cannot train through gradient checkpointing yet: a checkpointed block is recomputed
         in the backward, after the chunk's member selection (and its dropout draws) ended, so the recomputed
         shapes differ (PyTorch's CheckpointError) or, worse, its draws would."""
-        if getattr(getattr(self.backbone, "model", None), "is_gradient_checkpointing", False):
+        if self.checkpointing():
             raise InputError(
                 f"{type(self).__name__} trains {chunk} of its {self.ensemble_size} members per pass "
                 f"(method.members_at_once={self.members_at_once or 'all'}, or a deep ensemble's rounds), which does "
