@@ -18,11 +18,11 @@ BASE = ["ensemble_size=4", "backbone=tiny_bert", "dataset=synthetic_text", "call
         "trainer.limit_train_batches=4", "method.lr=0.01"]  # fmt: skip
 
 
-def trained_state(tmp_path, method: str, members_at_once) -> dict[str, torch.Tensor]:
-    out = tmp_path / f"{method}_{members_at_once}"
-    run(compose_cfg([f"method={method}", f"method.members_at_once={members_at_once}", *BASE], out))
+def trained_state(tmp_path, method: str, members_at_once, *extra: str) -> dict[str, torch.Tensor]:
+    out = tmp_path / f"{method}_{members_at_once}_{len(extra)}"
+    run(compose_cfg([f"method={method}", f"method.members_at_once={members_at_once}", *BASE, *extra], out))
     state = read_checkpoint(out / "checkpoints" / "final.ckpt")["state_dict"]
-    return {k: v for k, v in state.items() if v.is_floating_point()}
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
 
 
 @pytest.mark.parametrize("method", ["sve", "sve_lora_shared", "lora_ensemble"])
@@ -79,10 +79,59 @@ def test_methods_that_train_otherwise_are_not_split():
     assert not LastLayerEnsemble.chunked_training
 
 
-def test_member_chunks_with_gradient_checkpointing_are_refused_in_one_line(tmp_path):
-    from sve.errors import InputError
+@pytest.mark.parametrize(("method", "members_at_once"), [("sve", 1), ("deep_ensemble_lora", "all")])
+def test_member_chunks_train_through_gradient_checkpointing_as_without_it(tmp_path, method, members_at_once):
+    # A checkpointed block is recomputed in the backward, after the chunk's selection and its exact dropout
+    # draws ended (tiny BERT's dropout is on); sve.training.recompute puts both back for the recomputation.
+    # deep_ensemble_lora: each round trains one member's adapter of the layers' four (Table 3 on LLaMA-2-7B).
+    plain = trained_state(tmp_path, method, members_at_once)
+    checkpointed = trained_state(tmp_path, method, members_at_once, "+backbone.gradient_checkpointing=true")
+    assert checkpointed.keys() == plain.keys()
+    for key in plain:
+        torch.testing.assert_close(checkpointed[key], plain[key], rtol=0, atol=0, msg=key)
 
-    overrides = ["method=sve", "method.members_at_once=2", *BASE, "+backbone.gradient_checkpointing=true"]
-    match = r"2 of its 4 members per pass .*members_at_once=2.*gradient_checkpointing=true"
-    with pytest.raises(InputError, match=match):
-        run(compose_cfg(overrides, tmp_path))
+
+def one_step_gradients(method: str, members: list[int], checkpointing: str, ensemble_size: int = 4) -> dict:
+    """Gradients of one training pass of ``members`` (in their exact draws) on tiny BERT, dropout on, with
+    ``checkpointing`` 'off', 'replayed' (as the backbone enables it) or 'plain' (PyTorch's own, no context)."""
+    from sve.runs.run import instantiate
+    from sve.training.recompute import enable_checkpointing
+
+    cfg = compose_cfg([f"method={method}", f"ensemble_size={ensemble_size}", "backbone=tiny_bert",
+                       "dataset=synthetic_text", "dataset.batch_size=4"])  # fmt: skip
+    torch.manual_seed(0)
+    backbone = instantiate(cfg.backbone)
+    datamodule = instantiate(cfg.dataset)
+    datamodule.attach(backbone)
+    datamodule.setup()
+    m = instantiate(cfg.method, backbone=backbone, ensemble_size=ensemble_size, num_classes=datamodule.num_classes)
+    if checkpointing == "replayed":
+        enable_checkpointing(backbone.model)
+    elif checkpointing == "plain":
+        backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = next(iter(datamodule.train_dataloader()))
+    B = batch["labels"].shape[0]
+    m.train()
+    with seeded_draws(5, (0, B), B, (members, ensemble_size)):
+        logits = m.chunk_logits(batch, members)
+    m.loss(logits, batch["labels"], ensemble_size=ensemble_size).backward()
+    return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("method", ["sve", "lora_ensemble"])
+def test_a_checkpointed_chunk_is_recomputed_with_its_members_and_draws(method):
+    plain = one_step_gradients(method, [1, 2], "off")
+    replayed = one_step_gradients(method, [1, 2], "replayed")
+    assert replayed.keys() == plain.keys() and plain
+    for name in plain:
+        torch.testing.assert_close(replayed[name], plain[name], rtol=0, atol=0, msg=name)
+    # The test can fail: PyTorch's checkpointing alone recomputes every member outside the chunk (4 members on
+    # 2 members' rows: CheckpointError), or with other masks.
+    from torch.utils.checkpoint import CheckpointError
+
+    try:
+        unreplayed = one_step_gradients(method, [1, 2], "plain")
+    except CheckpointError:  # what torch 2.14 gives here
+        pass
+    else:
+        assert any(not torch.equal(unreplayed[n], plain[n]) for n in plain)

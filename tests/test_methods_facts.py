@@ -143,6 +143,28 @@ def test_sequential_and_in_memory_deep_ensembles_give_the_same_predictive():
     torch.testing.assert_close(outs["in_memory"], outs["sequential"], atol=1e-5, rtol=1e-4)
 
 
+def test_sequential_deep_ensemble_heads_are_their_rounds_results_despite_weight_decay():
+    # Every round's optimiser holds all M heads; AdamW's decoupled weight decay shrinks the rows of members not
+    # in the round. A finished member's head must be as its round left it, a later member's start as drawn.
+    m, batch, _, _ = make("deep_ensemble", "method.mode=sequential", "method.chunk_size=1")
+    drawn = m.heads.weight.detach().clone()
+    ended, started = {}, {}
+    for round_ in range(m.rounds):
+        started[round_] = m.heads.weight[round_].detach().clone()
+        optimizer = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.5)
+        for _ in range(3):
+            optimizer.zero_grad()
+            m.loss(m(batch), batch["labels"]).backward()
+            optimizer.step()
+        ended[round_] = m.heads.weight[round_].detach().clone()
+        m.next_round()
+    assert m.finished
+    for member in range(m.ensemble_size):
+        assert torch.equal(started[member], drawn[member]), member  # not decayed by the earlier rounds
+        assert torch.equal(m.heads.weight[member], ended[member]), member  # not decayed by the later ones
+        assert not torch.equal(ended[member], drawn[member])  # it did train
+
+
 @pytest.mark.parametrize("method", ["bayes_lora_llla", "bayes_lora_la", "bayes_lora_la:nn"])
 def test_laplace_predictive_approaches_map_as_prior_precision_grows(method):
     # 200 samples and precisions 1e4 apart: the ordering is the posterior's, not 10 samples' noise.

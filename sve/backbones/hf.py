@@ -118,8 +118,10 @@ class HFBackbone(Backbone):
             hf_config = AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
             model = self.auto_class.from_config(hf_config, dtype=_dtype(torch_dtype))
         model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing:  # each block recomputed as it ran: a member chunk's selection, exact draws
+            from sve.training.recompute import enable_checkpointing
+
+            enable_checkpointing(model)
         super().__init__(model, target_modules)
         cfg = model.config
         self.is_encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))

@@ -117,6 +117,19 @@ class MemberLayer(nn.Module):
         finally:
             self._selected = previous
 
+    def running(self) -> tuple[list[int] | None, dict[str, Tensor] | None]:
+        """What runs now, (selection, bank), for ``running_as`` (a checkpointed block's recomputation)."""
+        return self._selected, self._bank
+
+    @contextmanager
+    def running_as(self, state: tuple[list[int] | None, dict[str, Tensor] | None]) -> Iterator[None]:
+        """Inside: the selection and bank of ``state``, as ``running()`` noted them."""
+        previous, (self._selected, self._bank) = (self._selected, self._bank), state
+        try:
+            yield
+        finally:
+            self._selected, self._bank = previous
+
     @contextmanager
     def use_bank(self, **tensors: Tensor) -> Iterator[None]:
         """Replaces per-member tensors by stand-ins (K, ...) inside the context (samples, snapshots)."""

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
-from sve.errors import InputError
 from sve.layers.inject import inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
@@ -217,9 +216,6 @@ class EnsembleMethod(nn.Module):
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
         K, B = len(members), batch_size(batch)
-        if self.training and torch.is_grad_enabled() and self.checkpointing() and K < max(
-                (layer.ensemble_size for layer in self.member_layers()), default=K):  # fmt: skip
-            self.check_chunks_in_training(K)  # some of the layers' members: e.g. a LoRA deep ensemble's round
         with self.select(members), member_rows(K * B):
             return split_members(self.backbone(repeat_batch(batch, K)), K)
 
@@ -242,24 +238,7 @@ class EnsembleMethod(nn.Module):
         M, k = self.num_members(), 1 if self.fallback else self.members_at_once
         if not self.chunked_training or not isinstance(k, int) or k >= M:
             return None
-        self.check_chunks_in_training(k)
         return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
-
-    def checkpointing(self) -> bool:
-        """The backbone recomputes its blocks in the backward (Hugging Face gradient checkpointing)."""
-        return bool(getattr(getattr(self.backbone, "model", None), "is_gradient_checkpointing", False))
-
-    def check_chunks_in_training(self, chunk: int) -> None:
-        """Member chunks cannot train through gradient checkpointing yet: a checkpointed block is recomputed
-        in the backward, after the chunk's member selection (and its dropout draws) ended, so the recomputed
-        shapes differ (PyTorch's CheckpointError) or, worse, its draws would."""
-        if self.checkpointing():
-            raise InputError(
-                f"{type(self).__name__} trains {chunk} of its {self.ensemble_size} members per pass "
-                f"(method.members_at_once={self.members_at_once or 'all'}, or a deep ensemble's rounds), which does "
-                "not work with backbone.gradient_checkpointing=true yet; set backbone.gradient_checkpointing=false, "
-                "or train all members at once (members_at_once=all; a deep ensemble's mode=in_memory); "
-                "docs/memory.md says what each costs")  # fmt: skip
 
     def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
         """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members."""
@@ -268,8 +247,6 @@ class EnsembleMethod(nn.Module):
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
         chunk = self.members_per_pass(batch, len(members))
-        if self.training and chunk < len(members) and torch.is_grad_enabled():
-            self.check_chunks_in_training(chunk)
         # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
         shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
         try:

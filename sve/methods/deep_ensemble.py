@@ -12,6 +12,11 @@ Two ways to run it, recorded in ``mode`` (and in results.json through ``report()
   round starting from the pretrained weights with a fresh optimiser and its own seed; finished members are
   kept on the CPU. At evaluation each chunk of members is loaded in turn and the logits are stacked, which
   costs one weight transfer per chunk and batch. Finished members are not part of the ``state_dict``.
+  The heads are one (M, C, D) tensor that every round's optimiser holds whole: rows of members not in the
+  round get zero gradients, but AdamW's decoupled weight decay still shrinks them each step. So each
+  finished member's head rows are stored with it and put back when a round starts and when the last ends,
+  and each round's members start from their heads as drawn at construction: every member is its round's
+  result, as if it had been trained alone.
 
 ``mode: auto`` picks ``in_memory`` when M copies plus their gradients and Adam moments take under half of
 the free accelerator memory (always on the CPU), else ``sequential``. One exception: when the backbone
@@ -90,6 +95,7 @@ class DeepEnsemble(EnsembleMethod):
         self.seed = torch.initial_seed()
         self.hold_members()
         self.store: list[dict[str, Tensor] | None] = [None] * M  # finished members (sequential mode)
+        self.head_rows: list[tuple[Tensor, Tensor] | None] = [None] * M  # their heads (full fine-tune)
         self.round = 0
         self.loaded = list(range(self.chunk_size))  # member held by each working copy
         self.finished = self.mode == "in_memory"
@@ -119,6 +125,7 @@ class DeepEnsemble(EnsembleMethod):
         backbone = self.backbone
         self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])
         self.initial = cpu_state(backbone) if self.mode == "sequential" else None
+        self.initial_heads = cpu_state(self.heads) if self.mode == "sequential" else None  # before sharding
 
     @property
     def rounds(self) -> int:
@@ -134,6 +141,7 @@ class DeepEnsemble(EnsembleMethod):
             return False
         for slot, member in enumerate(self.active()):
             self.store[member] = self.member_state(slot, member)
+        self.keep_head_rows(self.active())
         if self.round + 1 >= self.rounds:
             self.finished = True
             self.end_rounds()
@@ -156,7 +164,36 @@ class DeepEnsemble(EnsembleMethod):
 
         for copy_ in self.members:
             load_state(copy_, self.initial)
+        self.put_back_heads(starting=self.active())
         self.loaded = self.active()
+
+    def own_heads(self) -> bool:
+        """One head per member (a shared head is trained by every round, so it has no rows to keep)."""
+        return self.heads.weight.shape[0] == self.ensemble_size
+
+    @torch.no_grad()
+    def keep_head_rows(self, members: list[int]) -> None:
+        """The just-trained members' head rows, whole and on the CPU (gathering is a collective: every rank)."""
+        if not self.own_heads() or self.initial_heads is None:  # DeepEnsembleLoRA stores heads with adapters
+            return
+        weight, bias = whole(self.heads.weight.detach()), whole(self.heads.bias.detach())
+        for m in members:
+            self.head_rows[m] = (weight[m].to("cpu", copy=True), bias[m].to("cpu", copy=True))
+
+    @torch.no_grad()
+    def put_back_heads(self, starting: list[int] = ()) -> None:
+        """Finished members' head rows as stored, ``starting`` members' as drawn at construction (docstring)."""
+        from sve.training.sharding import load_state
+
+        if not self.own_heads() or self.initial_heads is None:
+            return
+        weight, bias = (whole(t.detach()).to("cpu", copy=True) for t in (self.heads.weight, self.heads.bias))
+        for m in starting:
+            weight[m], bias[m] = self.initial_heads["weight"][m], self.initial_heads["bias"][m]
+        for m, rows in enumerate(self.head_rows):
+            if rows is not None:
+                weight[m], bias[m] = rows
+        load_state(self.heads, {"weight": weight, "bias": bias})
 
     def unshard_state(self) -> None:
         """Called on every rank when a sharded method is made whole after training (``unshard_method``): the
@@ -164,7 +201,9 @@ class DeepEnsemble(EnsembleMethod):
         self.store = [None if state is None else {k: whole(v) for k, v in state.items()} for state in self.store]
 
     def end_rounds(self) -> None:
-        """After the last round (finished members load from the store as evaluation needs them)."""
+        """After the last round (finished members load from the store as evaluation needs them; their heads
+        are put back as they were stored)."""
+        self.put_back_heads()
 
     def copies(self, members: list[int]) -> list[nn.Module]:
         """The working copies holding ``members``, loading finished members from the store if needed."""
@@ -192,11 +231,13 @@ class DeepEnsemble(EnsembleMethod):
 
     def get_extra_state(self) -> dict:
         """Round state and finished members (sequential mode), so a checkpoint resumes the right round."""
-        return {"round": self.round, "finished": self.finished, "loaded": self.loaded, "store": self.store}
+        return {"round": self.round, "finished": self.finished, "loaded": self.loaded, "store": self.store,
+                "head_rows": self.head_rows}
 
     def set_extra_state(self, state: dict) -> None:
         self.round, self.finished = int(state["round"]), bool(state["finished"])
         self.loaded, self.store = list(state["loaded"]), list(state["store"])
+        self.head_rows = list(state.get("head_rows", [None] * self.ensemble_size))  # older checkpoints: none
 
     def parameter_counts(self) -> dict[str, int]:
         """All M members' parameters, whether they sit on the device or in the CPU store."""
@@ -241,7 +282,9 @@ class DeepEnsembleLoRA(DeepEnsemble):
         return mode, self.ensemble_size if mode == "in_memory" else max(1, min(chunk_size, self.ensemble_size))
 
     def hold_members(self) -> None:
-        """Nothing to copy: every member's adapter lives in the layers, its head in the heads."""
+        """Nothing to copy: every member's adapter lives in the layers, its head in the heads (stored with the
+        adapter: ``member_state``)."""
+        self.initial_heads = None
         with torch.no_grad():  # the pretrained head (if any), which every round's members start from
             self.head_start = (self.heads.weight[0].clone(), self.heads.bias[0].clone()) if self.head_pretrained \
                 else None

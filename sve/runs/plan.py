@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_flatten
 from sve.errors import InputError
 from sve.paths import CONFIGS
 from sve.runs.architectures import ARCHITECTURES
+from sve.training.recompute import enable_checkpointing
 
 log = logging.getLogger(__name__)
 
@@ -500,15 +501,7 @@ def alternative_steps(method, batch: dict, factory, how, clip, block: int = 1) -
     if method.num_members() > 1 and getattr(method, "chunked_training", False) and (chunk is None or len(chunk[0]) > 1):
         previous, method.members_at_once = method.members_at_once, 1
         try:
-            try:
-                out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)
-            except InputError:  # chunks do not train through gradient checkpointing (the method refuses it)
-                checkpointing(model, False)
-                try:
-                    name = "method.members_at_once=1 backbone.gradient_checkpointing=false"
-                    out[name] = train_step(method, batch, factory, how, clip, block)
-                finally:
-                    checkpointing(model, True)
+            out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)
         finally:
             method.members_at_once = previous
     return out
@@ -519,8 +512,7 @@ def checkpointing(model: nn.Module, on: bool) -> None:
     random state is not stashed for the recomputation: a fake tensor cannot be restored as one (and the
     dropout masks it would repeat cost no memory)."""
     if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
-                                                                           "preserve_rng_state": False})
+        enable_checkpointing(model, preserve_rng_state=False)
     else:
         model.gradient_checkpointing_disable()
 

@@ -86,6 +86,25 @@ def seeded_draws(seed: int, rows: tuple[int, int] | None = None, local: int = 0,
             _rows, _members = previous
 
 
+def draw_state() -> tuple:
+    """How dropout draws now (inside or outside ``seeded_draws``), for ``drawing_as``."""
+    return _rows, _members, F.dropout is _global_dropout
+
+
+@contextmanager
+def drawing_as(state: tuple) -> Iterator[None]:
+    """Inside: dropout drawn as ``draw_state()`` noted it, the random state left as it is (a checkpointed
+    block's recomputation, for which PyTorch restores the random state itself: ``sve.training.recompute``)."""
+    global _rows, _members
+    previous = _rows, _members, F.dropout
+    _rows, _members, exact = state
+    F.dropout = _global_dropout if exact else _plain_dropout
+    try:
+        yield
+    finally:
+        _rows, _members, F.dropout = previous
+
+
 def unfuse_attention_dropout(model: nn.Module) -> list[str]:
     """Runs attention whose dropout is on without fused kernels (their draws cannot be made per example).
     Returns the names of what changed."""

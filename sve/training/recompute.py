@@ -1,0 +1,52 @@
+"""Gradient checkpointing that recomputes a block as it first ran.
+
+A checkpointed block (Hugging Face gradient checkpointing, non-reentrant) runs a second time in the backward,
+after the contexts it first ran in have ended: a member chunk's selection (``MemberLayer.select``, or a bank of
+stand-ins), the member-major rows the method announced (``sve.members.member_rows``) and the exact dropout
+draws (``sve.training.draws.seeded_draws``). PyTorch restores the random state for the recomputation; the rest
+is restored here. ``recompute_context`` is the checkpoint's ``context_fn``: at the block's forward it notes
+that state, and it puts it back around the recomputation. Without it, a chunk's recomputation would run every
+member (PyTorch's CheckpointError on the shapes), and exact draws would be redrawn per process (masks that
+differ from the forward's: silently wrong gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from functools import partial
+
+from torch import nn
+
+from sve.layers.member import member_layers
+from sve.members import expected_rows, member_rows
+from sve.training import draws
+
+
+def recompute_context(model: nn.Module):
+    """(forward context, recomputation context) for one checkpointed block of ``model`` (its ``context_fn``)."""
+    layers = [(layer, layer.running()) for layer in member_layers(model)]
+    noted = ([(layer, state) for layer, state in layers if state != (None, None)], expected_rows(),
+             draws.draw_state())  # fmt: skip
+    return nullcontext(), _as_noted(noted)
+
+
+@contextmanager
+def _as_noted(noted) -> Iterator[None]:
+    layers, rows, drawn = noted
+    with ExitStack() as stack:
+        for layer, state in layers:
+            stack.enter_context(layer.running_as(state))
+        if rows is not None:
+            stack.enter_context(member_rows(rows))
+        stack.enter_context(draws.drawing_as(drawn))
+        yield
+
+
+def enable_checkpointing(model: nn.Module, **kwargs) -> None:
+    """Hugging Face gradient checkpointing, non-reentrant, with each block recomputed as it ran."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False, "context_fn": partial(recompute_context, model), **kwargs})
+
+
+__all__ = ["enable_checkpointing", "recompute_context"]
