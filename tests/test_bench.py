@@ -146,3 +146,38 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     assert earlier == {"vit_s", "rule"}
     assert "### tiny ViT (test)" in md and "### Batch 1" in md
     assert not (out / "bert_base.json").exists()
+
+
+def test_front_marks_the_points_no_other_beats_on_both():
+    from sve.bench.benchmark import on_front
+
+    points = {"a": (1, 5), "b": (2, 2), "c": (3, 3), "d": (2, 2), "e": (5, 1), "f": (1, 6)}
+    # c is beaten by b on both; f by a (equal memory, more latency); b and d tie, and a tie beats neither.
+    assert on_front(points) == {"a", "b", "d", "e"}
+
+
+def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
+    from sve.bench.benchmark import FRONT, on_front
+
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "front",
+                           "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((out / "front.json").read_text())["rows"]
+    found = {(r["method"], r["setting"]) for r in rows}
+    assert found == {(m, s) for m, settings in FRONT.items() for s in settings}
+    by = {(r["method"], r["setting"]): r for r in rows}
+    for method, settings in FRONT.items():  # a setting changes how members run, never what is stored or trained
+        counts = {(by[method, s]["parameters"], by[method, s]["trainable_parameters"]) for s in settings}
+        assert len(counts) == 1, method
+    # SVE's fast setting holds every member's merged weights beside float32 factors; its lean one bfloat16
+    # factors alone: less memory at both batch sizes.
+    for b in (1, 16):
+        assert by["sve", "lean"][f"infer_memory_bytes_b{b}"] < by["sve", "fast"][f"infer_memory_bytes_b{b}"]
+        assert by["single", "fast"][f"ratio_to_single_b{b}"] == 1.0
+        points = {f"{r['method']} {r['setting']}": (r[f"infer_memory_bytes_b{b}"], r[f"ratio_to_single_b{b}"])
+                  for r in rows}
+        assert {f"{r['method']} {r['setting']}" for r in rows if r[f"on_front_b{b}"]} == on_front(points)
+    assert by["deep_ensemble", "fast"]["parameters"] == 2 * by["single", "fast"]["parameters"]
+    assert "### Table 5 as a front" in (out / "bench.md").read_text()

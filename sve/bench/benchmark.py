@@ -1,6 +1,6 @@
 """The cost benchmark (``make bench``): SVE against the alternatives, measured in one process.
 
-    sve-bench [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 rule weights]
+    sve-bench [--layers 1] [--repeats 3] [--device cpu|cuda] [--parts vit_s bert_base table5 front rule weights]
 
 Every number comes from ``sve.bench.counters`` (interleaved rounds and paired medians for time, FlopCounterMode for
 FLOPs, live-tensor peaks for memory; see its docstring) on random weights of the real shapes. On the CPU it
@@ -37,6 +37,10 @@ Parts:
   Its target, SVE's batch-1 latency against LoRA-Ensemble's, is then timed directly: the two built side by
   side and timed against each other in the same rounds (3 x ``--repeats``), at the benchmark's thread count
   and, on a CPU, with every core (what one request waits for: PyTorch's default uses every core).
+- ``front``: Table 5 as a front (``FRONT``): each method at its fast setting (its defaults) and its lean
+  one (one member per pass; SVE factored with bfloat16 factors), stored and trainable parameters apart,
+  inference memory at the full depth and latency against Single at batch 1 (full depth) and 16 (per block),
+  with the rows no other row beats on both marked.
 - ``rule``: one SV layer of each shape of the two settings, factored against cached and per-call merged
   weights over the tokens per member: the measurements behind ``sve.layers.sv_inference``'s rule.
 - ``weights``: why batch 1 costs what it does. One layer of each shape, at the tokens per member of one
@@ -45,7 +49,7 @@ Parts:
   repeated M times in the same batched matmul. The last separates the two costs of distinct member weights:
   splitting one large matmul into M smaller ones, and reading M weights instead of one.
 
-Writes ``<out>/{vit_s,bert_base,table5,rule,weights}.json`` (with the command, commit and versions) and
+Writes ``<out>/{vit_s,bert_base,table5,front,rule,weights}.json`` (with the command, commit and versions) and
 ``<out>/bench.md`` (shown in docs/benchmark.md). ``--tiny``: tiny backbones, 1 round, for the tests.
 """
 
@@ -461,6 +465,103 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# --- part 2b: Table 5 as a front -------------------------------------------------------------------------
+
+# Each method at its fast setting and, where it has one, its lean setting (method overrides). Fast: as its
+# defaults run it (SVE: members_at_once and inference auto, the merged cache where the rule says it is faster);
+# lean: the least inference memory it offers, one member per pass (SVE: factored, bfloat16 factors).
+ONE_PER_PASS = ["method.members_at_once=1"]
+FRONT = {
+    "single": {"fast": []},
+    "deep_ensemble": {"fast": []},  # M copies held; its sequential mode saves accelerator memory only
+    "mc_dropout": {"fast": ["method.members_at_once=all"], "lean": ONE_PER_PASS},
+    "batch_ensemble": {"fast": ["method.members_at_once=all"], "lean": ONE_PER_PASS},
+    "lora_ensemble": {"fast": ["method.members_at_once=all"], "lean": ONE_PER_PASS},
+    "sve": {"fast": [], "lean": ["method.inference=factored", "method.factor_dtype=bfloat16", *ONE_PER_PASS]},
+    "sve_top": {"fast": [], "lean": ["method.factor_dtype=bfloat16", *ONE_PER_PASS]},
+    "sve_top32": {"fast": [], "lean": ["method.factor_dtype=bfloat16", *ONE_PER_PASS]},
+}
+FRONT_BATCHES = (1, 16)
+
+
+def on_front(points: dict[str, tuple[float, float]]) -> set[str]:
+    """The names whose (memory, latency) no other point matches or beats on both, and beats on one."""
+    def dominated(a, b):
+        return b[0] <= a[0] and b[1] <= a[1] and b != a
+    return {n for n, p in points.items() if not any(dominated(p, q) for m, q in points.items() if m != n)}
+
+
+def front_part(setting: Setting, args, device) -> dict:
+    """Every method of ``FRONT`` at each of its settings: stored and trainable parameters, inference memory at
+    the full depth and batch 1 and 16 per member, latency as a ratio to Single timed in the same rounds: at the
+    full depth for batch 1 (Table 5's setting), on ``--layers`` blocks for batch 16 (per-block work, as the
+    vit_s/bert_base parts time it; the full depth would take minutes per call on 2 CPU cores)."""
+    M = setting.ensemble_size
+    full = Builder(setting, None, args.svd_cache, device)
+    blocks = Builder(setting, args.layers, args.svd_cache, device)
+    batches = {b: to_device(setting.batch(b), device) for b in FRONT_BATCHES}
+    singles = {"full": Candidate(full.method("single")), "blocks": Candidate(blocks.method("single"))}
+    timed_on = {1: "full", 16: "blocks"}  # which depth each batch is timed at
+    rows = []
+    for name, variants in FRONT.items():
+        extra = [f"method.num_samples={M}"] if name == "mc_dropout" else []
+        for variant, overrides in variants.items():
+            log(f"[front] {name} ({variant})")
+            row = {"method": name, "setting": variant, "overrides": overrides}
+            for depth, builder in (("full", full), ("blocks", blocks)):
+                cand = singles[depth] if name == "single" else Candidate(builder.method(name, *overrides, *extra))
+                if depth == "full":
+                    counts = cand.method.parameter_counts()
+                    row.update(parameters=counts["total"], trainable_parameters=counts["trainable"],
+                               members=cand.method.num_members())
+                for b, batch in batches.items():
+                    step = partial(cand.eval_step, batch)
+                    step()  # warm-up: the merged cache, lazy inits
+                    if depth == "full":
+                        row[f"infer_memory_bytes_b{b}"] = resident_bytes(cand.method) + peak_memory(step, device)
+                    if timed_on[b] == depth:
+                        reference = partial(singles[depth].eval_step, batch)
+                        times = interleaved_times({"single": reference, name: step} if name != "single"
+                                                  else {"single": reference}, args.repeats, device, warmup=0)
+                        row[f"infer_ms_b{b}"] = 1e3 * statistics.median(times[name])
+                        row[f"ratio_to_single_b{b}"] = 1.0 if name == "single" else paired_ratio(times, name, "single")
+                if cand is not singles[depth]:
+                    del cand
+                    gc.collect()
+            rows.append(row)
+    key = lambda r: f"{r['method']} ({r['setting']})"  # noqa: E731
+    for b in FRONT_BATCHES:
+        best = on_front({key(r): (r[f"infer_memory_bytes_b{b}"], r[f"ratio_to_single_b{b}"]) for r in rows})
+        for r in rows:
+            r[f"on_front_b{b}"] = key(r) in best
+    return {"setting": {"backbone": "bert_base (random weights)" if not args.tiny else "tiny_bert",
+                        "ensemble_size": M, "sequence_length": setting.tokens, "device": str(device),
+                        "repeats": args.repeats, "layers": setting.full_depth, "timed_blocks_b16": args.layers,
+                        "batches": list(FRONT_BATCHES)},
+            "rows": rows}
+
+
+def front_markdown(part: dict) -> list[str]:
+    s = part["setting"]
+    lines = [f"### Table 5 as a front: {s['backbone']}, M = {s['ensemble_size']}, sequence {s['sequence_length']}",
+             "", f"{s['device']}. Inference memory (resident weights and caches plus the evaluation's peak) at the "
+             f"full depth ({s['layers']} layers); latency as a ratio to Single, timed in the same rounds (median of "
+             f"{s['repeats']}): at batch 1 at the full depth, at batch 16 per member on {s['timed_blocks_b16']} "
+             "block(s). Fast: the method as its defaults run it; lean: its least-memory setting (one member per "
+             "pass; SVE factored with bfloat16 factors). Stored parameters count every tensor kept, frozen ones "
+             "included (U and V); trainable ones are what the optimiser updates. ★: on the front (no other row "
+             "has both less or equal memory and latency).", "",
+             "| method | setting | stored (M) | trainable (M) | memory b1 MB | latency b1 | memory b16 MB | "
+             "latency b16 |", "|---|---|---|---|---|---|---|---|"]
+    for r in part["rows"]:
+        star = {b: " ★" if r[f"on_front_b{b}"] else "" for b in s["batches"]}
+        lines.append(f"| {r['method']} | {r['setting']} | {r['parameters'] / 1e6:.1f} | "
+                     f"{r['trainable_parameters'] / 1e6:.2f} | {r['infer_memory_bytes_b1'] / MB:.0f} | "
+                     f"{r['ratio_to_single_b1']:.2f}x{star[1]} | {r['infer_memory_bytes_b16'] / MB:.0f} | "
+                     f"{r['ratio_to_single_b16']:.2f}x{star[16]} |")
+    return lines + [""]
+
+
 # --- part 3: the inference rule ----------------------------------------------------------------------------
 
 
@@ -663,6 +764,8 @@ def write_markdown(out: Path, parts: dict) -> None:
             lines += ensemble_markdown(parts[key])
     if "table5" in parts:
         lines += table5_markdown(parts["table5"])
+    if "front" in parts:
+        lines += front_markdown(parts["front"])
     if "rule" in parts:
         lines += rule_markdown(parts["rule"])
     if "weights" in parts:
@@ -670,7 +773,7 @@ def write_markdown(out: Path, parts: dict) -> None:
     (out / "bench.md").write_text("\n".join(lines))
 
 
-PARTS = ("vit_s", "bert_base", "table5", "rule", "weights")  # each writes <out>/<part>.json
+PARTS = ("vit_s", "bert_base", "table5", "front", "rule", "weights")  # each writes <out>/<part>.json
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -711,6 +814,8 @@ def main(argv: list[str] | None = None) -> None:
             parts[name] = ensemble_part(all_settings[name], args, device)
         elif name == "table5":
             parts[name] = table5_part(all_settings["bert_base"], args, device)
+        elif name == "front":
+            parts[name] = front_part(all_settings["bert_base"], args, device)
         elif name == "rule":
             parts[name] = rule_part(args, device)
         else:
