@@ -3,6 +3,8 @@ and SVE to the predictions of one process, with checkpoints written along the wa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,38 @@ def test_fsdp_sim_trains_as_one_process(tmp_path):
         np.testing.assert_allclose(sharded["member_logits"], single["member_logits"], rtol=1e-5, atol=1e-5,
                                    err_msg=str(method))  # fmt: skip
         assert (tmp_path / "fsdp" / str(i) / "checkpoints" / "final.ckpt").is_file()
+
+
+@pytest.mark.parametrize(("method", "after"), [(["method=single"], 3),
+                                               (["method=deep_ensemble", "method.mode=sequential"], 8)])
+def test_a_sharded_run_resumes_after_a_crash_as_if_uninterrupted(tmp_path, method, after):
+    # Both ranks crash after their 3rd batch (the last of epoch 1, after the step-2 checkpoint; a deep
+    # ensemble: the 8th, in its second round, with the first member stored): the rerun in the same directory
+    # loads each rank's shards, the gathered AdamW state, the RNG states and the data position, and ends where
+    # the uninterrupted run ends, to the last digit.
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    base = overrides(method[0].split("=")[1], "fsdp_sim") + method[1:]
+    crash = ["+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={after}",
+             "+callbacks.crash.per_rank=true", f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    crashing = f"@crashed {shlex.join(base + crash)}"
+    runs = [f"@whole {shlex.join(base)}", crashing, crashing]  # the second is the resume
+    done = subprocess.run([sys.executable, "-m", "tests.ddp_runner", str(tmp_path / "fsdp"), *runs], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "fsdp"
+    assert all((tmp_path / f"crashed.{rank}").exists() for rank in (0, 1))  # both ranks did crash, once
+    resumed = json.loads((out / "crashed" / "results.json").read_text())
+    whole = json.loads((out / "whole" / "results.json").read_text())
+    assert resumed["resumed_from"] is not None and whole["resumed_from"] is None
+    drop = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
+    assert drop(resumed) == drop(whole)
+    a, b = (np.load(out / d / "predictions" / "test.npz")["member_logits"] for d in ("whole", "crashed"))
+    np.testing.assert_array_equal(a, b)
 
 
 def test_the_units_are_the_repeated_blocks_of_any_model():

@@ -120,6 +120,12 @@ class LastCheckpoint(Checkpoint):
         if datamodule is not None:
             datamodule.order_seed = state["order_seed"]
             datamodule.resume_position = tuple(state["position"])
+            # A strategy that restores after its setup (FSDP's ModelParallelStrategy) has built the training
+            # loader already, when configure_optimizers asked for the step count: from the start of the data and
+            # the first order seed. Lightning then builds it again at the start of fitting, from where training was.
+            fit_loop = getattr(self.trainer, "fit_loop", None)
+            if getattr(fit_loop, "_combined_loader", None) is not None:
+                fit_loop._combined_loader = None
 
     def _apply_random_states(self) -> None:
         # At the first batch after resuming (or at the end of fitting when no batch is left), so whatever

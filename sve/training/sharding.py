@@ -143,13 +143,64 @@ class ShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
     def optimizer_state(self, optimizer) -> dict:
-        # Each rank's own AdamW state (its slices of the trainable tensors), gathered as a list on rank 0: a
-        # checkpoint resumes on the same number of devices. (PyTorch's consolidation to one full state maps
-        # parameters by their names and fails on parameter groups built outside the model.)
+        # Each rank's own AdamW state (its slices of the trainable tensors, as plain local tensors), gathered as
+        # a list on rank 0: a checkpoint resumes on the same number of devices. (PyTorch's consolidation to one
+        # full state maps parameters by their names and fails on parameter groups built outside the model.)
         state = optimizer.state_dict()
+        state = {**state, "state": {i: {k: local(v) for k, v in s.items()} for i, s in state["state"].items()}}
         gathered = [None] * self.world_size
         torch.distributed.all_gather_object(gathered, state)
         return {"sharded": gathered}
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        """A checkpoint file as ``optimizer_state`` and Lightning's full state dict write it: the whole
+        trainable tensors cut to this rank's shards (the frozen ones, not stored, put back from the model as
+        ``LeanCheckpointing`` does), and this rank's optimiser state. A distributed checkpoint (a folder) is
+        Lightning's to load."""
+        from pathlib import Path
+
+        from sve.training.checkpoint import read_checkpoint
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if path.is_dir():
+            return super().load_checkpoint(path, weights_only=weights_only)
+        checkpoint = read_checkpoint(path)
+        module = self.lightning_module
+        module.on_load_checkpoint(checkpoint)  # checks the frozen tensors, fills them in (Lightning calls it again)
+        load_state(module, checkpoint["state_dict"])
+        saved = checkpoint.get("optimizer_states", [])
+        for optimizer, state in zip(self.optimizers, saved):
+            if "sharded" not in state or len(state["sharded"]) != self.world_size:
+                n = len(state["sharded"]) if "sharded" in state else "no"
+                raise InputError(f"{path} holds the optimiser state of {n} sharded process(es); this run has "
+                                 f"{self.world_size}: resume a trainer=fsdp run on the devices it started on")
+            optimizer.load_state_dict(as_shards(state["sharded"][self.global_rank], optimizer))
+        return checkpoint
+
+
+def local(value):
+    """This rank's part of a sharded tensor, on the CPU (a plain tensor pickles without its device mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    return value.to_local().cpu() if isinstance(value, DTensor) else value
+
+
+def as_shards(state: dict, optimizer) -> dict:
+    """A rank's optimiser state as ``optimizer_state`` saved it, its per-parameter tensors made the shards of
+    the parameters they belong to again (parameters in the order of the optimiser's groups)."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    out = {}
+    for i, values in state["state"].items():
+        p = params[int(i)]
+        shard = p.to_local() if isinstance(p, DTensor) else None
+        # The parameter's own global shape: a dimension that does not divide by the ranks is sharded unevenly.
+        out[i] = {k: DTensor.from_local(v.to(shard.device), p.device_mesh, p.placements, run_check=False,
+                                        shape=p.shape, stride=p.stride())
+                  if shard is not None and isinstance(v, torch.Tensor) and v.shape == shard.shape and v.dim() > 0
+                  else v for k, v in values.items()}  # fmt: skip
+    return {**state, "state": out}
 
 
 def fsdp_strategy(save_distributed_checkpoint: bool = False) -> ShardedStrategy:
