@@ -22,6 +22,7 @@ that is impossible and raises ``MemberLayoutError`` too. ``merge(m)`` folds memb
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -34,6 +35,15 @@ try:  # Hugging Face's GPT-2 style layer stores its weight transposed: (in, out)
     from transformers.pytorch_utils import Conv1D
 except ImportError:  # pragma: no cover - transformers is a hard dependency
     Conv1D = ()
+
+# The layers whose selection or bank is set now (inside ``select``, ``use_bank``, ``running_as``): what a
+# checkpointed block's recomputation must put back (sve.training.recompute), found without walking the model.
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def running_layers() -> list[MemberLayer]:
+    return list(_RUNNING)
+
 
 ADAPTABLE_TYPES: tuple[type, ...] = (nn.Linear, nn.Conv2d) + ((Conv1D,) if Conv1D else ())
 
@@ -111,11 +121,19 @@ class MemberLayer(nn.Module):
         K = self.num_members()
         if K > 1 and (not members or any(not 0 <= m < K for m in members)):
             raise IndexError(f"{self.module_name}: members {members} out of range for {K} members")
-        previous, self._selected = self._selected, members
+        previous = self._selected
+        self._run_as(members, self._bank)
         try:
             yield
         finally:
-            self._selected = previous
+            self._run_as(previous, self._bank)
+
+    def _run_as(self, selected: list[int] | None, bank: dict[str, Tensor] | None) -> None:
+        self._selected, self._bank = selected, bank
+        if selected is None and bank is None:
+            _RUNNING.discard(self)
+        else:
+            _RUNNING.add(self)
 
     def running(self) -> tuple[list[int] | None, dict[str, Tensor] | None]:
         """What runs now, (selection, bank), for ``running_as`` (a checkpointed block's recomputation)."""
@@ -124,11 +142,12 @@ class MemberLayer(nn.Module):
     @contextmanager
     def running_as(self, state: tuple[list[int] | None, dict[str, Tensor] | None]) -> Iterator[None]:
         """Inside: the selection and bank of ``state``, as ``running()`` noted them."""
-        previous, (self._selected, self._bank) = (self._selected, self._bank), state
+        previous = self._selected, self._bank
+        self._run_as(*state)
         try:
             yield
         finally:
-            self._selected, self._bank = previous
+            self._run_as(*previous)
 
     @contextmanager
     def use_bank(self, **tensors: Tensor) -> Iterator[None]:
@@ -141,11 +160,12 @@ class MemberLayer(nn.Module):
             if t.shape[1:] != own.shape[1:]:
                 raise ValueError(f"{self.module_name}: bank '{name}' has shape {tuple(t.shape)}, members of "
                                  f"'{name}' have {tuple(own.shape[1:])}")
-        previous, self._bank = self._bank, dict(tensors)
+        previous = self._bank
+        self._run_as(self._selected, dict(tensors))
         try:
             yield
         finally:
-            self._bank = previous
+            self._run_as(self._selected, previous)
 
     def pick(self, name: str, members: list[int]) -> Tensor:
         """Rows ``members`` of a per-member tensor, without a copy when all members run."""

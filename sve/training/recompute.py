@@ -14,20 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from functools import partial
 
 from torch import nn
 
-from sve.layers.member import member_layers
+from sve.layers.member import running_layers
 from sve.members import expected_rows, member_rows
 from sve.training import draws
 
 
-def recompute_context(model: nn.Module):
-    """(forward context, recomputation context) for one checkpointed block of ``model`` (its ``context_fn``)."""
-    layers = [(layer, layer.running()) for layer in member_layers(model)]
-    noted = ([(layer, state) for layer, state in layers if state != (None, None)], expected_rows(),
-             draws.draw_state())  # fmt: skip
+def recompute_context():
+    """(forward context, recomputation context) for one checkpointed block (its ``context_fn``). Only the
+    layers running a selection or bank now are noted (``running_layers``): no walk of the model per block."""
+    noted = [(layer, layer.running()) for layer in running_layers()], expected_rows(), draws.draw_state()
     return nullcontext(), _as_noted(noted)
 
 
@@ -46,7 +44,7 @@ def _as_noted(noted) -> Iterator[None]:
 def enable_checkpointing(model: nn.Module, **kwargs) -> None:
     """Hugging Face gradient checkpointing, non-reentrant, with each block recomputed as it ran."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-        "use_reentrant": False, "context_fn": partial(recompute_context, model), **kwargs})
+        "use_reentrant": False, "context_fn": recompute_context, **kwargs})
 
 
 __all__ = ["enable_checkpointing", "recompute_context"]
