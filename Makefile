@@ -97,6 +97,8 @@ mini-table4 mini-figure3 mini-figure2-vision: mini-table1
 mini-figure2: mini-table2
 mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
+mini-distill: ## The mini distillation table: each seed's SVE teacher distilled by sve-distill (mean, Dirichlet), resumable
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --results $(or $(RESULTS),results/mini)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
@@ -112,4 +114,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

@@ -66,3 +66,40 @@ def test_bad_options_name_the_choices(teacher):
         distill_run([f"run_dir={teacher}", "epochs=two"])
     with pytest.raises(InputError, match=r"student=lora_ensemble has 3 members"):
         distill_run([f"run_dir={teacher}", "student=lora_ensemble", "ensemble_size=3"])
+
+
+def test_a_student_written_to_its_run_directory_is_a_cell_of_the_distillation_table(teacher, tmp_path):
+    from sve.paper.store import load_runs, run_dir
+
+    out = run_dir(tmp_path, "exp", "distilled_mean", 1, 0)
+    distill_run([f"run_dir={teacher}", "objective=mean", "epochs=1", f"out={out}", "+experiment_name=exp"])
+    (found,) = load_runs(tmp_path)
+    assert (found.experiment, found.method, found.members, found.seed) == ("exp", "distilled_mean", 1, 0)
+
+
+def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_path):
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    from sve.paper.store import run_dir
+    from tests.conftest import ROOT
+
+    spec_ = importlib.util.spec_from_file_location("mini_distill", ROOT / "scripts" / "mini_distill.py")
+    script = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(script)
+    spec = OmegaConf.create({"experiments": {"a": "A"}, "seeds": [0, 1, 2]})
+    (run_dir(tmp_path, "a", "sve", 4, 0) / "checkpoints").mkdir(parents=True)
+    (run_dir(tmp_path, "a", "sve", 4, 0) / "checkpoints" / "final.ckpt").write_bytes(b"")
+    (run_dir(tmp_path, "a", "sve", 4, 1) / "adapter").mkdir(parents=True)
+    (run_dir(tmp_path, "a", "sve", 4, 1) / "adapter" / "adapter_config.json").write_text("{}")
+    done = run_dir(tmp_path, "a", "distilled_mean", 1, 1)
+    done.mkdir(parents=True)
+    (done / "results.json").write_text("{}")
+    todo, missing = script.plan(tmp_path, spec)
+    assert [(s.relative_to(tmp_path).as_posix(), o, d.relative_to(tmp_path).as_posix()) for s, o, d in todo] == [
+        ("runs/a/sve_m4/seed0", "mean", "runs/a/distilled_mean_m1/seed0"),
+        ("runs/a/sve_m4/seed0", "dirichlet", "runs/a/distilled_dirichlet_m32/seed0"),
+        ("runs/a/sve_m4/seed1/adapter", "dirichlet", "runs/a/distilled_dirichlet_m32/seed1"),
+    ]
+    assert missing == [run_dir(tmp_path, "a", "sve", 4, 2)]  # neither checkpoint nor adapter

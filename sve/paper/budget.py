@@ -88,8 +88,10 @@ def all_runs(root: Path) -> list[tuple[Path, dict]]:
 
 
 def mini_tables() -> list[str]:
-    """The miniature's table definitions (``mini_*``) that train runs."""
-    return [n for n in table_names() if n.startswith("mini_") and load_spec(n).kind in ("metrics", "figure2")]
+    """The miniature's table definitions (``mini_*``) whose runs the sweep trains (not those written by another
+    entry point, ``written_by``: the distillation table's students)."""
+    return [n for n in table_names() if n.startswith("mini_") and load_spec(n).kind in ("metrics", "figure2")
+            and not load_spec(n).get("written_by")]  # fmt: skip
 
 
 def report(root: Path, tables: list[str] | None, budget_hours: float, workers: int = 2) -> tuple[str, dict]:

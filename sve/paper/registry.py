@@ -70,4 +70,6 @@ METHOD_NAMES = {
     "sve_lora_shared": "SVE + shared LoRA",
     "sve_top": "SVE (top-8)",  # beyond the paper: sve.layers.sv_top
     "sve_top32": "SVE (top-32)",
+    "distilled_mean": "Distilled (mean)",  # sve-distill: sve.runs.distillation
+    "distilled_dirichlet": "Distilled (Dirichlet, EnD^2)",
 }

@@ -157,9 +157,12 @@ def distill_run(argv: list[str]) -> dict:
                         "ms_per_test_batch": ms_per_batch(student, batches)},
             "batches_timed": len(batches)}  # fmt: skip
     cost["speedup"] = cost["teacher"]["ms_per_test_batch"] / cost["student"]["ms_per_test_batch"]
-    record = {"method": f"distilled_{options['objective']}", "student": options["student"],
-              "objective": options["objective"], "teacher_run": str(run_dir), "teacher_method": teacher_cfg.method.name,
-              "teacher_members": teacher.num_members(), "epochs": epochs, "lr": lr, "losses": losses,
+    # method, seed and config.experiment_name: what the table store reads (sve.paper.store.load_runs), so a
+    # student written to run_dir(root, experiment, "distilled_<objective>", members, seed) is a table cell.
+    record = {"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
+              "student": options["student"], "objective": options["objective"], "teacher_run": str(run_dir),
+              "teacher_method": teacher_cfg.method.name, "teacher_members": teacher.num_members(), "epochs": epochs,
+              "lr": lr, "losses": losses,
               "train_seconds": train_seconds, "cost": cost, **evaluation, "command": command_line(),
               "git_commit": git_commit(), "versions": package_versions(),
               "config": run_config(student_cfg)}  # fmt: skip
