@@ -32,6 +32,18 @@ def compose_cfg(overrides: list[str], tmp_path: Path | None = None):
         return compose("train", overrides=base + list(overrides))
 
 
+def method_on(cfg, backbone, ensemble_size: int):
+    """(the configured method wrapping ``backbone``, the configured datamodule attached to it and set up): the
+    steps a run takes between building the backbone and training, for tests that drive a method by hand."""
+    from sve.runs.run import instantiate
+
+    datamodule = instantiate(cfg.dataset)
+    datamodule.attach(backbone)
+    datamodule.setup()
+    method = instantiate(cfg.method, backbone=backbone, ensemble_size=ensemble_size, num_classes=datamodule.num_classes)
+    return method, datamodule
+
+
 def shared_path(*parts: str) -> Path:
     """A path under ../shared, or a skip naming what is missing."""
     path = SHARED.joinpath(*parts)

@@ -103,3 +103,11 @@ def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_
         ("runs/a/sve_m4/seed1/adapter", "dirichlet", "runs/a/distilled_dirichlet_m32/seed1"),
     ]
     assert missing == [run_dir(tmp_path, "a", "sve", 4, 2)]  # neither checkpoint nor adapter
+    assert [t.relative_to(tmp_path).as_posix() for t, _, _ in script.plan(tmp_path, spec, ["a"])[0]][:1] == [
+        "runs/a/sve_m4/seed0"]
+    with pytest.raises(InputError, match=r"--experiments b: not in the mini distillation table; choose from a"):
+        script.plan(tmp_path, spec, ["b"])
+    assert script.student_lr(tmp_path, "a") == []  # no tuning record: the student method's default
+    (tmp_path / "runs" / "a" / "svf_m1").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "svf_m1" / "tuned.json").write_text('{"key": "method.lr", "value": "0.003"}')
+    assert script.student_lr(tmp_path, "a") == ["lr=0.003"]

@@ -9,7 +9,7 @@ import torch
 from sve.layers import LoRALayer
 from sve.runs.run import instantiate, run
 from sve.training.draws import seeded_draws
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, method_on
 
 TEXT = ["backbone=tiny_bert", "dataset=synthetic_text", "dataset.batch_size=4"]
 
@@ -19,10 +19,7 @@ def make(method: str, *overrides: str, ensemble_size: int = 3, seed: int = 0):
     cfg = compose_cfg([f"method={method}", f"ensemble_size={ensemble_size}", *TEXT, *overrides])
     torch.manual_seed(seed)
     backbone = instantiate(cfg.backbone)
-    datamodule = instantiate(cfg.dataset)
-    datamodule.attach(backbone)
-    datamodule.setup()
-    m = instantiate(cfg.method, backbone=backbone, ensemble_size=ensemble_size, num_classes=datamodule.num_classes)
+    m, datamodule = method_on(cfg, backbone, ensemble_size)
     return m, next(iter(datamodule.train_dataloader()))
 
 

@@ -12,7 +12,7 @@ from sve.methods.base import EnsembleMethod
 from sve.runs.run import run
 from sve.training.checkpoint import read_checkpoint
 from sve.training.draws import seeded_draws
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, method_on
 
 BASE = ["ensemble_size=4", "backbone=tiny_bert", "dataset=synthetic_text", "callbacks=default",
         "trainer.limit_train_batches=4", "method.lr=0.01"]  # fmt: skip
@@ -101,10 +101,7 @@ def one_step_gradients(method: str, members: list[int], checkpointing: str, ense
                        "dataset=synthetic_text", "dataset.batch_size=4"])  # fmt: skip
     torch.manual_seed(0)
     backbone = instantiate(cfg.backbone)
-    datamodule = instantiate(cfg.dataset)
-    datamodule.attach(backbone)
-    datamodule.setup()
-    m = instantiate(cfg.method, backbone=backbone, ensemble_size=ensemble_size, num_classes=datamodule.num_classes)
+    m, datamodule = method_on(cfg, backbone, ensemble_size)
     if checkpointing == "replayed":
         enable_checkpointing(backbone.model)
     elif checkpointing == "plain":

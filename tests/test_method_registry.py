@@ -19,7 +19,7 @@ from torch import nn
 
 from sve.layers import MemberLayer
 from sve.runs.run import instantiate
-from tests.conftest import compose_cfg, config_options
+from tests.conftest import compose_cfg, config_options, method_on
 
 FAMILIES = {
     "tiny_vit": ["dataset=synthetic_image"],
@@ -78,10 +78,7 @@ def build(method: str, family: str, *extra: str, seed: int = 0):
     reference = instantiate(cfg.backbone).eval()
     torch.manual_seed(seed)
     backbone = instantiate(cfg.backbone)
-    datamodule = instantiate(cfg.dataset)
-    datamodule.attach(backbone)
-    datamodule.setup()
-    m = instantiate(cfg.method, backbone=backbone, ensemble_size=M, num_classes=datamodule.num_classes)
+    m, datamodule = method_on(cfg, backbone, M)
     return m, next(iter(datamodule.train_dataloader())), datamodule, reference
 
 

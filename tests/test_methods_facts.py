@@ -13,7 +13,7 @@ from torch import nn
 from sve.layers import BatchEnsembleLayer, BLoBLayer, LoRALayer
 from sve.members import predictive, repeat_batch, split_members
 from sve.runs.run import instantiate
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, method_on
 
 TEXT = ["backbone=tiny_bert", "dataset=synthetic_text", "dataset.batch_size=4"]
 
@@ -23,10 +23,7 @@ def make(method: str, *overrides: str, reference: bool = False):
     cfg = compose_cfg([f"method={method}", "ensemble_size=3", *TEXT, *overrides])
     backbone = instantiate(cfg.backbone)
     ref = copy.deepcopy(backbone).eval() if reference else None
-    datamodule = instantiate(cfg.dataset)
-    datamodule.attach(backbone)
-    datamodule.setup()
-    m = instantiate(cfg.method, backbone=backbone, ensemble_size=3, num_classes=datamodule.num_classes)
+    m, datamodule = method_on(cfg, backbone, 3)
     return m, next(iter(datamodule.train_dataloader())), ref, datamodule
 
 
