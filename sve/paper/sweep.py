@@ -87,7 +87,11 @@ class Job:
 
 
 def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
-    """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots)."""
+    """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots).
+    None for a table whose runs another entry point writes (``written_by``: the distillation table's students,
+    beside teachers that other tables train): the sweep only builds it."""
+    if spec.get("written_by"):
+        return []
     out: dict[Path, Job] = {}
     for experiment in spec.experiments:
         for row in spec.rows:
@@ -383,6 +387,9 @@ class Sweep:
             if unknown:
                 raise InputError(f"--rows {unknown} not in {name}; choose from {known}")
             todo = [job for job in todo if (job.method, job.members) in wanted]
+        if spec.get("written_by"):
+            print(f"{name}: its runs are written by {spec.written_by}, not by the sweep; the table is built from "
+                  "what exists")
         if spec.kind == "cost":
             bench = self.root / spec.bench
             print(f"{name}: measured, not trained ({bench})")
