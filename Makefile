@@ -77,7 +77,7 @@ MINI_WORKERS := $(addprefix mini-worker-,$(shell seq $(MINI_JOBS)))
 
 mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet) ## All miniature parts (target about 6 h on 2 CPU cores: results/mini/README.md; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
-	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-report)
+	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-distill mini-report)
 $(MINI_WORKERS):
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
@@ -97,8 +97,8 @@ mini-table4 mini-figure3 mini-figure2-vision: mini-table1
 mini-figure2: mini-table2
 mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
-mini-distill: ## The mini distillation table: each seed's SVE teacher distilled by sve-distill (mean, Dirichlet), resumable
-	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --results $(or $(RESULTS),results/mini)
+mini-distill: ## The mini distillation table: each seed's SVE teacher (trained again where its state was left behind) distilled by sve-distill (mean, Dirichlet), resumable
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --retrain-teachers --results $(or $(RESULTS),results/mini)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)

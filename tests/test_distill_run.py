@@ -77,17 +77,24 @@ def test_a_student_written_to_its_run_directory_is_a_cell_of_the_distillation_ta
     assert (found.experiment, found.method, found.members, found.seed) == ("exp", "distilled_mean", 1, 0)
 
 
-def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_path):
+def load_script():
+    """scripts/mini_distill.py as a module (scripts/ is no package)."""
     import importlib.util
 
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("mini_distill", ROOT / "scripts" / "mini_distill.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_path):
     from omegaconf import OmegaConf
 
     from sve.paper.store import run_dir
-    from tests.conftest import ROOT
 
-    spec_ = importlib.util.spec_from_file_location("mini_distill", ROOT / "scripts" / "mini_distill.py")
-    script = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(script)
+    script = load_script()
     spec = OmegaConf.create({"experiments": {"a": "A"}, "seeds": [0, 1, 2]})
     (run_dir(tmp_path, "a", "sve", 4, 0) / "checkpoints").mkdir(parents=True)
     (run_dir(tmp_path, "a", "sve", 4, 0) / "checkpoints" / "final.ckpt").write_bytes(b"")
@@ -103,6 +110,13 @@ def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_
         ("runs/a/sve_m4/seed1/adapter", "dirichlet", "runs/a/distilled_dirichlet_m32/seed1"),
     ]
     assert missing == [run_dir(tmp_path, "a", "sve", 4, 2)]  # neither checkpoint nor adapter
+    retrained = tmp_path / "teachers" / "a" / "sve_m4" / "seed2" / "checkpoints"
+    retrained.mkdir(parents=True)
+    (retrained / "final.ckpt").write_bytes(b"")
+    assert ("teachers/a/sve_m4/seed2", "mean", "runs/a/distilled_mean_m1/seed2") in [
+        (s.relative_to(tmp_path).as_posix(), o, d.relative_to(tmp_path).as_posix())
+        for s, o, d in script.plan(tmp_path, spec)[0]]  # fmt: skip
+    retrained.joinpath("final.ckpt").unlink()
     assert [t.relative_to(tmp_path).as_posix() for t, _, _ in script.plan(tmp_path, spec, ["a"])[0]][:1] == [
         "runs/a/sve_m4/seed0"]
     with pytest.raises(InputError, match=r"--experiments b: not in the mini distillation table; choose from a"):
@@ -111,3 +125,30 @@ def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_
     (tmp_path / "runs" / "a" / "svf_m1").mkdir(parents=True)
     (tmp_path / "runs" / "a" / "svf_m1" / "tuned.json").write_text('{"key": "method.lr", "value": "0.003"}')
     assert script.student_lr(tmp_path, "a") == ["lr=0.003"]
+
+
+def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_same_digits(tmp_path):
+    """What a committed run keeps (results.json, no checkpoint) is enough to distill it: ``--retrain-teachers``
+    trains it again from the command results.json records, and the copy's test metrics are the run's digits."""
+    import shutil
+    import subprocess
+    import sys
+
+    from sve.paper.store import run_dir
+    from tests.conftest import ROOT
+
+    script = load_script()
+    teacher = run_dir(tmp_path, "exp", "sve", 2, 0)
+    overrides = ["method=sve", "ensemble_size=2", "trainer.max_epochs=1", "+experiment_name=exp", *TINY]
+    subprocess.run([sys.executable, "-m", "sve.cli.train", *overrides, f"hydra.run.dir={teacher}"], cwd=ROOT,
+                   check=True, capture_output=True)  # fmt: skip
+    assert script.recorded_overrides(json.loads((teacher / "results.json").read_text())) == overrides
+    shutil.rmtree(teacher / "checkpoints")
+    shutil.rmtree(teacher / "adapter")  # as a committed run of before adapters were kept
+    assert script.teacher_state(tmp_path, teacher) is None
+    copy = script.retrain_teacher(tmp_path, teacher)
+    assert copy == tmp_path / "teachers" / "exp" / "sve_m2" / "seed0"
+    assert script.teacher_state(tmp_path, teacher) == copy  # the student reads the retrained checkpoint
+    assert json.loads((copy / "reproduced.json").read_text())["differ"] == {}
+    committed = json.loads((teacher / "results.json").read_text())["metrics"]
+    assert script.same_digits(committed, {**committed, "test/nll": 0.5}) == {"test/nll": [committed["test/nll"], 0.5]}
