@@ -90,3 +90,23 @@ def test_the_committed_checkpoint_evaluates_to_its_results(tmp_path):
     assert set(again) == set(trained)
     differ = {k: (trained[k], again[k]) for k in trained if k != "test/seconds" and again[k] != trained[k]}
     assert not differ, differ  # exactly: the same model, kernels and data give the same digits
+
+
+def test_the_committed_miniature_tables_are_what_its_runs_build(tmp_path):
+    """``make mini-tables`` on the committed runs, in a copy of the store at the same relative path, writes every
+    committed table file byte for byte (a run committed without its tables rebuilt, or a builder that changed
+    what the committed runs show, fails here; figures are checked by their names, their pixels by other tests)."""
+    mini = ROOT / "results" / "mini"
+    copy = tmp_path / "results" / "mini"
+    copy.mkdir(parents=True)
+    shutil.copytree(mini / "runs", copy / "runs")
+    shutil.copy(mini / "sittings.jsonl", copy / "sittings.jsonl")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "sve.cli.tables", "--results", "results/mini"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    committed = sorted(p.name for p in (mini / "tables").iterdir())
+    assert committed == sorted(p.name for p in (copy / "tables").iterdir())
+    for name in committed:
+        assert (copy / "tables" / name).read_bytes() == (mini / "tables" / name).read_bytes(), name
+    assert {p.name for p in (mini / "figures").iterdir()} == {p.name for p in (copy / "figures").iterdir()}
