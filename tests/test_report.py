@@ -127,6 +127,21 @@ def test_one_seed_has_no_std_and_lower_is_better_marks(tmp_path):
     assert "| SV-Ensemble | 4 | <u>40.0</u> | **10.0** | **1.00** |" in md
 
 
+def test_a_row_tuned_to_an_edge_of_its_grid_is_marked_and_named_under_the_table(tmp_path):
+    root = tmp_path / "r"
+    write_run(root, "exp_a", "single", 1, 0, {"acc": 0.5, "ece": 0.30, "nll": 2.0})
+    write_run(root, "exp_a", "sve", 4, 0, {"acc": 0.4, "ece": 0.10, "nll": 1.0})
+    tuned = {"key": "method.lr", "value": "0.03", "grid": ["0.001", "0.003", "0.01", "0.03"], "edge": None}
+    (run_dir(root, "exp_a", "single", 1, 0).parent / "tuned.json").write_text(json.dumps(tuned))
+    (run_dir(root, "exp_a", "sve", 4, 0).parent / "tuned.json").write_text(json.dumps({**tuned, "edge": "upper"}))
+    spec = OmegaConf.merge(SPEC, {"seeds": [0]})
+    md = render.to_markdown(metric_table(spec, load_runs(root), root, with_paper=False))
+    assert "| SV-Ensemble‡ | 4 |" in md and "| Single | 1 |" in md  # an interior choice is not marked
+    assert ("‡ exp_a · SV-Ensemble (M=4): method.lr chosen on the upper edge of its searched grid, which could not "
+            "grow further (tuned.json): not an interior optimum") in md  # fmt: skip
+    assert "SV-Ensemble‡" in render.to_latex(metric_table(spec, load_runs(root), root, with_paper=False))
+
+
 def test_extra_columns_beside_the_papers_and_no_marks_without_a_direction(tmp_path):
     root = tmp_path / "r"
     write_run(root, "exp_a", "single", 1, 0, {"acc": 0.5, "ts_ece": 0.04, "mutual_information": 0.0})

@@ -34,6 +34,7 @@ from sve.paper.registry import METHOD_NAMES, METRICS, Metric  # noqa: F401 - re-
 from sve.paper.store import (  # noqa: F401 - re-exported
     MINI,
     SMOKE,
+    TUNED,
     Run,
     first_report,
     load_runs,
@@ -83,10 +84,11 @@ class Row:
     members: int
     cells: dict[str, Cell | None]
     paper: dict[str, Cell | None] = field(default_factory=dict)
+    edge: str | None = None  # the tuned value lies on this edge of its searched grid ("lower" | "upper")
 
     @property
     def label(self) -> str:
-        return METHOD_NAMES.get(self.method, self.method)
+        return METHOD_NAMES.get(self.method, self.method) + (EDGE_MARK if self.edge else "")
 
 
 @dataclass
@@ -106,6 +108,19 @@ class Table:
     missing: list[str]  # one line per cell with absent seeds, naming the run directories
     notes: list[str]
     paper_source: str | None  # the reference file, when its column is shown
+
+
+EDGE_MARK = "‡"
+
+
+def tuned_edge(row_dir: Path) -> tuple[str, str] | None:
+    """(key, edge) when the row's tuned.json records its choice on an edge of the searched grid: the tuning
+    could not grow past it, so the value is no tuned optimum, and the table says so."""
+    path = row_dir / TUNED
+    if not path.is_file():
+        return None
+    choice = read_json(path, "delete it to tune the row again (the sweep rewrites it)")
+    return (choice.get("key", "the tuned value"), choice["edge"]) if choice.get("edge") else None
 
 
 def mark_best(rows: list[Row], metrics: list[Metric]) -> None:
@@ -161,7 +176,7 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
     metrics = [METRICS[k] for k in spec.metrics]
     seeds = list(spec.seeds)
     paper, paper_source = paper_numbers(spec, with_paper)
-    blocks, missing = [], []
+    blocks, missing, edges = [], [], []
     for experiment, title in spec.experiments.items():
         rows = []
         for row_spec in spec.rows:
@@ -181,10 +196,15 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
             paper_experiment = (spec.get("paper_as") or {}).get(experiment)
             shown = paper_cells(paper, paper_experiment or experiment, method, members, metrics,
                                 any_members=paper_experiment is not None)  # fmt: skip
-            rows.append(Row(method, members, cells, shown))
+            edge = tuned_edge(run_dir(root, experiment, method, members, seeds[0] if seeds else 0).parent)
+            if edge:
+                edges.append(f"{EDGE_MARK} {experiment} · {METHOD_NAMES.get(method, method)} (M={members}): "
+                             f"{edge[0]} chosen on the {edge[1]} edge of its searched grid, which could not grow "
+                             "further (tuned.json): not an interior optimum")  # fmt: skip
+            rows.append(Row(method, members, cells, shown, edge=edge and edge[1]))
         mark_best(rows, metrics)
         blocks.append(Block(experiment, title, rows))
-    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, list(spec.get("notes") or []),
+    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, [*edges, *(spec.get("notes") or [])],
                  paper_source)
 
 

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 SMOKE = "smoke"  # results/smoke/: the CPU-sized variant of every target, never mixed into the real tables
 MINI = "mini"  # the miniature's tables (configs/tables/mini_*.yaml) live under results/mini/, the rest under results/
+TUNED = "tuned.json"  # a tuned row's choice, beside its seeds' run directories (sve.paper.sweep writes it)
 
 
 # --- table definitions ---------------------------------------------------------------------------------

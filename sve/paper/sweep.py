@@ -51,7 +51,7 @@ import torch
 
 from sve.errors import InputError
 from sve.paper.registry import METRICS
-from sve.paper.store import first_report, load_spec, members_of, parse_row, results_root, run_dir, table_names
+from sve.paper.store import TUNED, first_report, load_spec, members_of, parse_row, results_root, run_dir, table_names
 from sve.paper.tuning import choice as tuning_choice
 from sve.paper.tuning import next_value, settings
 from sve.paths import CONFIGS
@@ -134,9 +134,6 @@ def grid_scores(spec, tuned: list[tuple[Job, dict | None]], values: list, row_di
         raise RuntimeError(f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
                            f"finished with a validation {tune.metric} (of the grid {[str(v) for v in values]})")
     return scores
-
-
-TUNED = "tuned.json"
 
 
 def read_tuned(spec, path: Path) -> dict:
