@@ -9,10 +9,9 @@ when its trained state was left behind (a committed run, or a tuning run's copy,
 reproduce to the last digit, so the retrained teacher's test metrics are compared with the committed run's
 and the difference, if any, is printed and recorded in ``teachers/.../reproduced.json``. A student whose
 ``results.json`` exists is skipped, so the target resumes; a teacher whose trained state is not on disk is
-listed with what to do. A student
-trains at the learning rate the table's sweep tuned for the one-member SVF of the same experiment (the
-student's own method, ``runs/<experiment>/svf_m1/tuned.json``), chosen on validation labels: the distillation
-objective gets no grid of its own.
+listed with what to do. A student trains at the learning rate the table's sweep tuned for the one-member SVF
+of the same experiment (the student's own method, ``runs/<experiment>/svf_m1/tuned.json``), chosen on
+validation labels: the distillation objective gets no grid of its own.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def recorded_overrides(results: dict) -> list[str]:
     return [w for w in words[1:] if "=" in w and not w.startswith("hydra.run.dir=")]
 
 
-def same_digits(committed: dict, retrained: dict) -> dict:
+def differing_metrics(committed: dict, retrained: dict) -> dict:
     """The test metrics whose values differ, ``{key: [committed, retrained]}`` (timings left out)."""
     keys = sorted(k for k in committed if k.startswith("test/") and not k.endswith("seconds"))
     return {k: [committed[k], retrained.get(k)] for k in keys if committed[k] != retrained.get(k)}
@@ -67,7 +66,7 @@ def retrain_teacher(root: Path, teacher: Path) -> Path:
     if done.returncode != 0:
         raise RuntimeError(f"retraining {teacher} failed (exit {done.returncode}); see {out / 'train.log'}")
     retrained = json.loads((out / "results.json").read_text())
-    differ = same_digits(committed["metrics"], retrained["metrics"])
+    differ = differing_metrics(committed["metrics"], retrained["metrics"])
     (out / "reproduced.json").write_text(json.dumps({"teacher": str(teacher), "differ": differ}, indent=1) + "\n")
     print(f"  retrained {teacher}: " + ("its test metrics are the committed run's to the last digit" if not differ
           else f"differs from the committed run in {', '.join(differ)} (e.g. {next(iter(differ.items()))})"))
