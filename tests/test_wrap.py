@@ -3,6 +3,9 @@ and causal LMs. Facts checked: every member computes the model's own output at i
 head), every method of the framework builds and trains through the same call, the defaults adapt exactly the
 layers on the feature path, and BatchNorm statistics never mix members."""
 
+import re
+
+import numpy as np
 import pytest
 import timm
 import torch
@@ -162,3 +165,31 @@ def test_unknown_options_and_methods_name_the_valid_choices():
         sve.wrap(mlp(), "sve", head="fc", example_input=torch.randn(1, 6))
     with pytest.raises(ValueError, match="Sequential has no dropout site"):
         sve.wrap(mlp(), "mc_dropout", num_classes=3, example_input=torch.randn(1, 6))
+
+
+@pytest.mark.parametrize("key, value", [("ensemble_size", 0), ("ensemble_size", -1), ("ensemble_size", 2.5),
+                                        ("ensemble_size", True), ("ensemble_size", None), ("num_classes", 0),
+                                        ("num_classes", "3")])  # fmt: skip
+def test_bad_sizes_and_methods_are_named_before_the_model_is_probed(key, value):
+    # No example_input: were the model probed first, its "pass example_input=" would hide the bad argument.
+    with pytest.raises(ValueError, match=re.escape(f"{key}={value!r} is not valid; expected a positive integer")):
+        sve.wrap(mlp(), "sve", **{key: value})
+    with pytest.raises(ValueError, match=r"method='sv' is not valid"):
+        sve.wrap(mlp(), "sv")
+    numpy_size = sve.wrap(mlp(), "sve", ensemble_size=np.int64(2), example_input=torch.randn(1, 6))
+    assert numpy_size(torch.randn(3, 6)).shape[0] == 2  # numpy's integers are integers
+
+
+def test_a_model_with_no_adaptable_layer_names_its_layers_and_what_can_be_adapted():
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.rnn, self.fc = nn.Conv1d(4, 8, 3), nn.GRU(8, 16, batch_first=True), nn.Linear(16, 5)
+
+        def forward(self, x):
+            out, _ = self.rnn(self.conv(x).transpose(1, 2))
+            return self.fc(out[:, -1])
+
+    with pytest.raises(ValueError, match=r"Recurrent has no layer the methods can adapt on the way to its features: "
+                                         r"they adapt nn\.Linear .* its layers are conv \(Conv1d\), rnn \(GRU\)$"):
+        sve.wrap(Recurrent(), "sve", ensemble_size=2, example_input=torch.randn(2, 4, 10))

@@ -241,8 +241,15 @@ class ModuleBackbone(Backbone):
         """Every adaptable layer that reaches the features, by exact name (``^`` anchors it to the root)."""
         usage = self.probe_usage()
         unused = usage.unused_modules if usage is not None else set()
-        return [f"^{re.escape(n)}" for n, m in self.model.named_modules()
-                if n and adaptable(m) and n not in unused]
+        found = [f"^{re.escape(n)}" for n, m in self.model.named_modules() if n and adaptable(m) and n not in unused]
+        if not found:  # otherwise the injection's "no target patterns" would be all the user sees
+            layers = [f"{n} ({type(m).__name__})" for n, m in self.model.named_modules()
+                      if n and not list(m.children()) and n != self.head_name]  # fmt: skip
+            raise ValueError(
+                f"{type(self.model).__name__} has no layer the methods can adapt on the way to its features: they "
+                "adapt nn.Linear (and Hugging Face's Conv1D) and nn.Conv2d with groups = 1 and zero padding; its "
+                f"layers are {', '.join(layers[:12]) or 'none'}{' ...' if len(layers) > 12 else ''}")
+        return found
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -24,6 +24,7 @@ sequential mode trains in rounds that only ``train.py`` drives.
 from __future__ import annotations
 
 import inspect
+import operator
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
@@ -84,6 +85,13 @@ def valid_options(cls: type, defaults: dict) -> list[str]:
     return sorted(names)
 
 
+def positive_integer(value) -> bool:
+    """An integer (Python's, numpy's, a 0-d integer tensor's: anything with ``__index__``) above 0; not a bool."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return False
+    return operator.index(value) > 0
+
+
 def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_classes: int | None = None,
          target_modules: list[str] | str | None = None, head: str | None = "auto", pooling: str | None = None,
          example_input=None, **options) -> Ensemble:
@@ -100,6 +108,15 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
         head, pooling, example_input: how the features are read (``ModuleBackbone``).
         options: the method's own settings (``sigma_init``, ``rank``, ``dropout``, ``members_at_once``, ...).
     """
+    # The arguments first: a bad method name or size is named before the model is probed (which may itself
+    # ask for example_input).
+    method_config(method)
+    for name, value, optional in (("ensemble_size", ensemble_size, False), ("num_classes", num_classes, True)):
+        if value is None and optional:
+            continue
+        if not positive_integer(value):
+            raise ValueError(f"{name}={value!r} is not valid; expected a positive integer"
+                             + (" or None (keep the model's own head)" if optional else ""))  # fmt: skip
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     if isinstance(model, Backbone):
