@@ -3,6 +3,7 @@
 from sve.data.arc import ARCEasyData
 from sve.data.base import ClassificationData, ImageClassificationData, TextClassificationData
 from sve.data.cifar_c import CIFAR100CData
+from sve.data.generic import ImageFolderData, TextTableData
 from sve.data.image_sets import (
     CIFAR10Data,
     CIFAR100Data,
@@ -29,4 +30,6 @@ __all__ = [
     "FashionMNISTData",
     "SyntheticImageData",
     "SyntheticTextData",
+    "ImageFolderData",
+    "TextTableData",
 ]

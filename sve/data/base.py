@@ -121,6 +121,11 @@ class ClassificationData(pl.LightningDataModule):
         backbone; any user error is an ``InputError``. May fill ``notes`` (split -> where it comes from)."""
         raise NotImplementedError
 
+    def class_names(self) -> list | None:
+        """The name of each label (label i is ``class_names()[i]``) where the data names its classes (the
+        generic datasets, ``sve.data.generic``); None elsewhere. results.json and the adapter record it."""
+        return None
+
     def check_data(self) -> None:
         """Reads, parses and checks every data file the run will use, before the backbone exists: the three
         splits and, with ``ood``, the OOD module's data; the subset sizes (``train_size``, ``val_size``,

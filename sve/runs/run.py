@@ -230,7 +230,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         write_adapter(method, out_dir / ADAPTER, {
             "backbone": type(method.backbone).__name__, "method": cfg.method.name,
             "ensemble_size": method.ensemble_size, "num_classes": method.num_classes,
-            "config": OmegaConf.to_container(cfg, resolve=True)})
+            "class_names": datamodule.class_names(), "config": OmegaConf.to_container(cfg, resolve=True)})
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
     if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
         log.warning("%s was asked for ensemble_size=%d and predicts with %d member(s); results.json records both "
@@ -243,6 +243,8 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         "dataset": cfg.dataset.name,
         "ensemble_size": method.ensemble_size,
         "num_members": evaluation["num_members"],  # members or samples that produced the predictive
+        "num_classes": method.num_classes,
+        "class_names": datamodule.class_names(),  # label i is class_names[i]; None where the data has no names
         "seed": int(cfg.seed),
         "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
         "experiment": cfg.get("experiment_name"),

@@ -1,0 +1,276 @@
+"""Your own data, with no code: any image folder tree (``dataset=image_folder``) and any table of texts
+(``dataset=text_table``: local CSV, TSV, JSON lines or Parquet files, or a Hugging Face hub dataset).
+
+Both read their classes from the data, so ``num_classes`` is whatever the training split holds:
+
+- ``ImageFolderData``: ``root/train/<class>/<image>`` and ``root/test/<class>/<image>`` (torchvision's
+  ImageFolder layout), and ``root/val/<class>/...`` (or ``validation/``) if there is one; otherwise
+  ``val_holdout`` training images are held out. The classes are the training split's class folders in sorted
+  order; validation and test may lack a class (a small test set), never have one that training lacks, and
+  every split keeps the training split's numbering (ImageFolder alone numbers the folders each split has, so
+  a test set without one class would shift every label after it).
+- ``TextTableData``: ``root/train.<ext>`` and ``root/test.<ext>`` (and ``validation``/``val``/``dev``), or
+  the splits of ``hub_name``/``hub_config``; ``text_column`` names the text (two columns: a sentence pair,
+  tokenised as a pair), ``label_column`` the label. The labels, integers or strings, are numbered in sorted
+  order of the training split's distinct values (``label_names``); a validation or test label that training
+  lacks is an error naming the file and the row.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import torch
+from torchvision import datasets as tvd
+
+from sve.data.base import TextClassificationData
+from sve.data.checks import is_int, load_hub_dataset, one_line
+from sve.data.vision import VisionData
+from sve.errors import InputError
+
+VAL_DIRS = ("val", "validation")
+TEXT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TEXT_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test": ("test",)}
+
+
+def default_holdout(size: int) -> int:
+    """A tenth of the training examples (at least one) when the data has no validation split."""
+    return max(1, size // 10)
+
+
+class ClassFolder(tvd.ImageFolder):
+    """An ImageFolder split numbered by ``classes`` (the training split's), not by the folders it has."""
+
+    def __init__(self, root: Path, classes: list[str], allow_empty: bool):
+        self.fixed_classes = list(classes)
+        super().__init__(str(root), allow_empty=allow_empty)
+
+    def find_classes(self, directory):
+        return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
+
+
+def class_folders(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+
+
+class ImageFolderData(VisionData):
+    """Any image classification data in ImageFolder layout (module docstring).
+
+    Args:
+        root: the directory holding ``train/`` and ``test/`` (and optionally ``val/``).
+        val_holdout: training images held out for validation when there is no ``val/``; null: a tenth.
+    """
+
+    name = "image_folder"
+    downloadable = False
+    LAYOUT = ("train/<class>/<image> and test/<class>/<image>, and optionally val/<class>/<image> (torchvision's "
+              "ImageFolder layout; without val/, dataset.val_holdout training images are held out)")  # fmt: skip
+
+    def __init__(self, root: str | None = None, val_holdout: int | None = None, **kwargs):
+        super().__init__(root=root, download=False, val_holdout=val_holdout, **kwargs)
+        self.classes: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        if self.classes is None:  # read with the data: the class folders of train/
+            self.check_data()
+        return len(self.classes)
+
+    def class_names(self) -> list[str]:
+        return list(self.classes) if self.classes is not None else None
+
+    def required(self, root):
+        return ["train/", "test/"]
+
+    def read_split(self, folder: Path, classes: list[str], allow_empty: bool) -> ClassFolder:
+        try:
+            return ClassFolder(folder, classes, allow_empty)
+        except Exception as err:  # a class folder without image files, an unreadable directory
+            raise InputError(f"{self.what}: cannot read the image tree {folder} ({one_line(err)})") from None
+
+    def read_raw(self, root):
+        classes = class_folders(root / "train")
+        if len(classes) < 2:
+            raise InputError(f"{self.what}: {root / 'train'} has {len(classes)} class folder(s) {classes}; "
+                             "a classification needs at least 2 (train/<class>/<image>)")  # fmt: skip
+        self.classes = classes
+        val = next((root / d for d in VAL_DIRS if (root / d).is_dir()), None)
+        splits = {"train": self.read_split(root / "train", classes, allow_empty=False), "val": None}
+        for split, folder in (("val", val), ("test", root / "test")):
+            if folder is None:
+                continue
+            extra = [c for c in class_folders(folder) if c not in classes]
+            if extra:
+                raise InputError(f"{self.what}: {folder} has class folders that {root / 'train'} lacks: {extra}; "
+                                 f"every class must have training images (the classes are {classes})")  # fmt: skip
+            splits[split] = self.read_split(folder, classes, allow_empty=True)
+        if splits["val"] is None and self.val_holdout is None:
+            self.val_holdout = default_holdout(len(splits["train"]))
+        return splits
+
+
+# --- text tables --------------------------------------------------------------------------------------------
+
+
+def label_value(value):
+    """A label as read: integer-like strings and floats (CSV cells, JSON numbers) as integers, so that 2 sorts
+    before 10; other values as they are."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def read_table(path: Path):
+    """A local table as a pandas DataFrame, by its extension (TSV without quote handling, as GLUE's files)."""
+    import pandas as pd
+
+    kind = TEXT_FORMATS[path.suffix.lower()]
+    try:
+        if kind in ("csv", "tsv"):
+            sep, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
+            return pd.read_csv(path, sep=sep, quoting=quoting, keep_default_na=False, dtype=str)
+        if kind == "json":
+            return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False)
+        return pd.read_parquet(path)
+    except Exception as err:  # a malformed file: pandas' parser errors name the line
+        raise InputError(f"{path}: cannot be read as {kind} ({one_line(err)})") from None
+
+
+class TextTableData(TextClassificationData):
+    """Any text classification table (module docstring).
+
+    Args:
+        root: a directory with ``train.<ext>`` and ``test.<ext>`` (and ``validation``/``val``/``dev``); ext one
+            of csv, tsv, jsonl, json, parquet. None: ``hub_name`` with ``datasets``.
+        hub_name, hub_config: a Hugging Face hub dataset with ``train`` and ``test`` splits (and
+            ``validation``), e.g. ``imdb``; ``test_split`` names another test split.
+        text_column: the text's column, or two columns for a sentence pair.
+        label_column: the label's column (integers or strings).
+        val_holdout: training rows held out for validation when there is no validation split; null: a tenth.
+    """
+
+    name = "text_table"
+
+    def __init__(self, root: str | None = None, hub_name: str | None = None, hub_config: str | None = None,
+                 test_split: str = "test", text_column: str | list[str] = "text", label_column: str = "label",
+                 val_holdout: int | None = None, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        columns = [text_column] if isinstance(text_column, str) else list(text_column)
+        if not 1 <= len(columns) <= 2 or not all(isinstance(c, str) and c for c in columns):
+            raise InputError(f"dataset.text_column={text_column!r} is not valid; expected a column name, or a list "
+                             "of two (a sentence pair)")  # fmt: skip
+        if root is None and not hub_name:
+            raise InputError("dataset=text_table needs its data: set dataset.root=<a directory with train.csv and "
+                             "test.csv (or .tsv, .jsonl, .json, .parquet)> or dataset.hub_name=<a hub dataset>")
+        self.root, self.hub_name, self.hub_config, self.test_split = root, hub_name, hub_config, test_split
+        self.text_columns, self.label_column, self.val_holdout = columns, label_column, val_holdout
+        self.label_names: list | None = None
+
+    @property
+    def num_classes(self) -> int:
+        if self.label_names is None:  # read with the data: the training split's distinct labels
+            self.check_data()
+        return len(self.label_names)
+
+    def class_names(self) -> list | None:
+        return list(self.label_names) if self.label_names is not None else None
+
+    def local_files(self) -> dict[str, Path]:
+        root = Path(self.root).expanduser()
+        found = {}
+        for split, stems in TEXT_SPLITS.items():
+            candidates = [root / f"{stem}{ext}" for stem in stems for ext in TEXT_FORMATS]
+            files = [path for path in candidates if path.is_file()]
+            if len(files) > 1:
+                raise InputError(f"{self.what}: {root} holds {len(files)} files for the {split} split "
+                                 f"({[f.name for f in files]}); keep one")  # fmt: skip
+            if files:
+                found[split] = files[0]
+        lacking = [s for s in ("train", "test") if s not in found]
+        if lacking:
+            raise InputError(f"{self.what}: dataset.root={self.root} lacks a {' and a '.join(lacking)} file; expected "
+                             f"train.<ext> and test.<ext> with ext one of {', '.join(e[1:] for e in TEXT_FORMATS)}")
+        return found
+
+    def tables(self) -> dict[str, tuple[list[dict], str]]:
+        """Each split's rows (dicts of the used columns) and where they come from."""
+        used = [*self.text_columns, self.label_column]
+        out = {}
+        if self.root is not None:
+            for split, path in self.local_files().items():
+                frame = read_table(path)
+                absent = [c for c in used if c not in frame.columns]
+                if absent:
+                    raise InputError(f"{path}: no column {absent}; its columns are {list(frame.columns)} (set "
+                                     "dataset.text_column and dataset.label_column)")  # fmt: skip
+                out[split] = (frame[used].to_dict("records"), str(path))
+            return out
+        instead = "set dataset.root to a directory with train.csv and test.csv"
+        ds = load_hub_dataset(self.hub_name, self.hub_config, self.what, instead)
+        val = next((name for name in TEXT_SPLITS["val"] if name in ds), None)
+        names = {"train": "train", "test": self.test_split, "val": val}
+        for split, name in names.items():
+            if name is None:
+                continue
+            if name not in ds:
+                raise InputError(f"{self.what}: {self.hub_name} has no split {name!r}; its splits are {list(ds)}")
+            absent = [c for c in used if c not in ds[name].column_names]
+            if absent:
+                raise InputError(f"{self.what}: {self.hub_name} {name} has no column {absent}; its columns are "
+                                 f"{ds[name].column_names}")  # fmt: skip
+            out[split] = (ds[name].select_columns(used).to_list(), f"{self.hub_name} {name}")
+        return out
+
+    def examples(self, rows: list[dict], source: str, index: dict) -> list[tuple]:
+        out = []
+        for i, row in enumerate(rows):
+            label = row[self.label_column]
+            if label not in index:
+                raise InputError(f"{source}, row {i + 1}: label {label!r} is not one of the training split's labels "
+                                 f"{self.label_names}")  # fmt: skip
+            texts = tuple("" if row[c] is None else str(row[c]) for c in self.text_columns)
+            out.append((texts[0] if len(texts) == 1 else texts, index[label]))
+        return out
+
+    def read_splits(self):
+        tables = self.tables()
+        for rows, _ in tables.values():
+            for row in rows:
+                row[self.label_column] = label_value(row[self.label_column])
+        train_rows, train_source = tables["train"]
+        distinct = {row[self.label_column] for row in train_rows}
+        if len(distinct) < 2:
+            raise InputError(f"{self.what}: {train_source} has {len(distinct)} distinct label(s) in column "
+                             f"{self.label_column!r}; a classification needs at least 2")  # fmt: skip
+        try:
+            self.label_names = sorted(distinct)
+        except TypeError:  # integers and strings mixed
+            raise InputError(f"{self.what}: {train_source}: column {self.label_column!r} mixes label types "
+                             f"({sorted({type(v).__name__ for v in distinct})})") from None  # fmt: skip
+        index = {label: i for i, label in enumerate(self.label_names)}
+        splits = {name: self.examples(rows, source, index) for name, (rows, source) in tables.items()}
+        if "val" not in splits:
+            train = splits["train"]
+            held = default_holdout(len(train)) if self.val_holdout is None else self.val_holdout
+            if not is_int(held) or not 0 < held < len(train):
+                raise InputError(f"dataset.val_holdout={held!r} is not valid: it must be an integer between 1 and "
+                                 f"{len(train) - 1} (the training split has {len(train)} rows)")  # fmt: skip
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
+            splits["train"], splits["val"] = [train[i] for i in order[held:]], [train[i] for i in order[:held]]
+            self.notes.update(train=f"{train_source} less the {held} rows held out for validation",
+                              val=f"{held} rows held out of {train_source}")  # fmt: skip
+        return splits
+
+    def collate(self, examples: list[tuple]) -> dict:
+        if not examples or isinstance(examples[0][0], str):
+            return super().collate(examples)
+        pairs, labels = zip(*examples)  # sentence pairs: the tokenizer joins them with its own separator
+        first, second = zip(*pairs)
+        enc = self.backbone.tokenizer(list(first), list(second), padding=True, truncation=True,
+                                      max_length=self.max_length, return_tensors="pt")  # fmt: skip
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "labels": torch.tensor(labels, dtype=torch.long)}  # fmt: skip

@@ -1,0 +1,158 @@
+"""``dataset=image_folder`` and ``dataset=text_table``: a user's own images and texts with no code. Facts checked:
+the classes come from the training split and keep their numbers in every split (a test folder lacking a class
+shifts nothing), labels of any type are numbered in sorted order, held-out validation is seeded, every bad input
+is one error naming the file and what is valid, and a run trains on both end to end."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sve.data import ImageFolderData, TextTableData
+from sve.errors import InputError
+from sve.runs.run import run
+from tests.conftest import compose_cfg
+
+
+def image_tree(root, splits: dict[str, dict[str, int]]):
+    """root/<split>/<class>/<i>.png, each image one flat colour that encodes its class and split."""
+    rng = np.random.default_rng(0)
+    for split, classes in splits.items():
+        for name, count in classes.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def labels_of(dataset) -> list[int]:
+    return [dataset[i][1] for i in range(len(dataset))]
+
+
+def test_an_image_folder_numbers_every_split_by_the_training_classes(tmp_path):
+    root = image_tree(tmp_path, {"train": {"cat": 4, "dog": 4, "eel": 4}, "test": {"cat": 2, "eel": 3}})
+    data = ImageFolderData(root=str(root))
+    assert data.num_classes == 3 and data.classes == ["cat", "dog", "eel"]
+    test = data.parsed["test"]
+    # ImageFolder alone would number test's two folders 0 and 1, so an eel would be labelled a dog
+    assert sorted(labels_of(test)) == [0, 0, 2, 2, 2]
+    assert len(data.parsed["val"]) == 1 and len(data.parsed["train"]) == 11  # a tenth of 12 held out
+
+
+def test_an_image_folder_uses_its_own_validation_split(tmp_path):
+    root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "val": {"b": 1}, "test": {"a": 1, "b": 1}})
+    data = ImageFolderData(root=str(root))
+    data.check_data()
+    assert labels_of(data.parsed["val"]) == [1] and len(data.parsed["train"]) == 4
+
+
+@pytest.mark.parametrize("splits, message", [
+    ({"train": {"a": 2, "b": 2}, "test": {"a": 1, "fox": 1}},
+     r"test has class folders that .*train lacks: \['fox'\]; every class must have training images"),
+    ({"train": {"a": 3}, "test": {"a": 1}}, r"has 1 class folder\(s\) \['a'\]; a classification needs at least 2"),
+    ({"train": {"a": 2, "b": 0}, "test": {"a": 1}}, r"cannot read the image tree .*train \(.*b"),
+    ({"train": {"a": 2, "b": 2}}, r"lacks \['test/'\]; set dataset.root to a directory holding train/<class>"),
+])  # fmt: skip
+def test_a_bad_image_folder_is_one_error_naming_what_is_wrong(tmp_path, splits, message):
+    root = image_tree(tmp_path, splits)
+    if splits["train"].get("b") == 0:
+        (root / "train" / "b").mkdir(exist_ok=True)
+    with pytest.raises(InputError, match=message):
+        ImageFolderData(root=str(root)).check_data()
+
+
+def write_csv(path, rows: list[tuple], header=("text", "label")):
+    path.write_text("\n".join([",".join(header), *(",".join(map(str, r)) for r in rows)]) + "\n")
+
+
+def test_a_text_table_numbers_labels_in_sorted_order_and_holds_out_validation(tmp_path):
+    write_csv(tmp_path / "train.csv", [(f"t{i}", label) for i, label in enumerate([2, 10, 2, 10, 7] * 4)])
+    write_csv(tmp_path / "test.csv", [("x", 7), ("y", 10)])
+    data = TextTableData(root=str(tmp_path), val_holdout=5)
+    assert data.num_classes == 3 and data.label_names == [2, 7, 10]  # integers: 2 before 10, unlike strings
+    assert data.parsed["test"] == [("x", 1), ("y", 2)]
+    assert len(data.parsed["val"]) == 5 and len(data.parsed["train"]) == 15
+    again = TextTableData(root=str(tmp_path), val_holdout=5)
+    again.check_data()
+    assert again.parsed["val"] == data.parsed["val"]  # seeded by subset_seed
+
+
+def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
+    (tmp_path / "train.tsv").write_text('sentence\tlabel\nsaid "no\tneg\nyes\tpos\n')  # a lone quote, as in SST-2
+    (tmp_path / "test.tsv").write_text("sentence\tlabel\nfine\tpos\n")
+    data = TextTableData(root=str(tmp_path), text_column="sentence", val_holdout=1)
+    data.check_data()
+    assert sorted(data.parsed["train"] + data.parsed["val"]) == [('said "no', 0), ("yes", 1)]
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for split, rows in (("train", [("a", "b", "yes"), ("c", "d", "no")]), ("validation", [("e", "f", "no")]),
+                        ("test", [("g", "h", "yes")])):  # fmt: skip
+        (pairs / f"{split}.jsonl").write_text("".join(json.dumps({"p": p, "h": h, "y": y}) + "\n" for p, h, y in rows))
+    data = TextTableData(root=str(pairs), text_column=["p", "h"], label_column="y")
+    data.check_data()
+    assert data.parsed["val"] == [(("e", "f"), 0)] and data.parsed["test"] == [(("g", "h"), 1)]
+
+
+@pytest.mark.parametrize("files, options, message", [
+    ({"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,z\n"}, {},
+     r"test.csv, row 1: label 'z' is not one of the training split's labels \['x', 'y'\]"),
+    ({"train.csv": "body,label\na,x\nb,y\n", "test.csv": "body,label\nc,x\n"}, {},
+     r"train.csv: no column \['text'\]; its columns are \['body', 'label'\] \(set dataset.text_column"),
+    ({"train.csv": "text,label\na,x\n", "train.jsonl": "", "test.csv": "text,label\nc,x\n"}, {},
+     r"holds 2 files for the train split \(\['train.csv', 'train.jsonl'\]\); keep one"),
+    ({"train.csv": "text,label\na,x\nb,x\n", "test.csv": "text,label\nc,x\n"}, {},
+     r"has 1 distinct label\(s\) in column 'label'; a classification needs at least 2"),
+    ({"train.csv": "text,label\na,x\n"}, {}, r"lacks a test file; expected train.<ext> and test.<ext>"),
+    ({}, {"text_column": ["a", "b", "c"]}, r"dataset.text_column=\['a', 'b', 'c'\] is not valid"),
+])  # fmt: skip
+def test_a_bad_text_table_is_one_error_naming_what_is_wrong(tmp_path, files, options, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match=message):
+        TextTableData(root=str(tmp_path), val_holdout=1, **options).check_data()
+
+
+def test_a_text_table_needs_a_root_or_a_hub_dataset():
+    with pytest.raises(InputError, match=r"text_table needs its data: set dataset.root=.* or dataset.hub_name="):
+        TextTableData()
+
+
+def test_both_train_end_to_end_with_the_classes_they_found(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    write_csv(texts / "train.csv", [(f"good {i}", "pos") for i in range(6)] + [(f"bad {i}", "neg") for i in range(6)]
+              + [(f"meh {i}", "neutral") for i in range(6)])  # fmt: skip
+    write_csv(texts / "test.csv", [("good x", "pos"), ("bad x", "neg")])
+    tiny = ["method=sve", "ensemble_size=2", "trainer.max_epochs=1", "dataset.batch_size=4"]
+    text_run = ["dataset=text_table", f"dataset.root={texts}", "backbone=tiny_bert", *tiny]
+    done = run(compose_cfg(text_run, tmp_path / "t"))
+    assert done["num_classes"] == 3 and done["class_names"] == ["neg", "neutral", "pos"]
+    assert done["metrics"]["test/examples"] == 2
+    images = image_tree(tmp_path / "images", {"train": {"a": 6, "b": 6}, "test": {"b": 3}})
+    image_run = ["dataset=image_folder", f"dataset.root={images}", "backbone=tiny_vit", *tiny]
+    done = run(compose_cfg(image_run, tmp_path / "i"))
+    assert done["num_classes"] == 2 and done["class_names"] == ["a", "b"] and done["metrics"]["test/examples"] == 3
+    assert json.loads((tmp_path / "i" / "adapter" / "adapter_config.json").read_text())["class_names"] == ["a", "b"]
+
+
+def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
+    # The hub is out of reach here: the loader returns a real DatasetDict made in memory, as load_dataset would.
+    import datasets
+
+    hub = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"review": ["good", "bad", "fine", "awful"], "stars": [5, 1, 4, 1],
+                                             "id": [0, 1, 2, 3]}),
+        "validation": datasets.Dataset.from_dict({"review": ["ok"], "stars": [4], "id": [4]}),
+        "test": datasets.Dataset.from_dict({"review": ["meh"], "stars": [1], "id": [5]}),
+    })  # fmt: skip
+    asked = []
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset",
+                        lambda name, config, *_: asked.append((name, config)) or hub)  # fmt: skip
+    data = TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars")
+    assert data.num_classes == 3 and data.label_names == [1, 4, 5] and asked == [("someone/reviews", None)]
+    assert data.parsed["val"] == [("ok", 1)] and data.parsed["test"] == [("meh", 0)]
+    with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
+        TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",
+                      test_split="dev_test").check_data()  # fmt: skip
