@@ -154,3 +154,35 @@ def test_rejects_bad_arguments():
         SVLinear.from_linear(_linear(), ensemble_size=2, sigma_init=-1)
     with pytest.raises(TypeError, match="nn.Linear"):
         SVLinear.from_linear(nn.Conv1d(3, 4, 3), ensemble_size=2)
+
+
+def test_the_report_says_how_far_the_singular_values_moved():
+    """SVE's report (results.json method_report) carries ``movement``: exact algebra on set values, and at init
+    a member spread of about sigma_init (the diagnostic of a run whose members differ by their init noise only)."""
+    import sve
+    from sve.layers.singular_values import movement
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    still = sve.wrap(mlp, "sve", ensemble_size=4, sigma_init=0.0, example_input=torch.randn(1, 64))
+    assert still.method.report()["singular_values"] == {"member_spread": 0.0, "mean_shift": 0.0}
+    noisy = sve.wrap(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3)), "sve", ensemble_size=64,
+                     sigma_init=0.05, example_input=torch.randn(1, 256))  # fmt: skip
+    found = movement(noisy.method)
+    assert found["member_spread"] == pytest.approx(0.05, rel=0.05) and found["mean_shift"] < 0.05 / 4
+    layers = [m for m in still.method.modules() if isinstance(m, SVLinear)]
+    with torch.no_grad():
+        for layer in layers:  # every member scaled by 1.1; then one member by 1.3 instead
+            layer.singular_values.copy_(1.1 * layer.pretrained_singular_values.expand_as(layer.singular_values))
+    assert movement(still.method)["mean_shift"] == pytest.approx(0.1, abs=1e-6)
+    assert movement(still.method)["member_spread"] == pytest.approx(0.0, abs=1e-7)
+    with torch.no_grad():
+        for layer in layers:
+            layer.singular_values[0] = 1.3 * layer.pretrained_singular_values
+    # members 1.3, 1.1, 1.1, 1.1: mean 1.15; RMS distance sqrt((0.15^2 + 3 * 0.05^2) / 4) = 0.0866 of 1.15
+    assert movement(still.method) == pytest.approx({"member_spread": 0.0866025 / 1.15, "mean_shift": 0.15}, abs=1e-6)
+    with pytest.raises(ValueError, match=r"Sequential is already wrapped \(its layer '0' is a member layer\)"):
+        sve.wrap(mlp, "lora_ensemble", ensemble_size=2, example_input=torch.randn(1, 64))  # wrap works in place
+    lora = sve.wrap(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3)), "lora_ensemble", ensemble_size=2,
+                    num_classes=3, example_input=torch.randn(1, 8))  # fmt: skip
+    assert movement(lora.method) is None  # no singular values to speak of

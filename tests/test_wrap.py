@@ -193,3 +193,7 @@ def test_a_model_with_no_adaptable_layer_names_its_layers_and_what_can_be_adapte
     with pytest.raises(ValueError, match=r"Recurrent has no layer the methods can adapt on the way to its features: "
                                          r"they adapt nn\.Linear .* its layers are conv \(Conv1d\), rnn \(GRU\)$"):
         sve.wrap(Recurrent(), "sve", ensemble_size=2, example_input=torch.randn(2, 4, 10))
+    # its only linear is the head, which fresh heads replace: nothing left (before: StopIteration, no message)
+    with pytest.raises(ValueError, match=r"Sequential has no layer .* its only layer is its head '0'$"):
+        sve.wrap(nn.Sequential(nn.Linear(8, 3)), "lora_ensemble", ensemble_size=2, num_classes=3,
+                 example_input=torch.randn(1, 8))  # fmt: skip

@@ -248,7 +248,8 @@ class ModuleBackbone(Backbone):
             raise ValueError(
                 f"{type(self.model).__name__} has no layer the methods can adapt on the way to its features: they "
                 "adapt nn.Linear (and Hugging Face's Conv1D) and nn.Conv2d with groups = 1 and zero padding; its "
-                f"layers are {', '.join(layers[:12]) or 'none'}{' ...' if len(layers) > 12 else ''}")
+                + (f"layers are {', '.join(layers[:12])}{' ...' if len(layers) > 12 else ''}" if layers
+                   else f"only layer is its head {self.head_name!r}"))
         return found
 
     def train(self, mode: bool = True):

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from sve.api.module_backbone import ModuleBackbone, to_batch
 from sve.backbones.base import Backbone
+from sve.layers.member import MemberLayer
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
 from sve.paths import CONFIGS
@@ -117,6 +118,11 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
         if not positive_integer(value):
             raise ValueError(f"{name}={value!r} is not valid; expected a positive integer"
                              + (" or None (keep the model's own head)" if optional else ""))  # fmt: skip
+    wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
+    if wrapped is not None:  # wrap works in place: a second wrap would stack members on members
+        raise ValueError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): wrap "
+                         "works in place, as peft's get_peft_model does; wrap a copy made before the first wrap "
+                         "(copy.deepcopy(model)), or use the ensemble the first wrap returned")  # fmt: skip
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     if isinstance(model, Backbone):

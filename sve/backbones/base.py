@@ -79,7 +79,9 @@ class Backbone(nn.Module):
         from sve.layers.member import ADAPTABLE_TYPES
 
         types = tuple(types) + ADAPTABLE_TYPES
-        device = next(self.parameters()).device
+        # A model whose only parameters were its head's has none left here: its inputs stay where they are.
+        tensors = [v for v in batch.values() if isinstance(v, Tensor)]
+        device = next(self.parameters(), tensors[0] if tensors else torch.empty(0)).device
         batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         modes = {m: m.training for m in self.modules()}
         flags = {p: p.requires_grad for p in self.parameters()}

@@ -29,6 +29,23 @@ def singular_value_arrays(module: nn.Module) -> dict[str, np.ndarray]:
     return arrays
 
 
+def movement(module: nn.Module) -> dict[str, float] | None:
+    """How far training moved the singular values, over every SV layer's values at once (None without SV
+    layers): ``member_spread``, the members' RMS distance from their mean relative to the mean's norm
+    (sqrt(mean_m ||S_m - mean||^2) / ||mean||: about ``sigma_init`` at init, so a spread still near it says the
+    members differ only by their initial noise), and ``mean_shift``, ||mean - pretrained|| / ||pretrained||."""
+    arrays = singular_value_arrays(module)
+    if not arrays:
+        return None
+    names = [key.removesuffix(".pretrained") for key in arrays if key.endswith(".pretrained")]
+    members = np.concatenate([arrays[f"{n}.members"].astype(np.float64) for n in names], axis=1)  # (M, R)
+    pretrained = np.concatenate([arrays[f"{n}.pretrained"].astype(np.float64) for n in names])
+    mean = members.mean(0)
+    spread = np.sqrt(((members - mean) ** 2).sum(1).mean()) / np.linalg.norm(mean)
+    return {"member_spread": float(spread),
+            "mean_shift": float(np.linalg.norm(mean - pretrained) / np.linalg.norm(pretrained))}  # fmt: skip
+
+
 def save_singular_values(method: nn.Module, run_dir: str | Path) -> Path | None:
     """Writes ``run_dir/singular_values.npz``; None (and no file) when the method has no SV layers."""
     arrays = singular_value_arrays(method)

@@ -25,6 +25,7 @@ import time
 import torch
 from torch import nn
 
+from sve.layers.singular_values import movement
 from sve.layers.sv_conv import SVConv2d
 from sve.layers.sv_inference import check_inference
 from sve.layers.sv_linear import SVLinear
@@ -120,6 +121,9 @@ class SVE(EnsembleMethod):
                  "merged_cache": self.merged_cache, "merged_cache_bytes": self.merged_bytes()}
         if self.svd_cache is not None:
             facts["svd_cache"] = self.svd_cache.summary()
+        # Whether the singular values trained at all, or the members still differ by their init noise only
+        # (issue 23 found the latter under a too-small learning rate): read beside sigma_init.
+        facts["singular_values"] = movement(self)
         return facts
 
     def sv_layers(self) -> list[SVLinear]:
