@@ -12,6 +12,10 @@ The prose is the template ``sve/configs/claims/mini_readme.md``; everything nume
 - ``{{figure:<file>}}``: a link to ``<root>/figures/<file>`` when it exists;
 - ``{{claims}}``: the verdicts of ``sve/configs/claims/mini.yaml`` (``sve.paper.claims``): each comparison's difference
   with its paired-bootstrap 95% interval, "held", "reversed" or "unresolved";
+- ``{{singular_values}}``: for every SVE-family row, how far training moved the singular values (the
+  members' spread around their mean and the mean's shift from the pretrained values, from each run's
+  ``method_report``), beside its ``sigma_init``: a spread still near sigma_init says the members differ by
+  their initial noise only;
 - ``{{procedure}}``: one paragraph on how those intervals and verdicts are made, with the claims file's
   bootstrap settings (``sve.paper.claims.procedure``).
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import CLAIMS, claims_markdown, load_claims, procedure
-from sve.paper.report import METHOD_NAMES, load_runs
+from sve.paper.report import METHOD_NAMES, load_runs, members_of
 from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
 from sve.runs.results import read_json, read_results
 
@@ -122,6 +126,30 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
     return "\n".join(lines)
 
 
+def singular_values_section(found: list[tuple[Path, dict]]) -> str:
+    """One line per SVE-family row (a method that decomposed weights: ``svd_seconds`` in its report), seeds
+    only (tuning runs left out), with the mean over the seeds that recorded the movement."""
+    rows: dict[tuple, list] = defaultdict(list)
+    for path, r in found:
+        report = r.get("method_report") or {}
+        if "tune" in path.parts or "svd_seconds" not in report:
+            continue
+        sigma = (r.get("config") or {}).get("sigma_init")
+        rows[(experiment_of(r), r.get("method"), members_of(r), sigma)].append(report.get("singular_values"))
+    if not rows:
+        return "*(no SVE-family run yet)*"
+    lines = ["| experiment | method | M | sigma_init | seeds recorded | member spread (%) | mean shift (%) |",
+             "|:--|:--|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for (experiment, method, members, sigma), moved in sorted(rows.items(), key=str):
+        known = [m for m in moved if m]
+        spread = f"{100 * sum(m['member_spread'] for m in known) / len(known):.2f}" if known else "–"
+        shift = f"{100 * sum(m['mean_shift'] for m in known) / len(known):.2f}" if known else "–"
+        lines.append(f"| `{experiment}` | {METHOD_NAMES.get(method, method)} | {members} | {sigma} | "
+                     f"{len(known)} of {len(moved)} | {spread} | {shift} |")  # fmt: skip
+    lines += ["", "–: runs trained before results.json recorded the movement (`method_report.singular_values`)."]
+    return "\n".join(lines)
+
+
 def budget_section(root: Path) -> str:
     """``budget.md``'s tables without its title (``sve.paper.budget.report``, as ``make mini-budget`` writes it)."""
     text, _ = budget_report(root, None, TARGET_HOURS)
@@ -146,6 +174,7 @@ def render(root: Path, template: str) -> str:
     fill = {"runs": lambda: runs_section(found), "times": lambda: times_section(found, root),
             "settings": lambda: settings_section(root, found),
             "budget": lambda: budget_section(root),
+            "singular_values": lambda: singular_values_section(found),
             "claims": lambda: claims_markdown("mini", root, runs),
             "procedure": lambda: procedure(load_claims("mini"))}  # fmt: skip
 

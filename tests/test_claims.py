@@ -151,3 +151,23 @@ def test_time_section_reports_the_measured_wall_time_of_overlapping_sweeps(tmp_p
     assert "Measured wall time: 8.00 h during which at least one run was training" in text
     assert "2 runs by 2 sweep processes" in text
     assert "1.3 times the target of about 6 h" in text
+
+
+def test_the_singular_values_section_averages_each_sve_row_over_its_seeds(tmp_path):
+    def sve_run(seed, moved, method="sve", tune=False):
+        path = write_run(tmp_path, "mini_x", method, 4, seed, {"acc": 0.5}, num_members=4,
+                         method_report={"svd_seconds": 0.1, **({"singular_values": moved} if moved else {})},
+                         config={"experiment_name": "mini_x", "sigma_init": 0.01})  # fmt: skip
+        if tune:  # a tuning run of the row: not one of its seeds
+            target = path.parent.parent / "tune" / "method.lr_0.1" / "results.json"
+            target.parent.mkdir(parents=True)
+            path.rename(target)
+
+    sve_run(0, {"member_spread": 0.010, "mean_shift": 0.002})
+    sve_run(1, {"member_spread": 0.030, "mean_shift": 0.004})
+    sve_run(2, None)  # trained before the report kept it
+    sve_run(3, {"member_spread": 9.0, "mean_shift": 9.0}, tune=True)
+    write_run(tmp_path, "mini_x", "lora_ensemble", 4, 0, {"acc": 0.5}, method_report={"rank": 8})
+    text = mini_report.singular_values_section(mini_report.all_results(tmp_path))
+    assert "| `mini_x` | SV-Ensemble | 4 | 0.01 | 2 of 3 | 2.00 | 0.30 |" in text
+    assert "LoRA" not in text  # no singular values
