@@ -97,8 +97,13 @@ mini-table4 mini-figure3 mini-figure2-vision: mini-table1
 mini-figure2: mini-table2
 mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table3: $(if $(SMOKE),,mini-smollm2)
+# The distillation table's two experiments run side by side (MINI_JOBS processes), each training its teachers
+# again where their state was left behind, then distilling them; each writes the table when it ends.
+DISTILL_EXPERIMENTS := mini_sst2_minilm mini_cifar10_effnet
 mini-distill: ## The mini distillation table: each seed's SVE teacher (trained again where its state was left behind) distilled by sve-distill (mean, Dirichlet), resumable
-	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --retrain-teachers --results $(or $(RESULTS),results/mini)
+	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(addprefix mini-distill-,$(DISTILL_EXPERIMENTS))
+mini-distill-%:
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --retrain-teachers --experiments $* --results $(or $(RESULTS),results/mini)
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)

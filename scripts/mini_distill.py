@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (teacher / "results.json").exists():
                 print(f"skipped teacher {teacher}: not trained yet (make mini trains it)")
                 continue
+            if args.retrain_teachers:  # a dry run: what the real one would do first
+                print(f"would train teacher {teacher} again (its trained state was left behind), then distill it")
+                continue
             print(f"skipped teacher {teacher}: its trained state is in neither checkpoints/final.ckpt nor adapter/ "
                   "(a committed run, or a copy of a tuning run, keeps no checkpoint); --retrain-teachers trains it "
                   "again from its recorded command")  # fmt: skip
