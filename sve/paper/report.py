@@ -78,6 +78,9 @@ def aggregate(values: list[float], metric: Metric, expected: int) -> Cell | None
     return Cell(statistics.fmean(shown), std, len(shown), short=len(shown) < expected)
 
 
+EDGE_MARK = "‡"  # after a method whose tuned value was left on an edge of its grid (tuned_edge)
+
+
 @dataclass
 class Row:
     method: str
@@ -108,9 +111,6 @@ class Table:
     missing: list[str]  # one line per cell with absent seeds, naming the run directories
     notes: list[str]
     paper_source: str | None  # the reference file, when its column is shown
-
-
-EDGE_MARK = "‡"
 
 
 def tuned_edge(row_dir: Path) -> tuple[str, str] | None:
