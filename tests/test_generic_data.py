@@ -153,6 +153,15 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
     data = TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars")
     assert data.num_classes == 3 and data.label_names == [1, 4, 5] and asked == [("someone/reviews", None)]
     assert data.parsed["val"] == [("ok", 1)] and data.parsed["test"] == [("meh", 0)]
+    assert data.class_names() == [1, 4, 5]  # plain integers: no names to give
+    labelled = datasets.DatasetDict({split: datasets.Dataset.from_dict(
+        {"text": ["a", "b"], "label": [0, 1]}, features=datasets.Features(
+            {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}))
+        for split in ("train", "test")})  # fmt: skip
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: labelled)
+    named = TextTableData(hub_name="imdb", val_holdout=1)
+    assert named.num_classes == 2 and named.class_names() == ["neg", "pos"]  # the hub's ClassLabel names
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: hub)
     with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
         TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",
                       test_split="dev_test").check_data()  # fmt: skip

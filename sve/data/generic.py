@@ -169,6 +169,7 @@ class TextTableData(TextClassificationData):
         self.root, self.hub_name, self.hub_config, self.test_split = root, hub_name, hub_config, test_split
         self.text_columns, self.label_column, self.val_holdout = columns, label_column, val_holdout
         self.label_names: list | None = None
+        self.hub_label_names: list[str] | None = None  # a hub dataset's ClassLabel names, label i named [i]
 
     @property
     def num_classes(self) -> int:
@@ -177,7 +178,12 @@ class TextTableData(TextClassificationData):
         return len(self.label_names)
 
     def class_names(self) -> list | None:
-        return list(self.label_names) if self.label_names is not None else None
+        if self.label_names is None:
+            return None
+        named = self.hub_label_names
+        if named and all(isinstance(v, int) and 0 <= v < len(named) for v in self.label_names):
+            return [named[v] for v in self.label_names]  # a hub ClassLabel: "neg", "pos" rather than 0, 1
+        return list(self.label_names)
 
     def local_files(self) -> dict[str, Path]:
         root = Path(self.root).expanduser()
@@ -211,6 +217,8 @@ class TextTableData(TextClassificationData):
             return out
         instead = "set dataset.root to a directory with train.csv and test.csv"
         ds = load_hub_dataset(self.hub_name, self.hub_config, self.what, instead)
+        names = getattr(ds["train"].features.get(self.label_column), "names", None) if "train" in ds else None
+        self.hub_label_names = list(names) if names else None
         val = next((name for name in TEXT_SPLITS["val"] if name in ds), None)
         names = {"train": "train", "test": self.test_split, "val": val}
         for split, name in names.items():
