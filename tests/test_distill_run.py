@@ -127,7 +127,7 @@ def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_
     assert script.student_lr(tmp_path, "a") == ["lr=0.003"]
 
 
-def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_differing_metrics(tmp_path):
+def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_same_digits(tmp_path):
     """What a committed run keeps (results.json, no checkpoint) is enough to distill it: ``--retrain-teachers``
     trains it again from the command results.json records, and the copy's test metrics are the run's digits."""
     import shutil
