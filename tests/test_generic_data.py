@@ -33,6 +33,7 @@ def labels_of(dataset) -> list[int]:
 
 def test_an_image_folder_numbers_every_split_by_the_training_classes(tmp_path):
     root = image_tree(tmp_path, {"train": {"cat": 4, "dog": 4, "eel": 4}, "test": {"cat": 2, "eel": 3}})
+    (root / "train" / ".ipynb_checkpoints").mkdir()  # hidden folders are no classes
     data = ImageFolderData(root=str(root))
     assert data.num_classes == 3 and data.classes == ["cat", "dog", "eel"]
     test = data.parsed["test"]

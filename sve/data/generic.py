@@ -52,7 +52,8 @@ class ClassFolder(tvd.ImageFolder):
 
 
 def class_folders(folder: Path) -> list[str]:
-    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+    """The class folders of a split, hidden ones (``.ipynb_checkpoints``, ``.DS_Store`` folders) left out."""
+    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
 
 
 class ImageFolderData(VisionData):
