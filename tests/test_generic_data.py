@@ -166,3 +166,25 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
     with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
         TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",
                       test_split="dev_test").check_data()  # fmt: skip
+
+
+def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_its_read(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from sve.paths import CONFIGS
+    from sve.runs import plan
+
+    root = image_tree(tmp_path / "images", {"train": {"a": 2, "b": 2, "c": 2}, "test": {"a": 1}})
+    with pytest.raises(InputError, match=r"dataset.num_classes=2 but .*train has 3 class folders; set "
+                                         r"dataset.num_classes=3 or null"):  # fmt: skip
+        ImageFolderData(root=str(root), num_classes=2).check_data()
+    declared = ImageFolderData(root=str(tmp_path / "absent"), num_classes=5)
+    assert declared.num_classes == 5  # nothing read: the data is not even there
+    with pytest.raises(InputError, match=r"dataset.num_classes=1 is not valid; expected an integer of at least 2"):
+        TextTableData(root=str(tmp_path), num_classes=1)
+    # plan=true reads the classes before its fake tensors (inside them, the read's seeded split could not run)
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=["dataset=image_folder", f"dataset.root={root}", "backbone=tiny_vit",
+                                          "method=sve", "ensemble_size=2", "trainer=cpu"])  # fmt: skip
+    found = plan.plan(cfg, alternatives=False)
+    assert found.train_peak > 0

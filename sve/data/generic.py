@@ -35,6 +35,20 @@ TEXT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "json", ".json": "json",
 TEXT_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test": ("test",)}
 
 
+def declared(num_classes) -> int | None:
+    """``dataset.num_classes`` as given: None (read from the data) or a positive integer."""
+    if num_classes is not None and (not is_int(num_classes) or num_classes < 2):
+        raise InputError(f"dataset.num_classes={num_classes!r} is not valid; expected an integer of at least 2, or "
+                         "null to read the classes from the data")  # fmt: skip
+    return num_classes
+
+
+def check_declared(num_classes: int | None, found: int, what: str) -> None:
+    """A declared class count must be what the data has (a run planned or built on it would be wrong)."""
+    if num_classes is not None and num_classes != found:
+        raise InputError(f"dataset.num_classes={num_classes} but {what}; set dataset.num_classes={found} or null")
+
+
 def default_holdout(size: int) -> int:
     """A tenth of the training examples (at least one) when the data has no validation split."""
     return max(1, size // 10)
@@ -69,15 +83,17 @@ class ImageFolderData(VisionData):
     LAYOUT = ("train/<class>/<image> and test/<class>/<image>, and optionally val/<class>/<image> (torchvision's "
               "ImageFolder layout; without val/, dataset.val_holdout training images are held out)")  # fmt: skip
 
-    def __init__(self, root: str | None = None, val_holdout: int | None = None, **kwargs):
+    def __init__(self, root: str | None = None, val_holdout: int | None = None, num_classes: int | None = None,
+                 **kwargs):  # fmt: skip
         super().__init__(root=root, download=False, val_holdout=val_holdout, **kwargs)
         self.classes: list[str] | None = None
+        self.declared_classes = declared(num_classes)
 
     @property
     def num_classes(self) -> int:
-        if self.classes is None:  # read with the data: the class folders of train/
+        if self.classes is None and self.declared_classes is None:  # read with the data: train/'s folders
             self.check_data()
-        return len(self.classes)
+        return len(self.classes) if self.classes is not None else self.declared_classes
 
     def class_names(self) -> list[str]:
         return list(self.classes) if self.classes is not None else None
@@ -96,6 +112,7 @@ class ImageFolderData(VisionData):
         if len(classes) < 2:
             raise InputError(f"{self.what}: {root / 'train'} has {len(classes)} class folder(s) {classes}; "
                              "a classification needs at least 2 (train/<class>/<image>)")  # fmt: skip
+        check_declared(self.declared_classes, len(classes), f"{root / 'train'} has {len(classes)} class folders")
         self.classes = classes
         val = next((root / d for d in VAL_DIRS if (root / d).is_dir()), None)
         splits = {"train": self.read_split(root / "train", classes, allow_empty=False), "val": None}
@@ -158,8 +175,9 @@ class TextTableData(TextClassificationData):
 
     def __init__(self, root: str | None = None, hub_name: str | None = None, hub_config: str | None = None,
                  test_split: str = "test", text_column: str | list[str] = "text", label_column: str = "label",
-                 val_holdout: int | None = None, **kwargs):  # fmt: skip
+                 val_holdout: int | None = None, num_classes: int | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
+        self.declared_classes = declared(num_classes)
         columns = [text_column] if isinstance(text_column, str) else list(text_column)
         if not 1 <= len(columns) <= 2 or not all(isinstance(c, str) and c for c in columns):
             raise InputError(f"dataset.text_column={text_column!r} is not valid; expected a column name, or a list "
@@ -174,9 +192,9 @@ class TextTableData(TextClassificationData):
 
     @property
     def num_classes(self) -> int:
-        if self.label_names is None:  # read with the data: the training split's distinct labels
+        if self.label_names is None and self.declared_classes is None:  # read with the data: train's labels
             self.check_data()
-        return len(self.label_names)
+        return len(self.label_names) if self.label_names is not None else self.declared_classes
 
     def class_names(self) -> list | None:
         if self.label_names is None:
@@ -260,6 +278,8 @@ class TextTableData(TextClassificationData):
         except TypeError:  # integers and strings mixed
             raise InputError(f"{self.what}: {train_source}: column {self.label_column!r} mixes label types "
                              f"({sorted({type(v).__name__ for v in distinct})})") from None  # fmt: skip
+        check_declared(self.declared_classes, len(self.label_names),
+                       f"{train_source} has {len(self.label_names)} distinct labels")  # fmt: skip
         index = {label: i for i, label in enumerate(self.label_names)}
         splits = {name: self.examples(rows, source, index) for name, (rows, source) in tables.items()}
         if "val" not in splits:

@@ -268,15 +268,18 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
     # Fake CPU tensors whatever the device: autograd's engine needs a real CUDA context for CUDA tensors, fake
     # or not. The step then runs CPU kernels (and CPU autocast), whose outputs have the same sizes. (CPU is
     # the default device: a ``torch.device`` context around FakeTensorMode crashed torch 2.14 here.)
+    # The class count before fake tensors: a dataset that reads its classes from its files (image_folder,
+    # text_table, unless dataset.num_classes says it) reads them with real tensors.
+    datamodule = instantiate(cfg.dataset)
+    num_classes = datamodule.num_classes
     with FakeTensorMode(allow_non_fake_inputs=True) as fake:
         backbone = build_backbone(OmegaConf.create(offline_backbone(cfg.backbone)), fake, instantiate)
-        datamodule = instantiate(cfg.dataset)
         datamodule.attach(backbone)
         method_node = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
         if "svd_cache" in method_node:
             method_node.svd_cache = None  # the cache hashes weight values, which fake weights do not have
         method = instantiate(method_node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
-                             num_classes=datamodule.num_classes, task=cfg.dataset.name)  # fmt: skip
+                             num_classes=num_classes, task=cfg.dataset.name)  # fmt: skip
         # As the LightningModule does with exact_draws (sve.training.draws): attention with dropout runs
         # unfused, and the step keeps its probabilities as the run's does. (The module itself is not built:
         # its torchmetrics states on fake tensors corrupted the heap now and then, torch 2.14.)
