@@ -126,13 +126,15 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
     return "\n".join(lines)
 
 
-def singular_values_section(found: list[tuple[Path, dict]]) -> str:
-    """One line per SVE-family row (a method that decomposed weights: ``svd_seconds`` in its report), seeds
-    only (tuning runs left out), with the mean over the seeds that recorded the movement."""
+def singular_values_section(root: Path) -> str:
+    """One line per SVE-family row (a method that decomposed weights: ``svd_seconds`` in its report), over its
+    seeds' runs (a seed that is a copy of the chosen tuning run included; tuning runs themselves left out),
+    with the mean over the seeds that recorded the movement."""
     rows: dict[tuple, list] = defaultdict(list)
-    for path, r in found:
+    for path in sorted(Path(root, "runs").glob("*/*/seed*/results.json")):
+        r = read_results(path)
         report = r.get("method_report") or {}
-        if "tune" in path.parts or "svd_seconds" not in report:
+        if "svd_seconds" not in report:
             continue
         sigma = (r.get("config") or {}).get("sigma_init")
         rows[(experiment_of(r), r.get("method"), members_of(r), sigma)].append(report.get("singular_values"))
@@ -174,7 +176,7 @@ def render(root: Path, template: str) -> str:
     fill = {"runs": lambda: runs_section(found), "times": lambda: times_section(found, root),
             "settings": lambda: settings_section(root, found),
             "budget": lambda: budget_section(root),
-            "singular_values": lambda: singular_values_section(found),
+            "singular_values": lambda: singular_values_section(root),
             "claims": lambda: claims_markdown("mini", root, runs),
             "procedure": lambda: procedure(load_claims("mini"))}  # fmt: skip
 

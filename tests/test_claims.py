@@ -168,6 +168,7 @@ def test_the_singular_values_section_averages_each_sve_row_over_its_seeds(tmp_pa
     sve_run(2, None)  # trained before the report kept it
     sve_run(3, {"member_spread": 9.0, "mean_shift": 9.0}, tune=True)
     write_run(tmp_path, "mini_x", "lora_ensemble", 4, 0, {"acc": 0.5}, method_report={"rank": 8})
-    text = mini_report.singular_values_section(mini_report.all_results(tmp_path))
+    (tmp_path / "runs" / "mini_x" / "sve_m4" / "seed0" / "REUSED.txt").write_text("a copy of a tuning run\n")
+    text = mini_report.singular_values_section(tmp_path)  # the copy is seed 0's run: counted
     assert "| `mini_x` | SV-Ensemble | 4 | 0.01 | 2 of 3 | 2.00 | 0.30 |" in text
     assert "LoRA" not in text  # no singular values
