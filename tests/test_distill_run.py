@@ -75,6 +75,9 @@ def test_a_student_written_to_its_run_directory_is_a_cell_of_the_distillation_ta
     distill_run([f"run_dir={teacher}", "objective=mean", "epochs=1", f"out={out}", "+experiment_name=exp"])
     (found,) = load_runs(tmp_path)
     assert (found.experiment, found.method, found.members, found.seed) == ("exp", "distilled_mean", 1, 0)
+    saved = json.loads((out / "results.json").read_text())
+    assert found.metric("speedup") == saved["cost"]["speedup"] > 0  # the table's cost column reads it
+    assert found.metric("nll") == saved["metrics"]["test/nll"] and found.metric("nonsense") is None
 
 
 def load_script():

@@ -66,8 +66,12 @@ class Run:
     results: dict
 
     def metric(self, key: str) -> float | None:
+        """A test metric, or failing that an entry of the run's ``cost`` (a distilled student's speed-up over
+        its teacher, measured in one process: ``sve.runs.distillation``)."""
         value = self.results.get("metrics", {}).get(f"test/{key}")
-        return float(value) if isinstance(value, (int, float)) else None
+        if value is None:
+            value = (self.results.get("cost") or {}).get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def members_of(results: dict) -> int:
