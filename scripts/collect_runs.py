@@ -4,7 +4,8 @@ SOURCE TARGET`` (e.g. a clean clone's ``results/mini`` into this checkout's).
 The miniature trains in a clean clone at a committed commit, so that its runs name code that exists; this
 brings what finished back. A run is finished when its directory holds ``results.json``. Copied: what the
 repository keeps of a run (results.json, run_config.yaml, train.log, predictive/, an adapter/ of at most
-1 MiB), each row's tuned.json, and the lines of ``sittings.jsonl`` of the runs copied (the store's wall time).
+1 MiB), each row's tuned.json, the lines of ``sittings.jsonl`` of the runs copied (the store's wall time), and
+of each teacher that ``scripts/mini_distill.py`` trained again its results.json and reproduced.json.
 Left behind: checkpoints, CSV logs, predictions, larger adapters and tuning runs' adapters, Hydra's folder,
 locks and failure records of earlier attempts, and everything of a run still training. A run already in
 TARGET is replaced only when SOURCE's results.json differs (``--dry-run`` lists what would change).
@@ -25,6 +26,7 @@ SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json"
 # run is evaluated again, or distilled, on any machine (sve-eval run_dir=<run>/adapter). A full fine-tune's is
 # the whole model again (100+ MB): left behind.
 MAX_ADAPTER_BYTES = 2**20  # the repository takes no file over 1 MiB
+TEACHERS, REPRODUCED = "teachers", "reproduced.json"  # scripts/mini_distill.py's retrained teachers
 
 
 def size_of(directory: Path) -> int:
@@ -73,6 +75,16 @@ def collect(source: Path, target: Path, dry_run: bool = False) -> list[str]:
             if not dry_run:
                 there.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(tuned, there)
+    # Teachers that mini_distill.py trained again (teachers/): their results and reproduction record, which
+    # the README reads for the singular values' movement of runs that predate it; not their checkpoints.
+    for record in sorted((source / TEACHERS).rglob(REPRODUCED)) if (source / TEACHERS).is_dir() else []:
+        for name in (REPRODUCED, "results.json"):
+            found, there = record.parent / name, target / record.parent.relative_to(source) / name
+            if found.is_file() and (not there.exists() or there.read_bytes() != found.read_bytes()):
+                changes.append(f"teacher {there.parent.relative_to(target)}: {name}")
+                if not dry_run:
+                    there.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(found, there)
     lines = (source / SITTINGS).read_text().splitlines() if (source / SITTINGS).exists() else []
     known = set((target / SITTINGS).read_text().splitlines()) if (target / SITTINGS).exists() else set()
     new = [line for line in lines if line and line not in known and json.loads(line)["run"] in copied]

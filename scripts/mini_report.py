@@ -126,6 +126,17 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
     return "\n".join(lines)
 
 
+def reproduced_movement(root: Path, run: Path) -> dict | None:
+    """The movement recorded by the run's copy that ``mini_distill.py --retrain-teachers`` trained again, when
+    that copy reproduced the run's test metrics to the last digit (its ``reproduced.json``): the same run."""
+    copy = Path(root, "teachers", run.relative_to(Path(root, "runs")))
+    if not (copy / "reproduced.json").is_file() or not (copy / "results.json").is_file():
+        return None
+    if read_json(copy / "reproduced.json", "delete it to train the teacher again").get("differ") != {}:
+        return None
+    return (read_results(copy / "results.json").get("method_report") or {}).get("singular_values")
+
+
 def singular_values_section(root: Path) -> str:
     """One line per SVE-family row (a method that decomposed weights: ``svd_seconds`` in its report), over its
     seeds' runs (a seed that is a copy of the chosen tuning run included; tuning runs themselves left out),
@@ -137,7 +148,8 @@ def singular_values_section(root: Path) -> str:
         if "svd_seconds" not in report:
             continue
         sigma = (r.get("config") or {}).get("sigma_init")
-        rows[(experiment_of(r), r.get("method"), members_of(r), sigma)].append(report.get("singular_values"))
+        rows[(experiment_of(r), r.get("method"), members_of(r), sigma)].append(
+            report.get("singular_values") or reproduced_movement(root, path.parent))
     if not rows:
         return "*(no SVE-family run yet)*"
     lines = ["| experiment | method | M | sigma_init | seeds recorded | member spread (%) | mean shift (%) |",
@@ -148,7 +160,8 @@ def singular_values_section(root: Path) -> str:
         shift = f"{100 * sum(m['mean_shift'] for m in known) / len(known):.2f}" if known else "–"
         lines.append(f"| `{experiment}` | {METHOD_NAMES.get(method, method)} | {members} | {sigma} | "
                      f"{len(known)} of {len(moved)} | {spread} | {shift} |")  # fmt: skip
-    lines += ["", "–: runs trained before results.json recorded the movement (`method_report.singular_values`)."]
+    lines += ["", "–: runs trained before results.json recorded the movement (`method_report.singular_values`); a run "
+              "that `make mini-distill` trained again to the same digits (`teachers/`) reports its copy's."]
     return "\n".join(lines)
 
 

@@ -171,4 +171,14 @@ def test_the_singular_values_section_averages_each_sve_row_over_its_seeds(tmp_pa
     (tmp_path / "runs" / "mini_x" / "sve_m4" / "seed0" / "REUSED.txt").write_text("a copy of a tuning run\n")
     text = mini_report.singular_values_section(tmp_path)  # the copy is seed 0's run: counted
     assert "| `mini_x` | SV-Ensemble | 4 | 0.01 | 2 of 3 | 2.00 | 0.30 |" in text
+    # seed 2, trained again to the same digits by mini_distill.py (teachers/), reports its copy's movement
+    copy = tmp_path / "teachers" / "mini_x" / "sve_m4" / "seed2"
+    copy.mkdir(parents=True)
+    (copy / "results.json").write_text(json.dumps({"method_report": {"singular_values": {
+        "member_spread": 0.020, "mean_shift": 0.003}}}))  # fmt: skip
+    (copy / "reproduced.json").write_text(json.dumps({"differ": {"test/nll": [0.5, 0.6]}}))
+    assert "| 2 of 3 |" in mini_report.singular_values_section(tmp_path)  # not the same run: not used
+    (copy / "reproduced.json").write_text(json.dumps({"differ": {}}))
+    text = mini_report.singular_values_section(tmp_path)
+    assert "| `mini_x` | SV-Ensemble | 4 | 0.01 | 3 of 3 | 2.00 | 0.30 |" in text
     assert "LoRA" not in text  # no singular values

@@ -54,6 +54,13 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     lines = (target / "sittings.jsonl").read_text().splitlines()
     assert [json.loads(line)["run"] for line in lines] == ["runs/exp/sve_m4/seed0"]  # only what was copied
     assert collect(source, target) == []  # a second pass finds nothing new, and adds no sitting twice
+    teacher = source / "teachers" / "exp" / "sve_m4" / "seed0"  # trained again by mini_distill.py
+    for name in ("results.json", "reproduced.json", "checkpoints/final.ckpt", "train.log"):
+        write(teacher / name)
+    assert collect(source, target) == ["teacher teachers/exp/sve_m4/seed0: reproduced.json",
+                                       "teacher teachers/exp/sve_m4/seed0: results.json"]  # fmt: skip
+    kept = target / "teachers" / "exp" / "sve_m4" / "seed0"
+    assert sorted(p.name for p in kept.iterdir()) == ["reproduced.json", "results.json"]  # no checkpoint
     assert (target / "sittings.jsonl").read_text().splitlines() == lines
 
 
