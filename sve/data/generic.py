@@ -36,7 +36,7 @@ TEXT_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test":
 
 
 def declared(num_classes) -> int | None:
-    """``dataset.num_classes`` as given: None (read from the data) or a positive integer."""
+    """``dataset.num_classes`` as given: None (read from the data) or an integer of at least 2."""
     if num_classes is not None and (not is_int(num_classes) or num_classes < 2):
         raise InputError(f"dataset.num_classes={num_classes!r} is not valid; expected an integer of at least 2, or "
                          "null to read the classes from the data")  # fmt: skip
@@ -66,7 +66,7 @@ class ClassFolder(tvd.ImageFolder):
 
 
 def class_folders(folder: Path) -> list[str]:
-    """The class folders of a split, hidden ones (``.ipynb_checkpoints``, ``.DS_Store`` folders) left out."""
+    """The class folders of a split, hidden ones (``.ipynb_checkpoints``, say) left out."""
     return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
 
 
@@ -95,7 +95,7 @@ class ImageFolderData(VisionData):
             self.check_data()
         return len(self.classes) if self.classes is not None else self.declared_classes
 
-    def class_names(self) -> list[str]:
+    def class_names(self) -> list[str] | None:
         return list(self.classes) if self.classes is not None else None
 
     def required(self, root):
