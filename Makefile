@@ -104,6 +104,10 @@ mini-distill: ## The mini distillation table: each seed's SVE teacher (trained a
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(addprefix mini-distill-,$(DISTILL_EXPERIMENTS))
 mini-distill-%:
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --retrain-teachers --experiments $* --results $(or $(RESULTS),results/mini)
+MINI_CLONE ?= ../mini-clone
+mini-collect: ## Bring the finished runs of a clean clone's make mini (MINI_CLONE, default ../mini-clone) back into results/mini and rebuild the tables
+	$(PYTHON) scripts/collect_runs.py $(MINI_CLONE)/results/mini $(or $(RESULTS),results/mini)
+	$(MAKE) --no-print-directory mini-tables
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
@@ -119,4 +123,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
