@@ -34,16 +34,23 @@ def movement(module: nn.Module) -> dict[str, float] | None:
     layers): ``member_spread``, the members' RMS distance from their mean relative to the mean's norm
     (sqrt(mean_m ||S_m - mean||^2) / ||mean||: about ``sigma_init`` at init, so a spread still near it says the
     members differ only by their initial noise), and ``mean_shift``, ||mean - pretrained|| / ||pretrained||."""
-    arrays = singular_value_arrays(module)
-    if not arrays:
+    # Sums of squares layer by layer (a 7B model at M = 16 has some 15M values: no concatenated copy of them).
+    spread = mean_norm = shift = pretrained_norm = 0.0
+    found = False
+    for layer in module.modules():
+        if not (hasattr(layer, "pretrained_singular_values") and hasattr(layer, "singular_values")):
+            continue
+        found = True
+        members = layer.singular_values.detach().double()  # (M, r)
+        pretrained = layer.pretrained_singular_values.detach().double()
+        mean = members.mean(0)
+        spread += float(((members - mean) ** 2).sum(1).mean())
+        mean_norm += float((mean**2).sum())
+        shift += float(((mean - pretrained) ** 2).sum())
+        pretrained_norm += float((pretrained**2).sum())
+    if not found:
         return None
-    names = [key.removesuffix(".pretrained") for key in arrays if key.endswith(".pretrained")]
-    members = np.concatenate([arrays[f"{n}.members"].astype(np.float64) for n in names], axis=1)  # (M, R)
-    pretrained = np.concatenate([arrays[f"{n}.pretrained"].astype(np.float64) for n in names])
-    mean = members.mean(0)
-    spread = np.sqrt(((members - mean) ** 2).sum(1).mean()) / np.linalg.norm(mean)
-    return {"member_spread": float(spread),
-            "mean_shift": float(np.linalg.norm(mean - pretrained) / np.linalg.norm(pretrained))}  # fmt: skip
+    return {"member_spread": (spread / mean_norm) ** 0.5, "mean_shift": (shift / pretrained_norm) ** 0.5}
 
 
 def save_singular_values(method: nn.Module, run_dir: str | Path) -> Path | None:
