@@ -21,6 +21,8 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
+from sve.errors import InputError
+
 
 class MemberLayoutError(ValueError):
     """A member layer saw an input that is not stacked member-major along its leading dimension (or its
@@ -97,7 +99,7 @@ def predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
         return logits.softmax(dim=-1).mean(dim=0)
     if aggregate == "logits":
         return logits.mean(dim=0).softmax(dim=-1)
-    raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
+    raise InputError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
 def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
@@ -108,7 +110,7 @@ def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
         return torch.logsumexp(logits.log_softmax(dim=-1), dim=0) - math.log(logits.shape[0])
     if aggregate == "logits":
         return logits.mean(dim=0).log_softmax(dim=-1)
-    raise ValueError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
+    raise InputError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
 __all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch",

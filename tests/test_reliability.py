@@ -238,6 +238,14 @@ def test_user_errors_are_one_line_and_a_debug_flag_shows_the_traceback(tmp_path,
     monkeypatch.delenv("SVE_DEBUG")
     with pytest.raises(KeyError), one_line_errors():  # a bug keeps its traceback, flag or not
         raise KeyError("bug")
+    # A value a class checks when Hydra builds it (InstantiationException around the class's InputError)
+    from sve.runs.run import build
+
+    for override, line in (("method.members_at_once=0", "error: method.members_at_once=0 is not valid; choose"),
+                           ("aggregate=mean", "error: aggregate='mean' is not valid; choose one of")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_, one_line_errors():
+            build(compose_cfg([override], tmp_path / "b"))
+        assert exit_.value.code == 2 and capsys.readouterr().err.startswith(line), override
     # A run directory that cannot be written: one line before Hydra's log file would fail on it.
     (tmp_path / "file").write_text("")
     cmd = [sys.executable, "train.py", "trainer=debug", f"hydra.run.dir={tmp_path / 'file' / 'run'}"]

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
-from sve.errors import OfflineError
+from sve.errors import InputError, OfflineError
 from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
 from sve.runs.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
 
@@ -60,7 +60,7 @@ def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
     if pooling == "last":
         last = attention_mask.long().sum(1) - 1  # index of the last real token
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ValueError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
+    raise InputError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
 
 
 class HFBackbone(Backbone):
@@ -95,7 +95,7 @@ class HFBackbone(Backbone):
         image_size: int | None = None,
     ):
         if pooling not in POOLINGS:
-            raise ValueError(f"backbone.pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
+            raise InputError(f"backbone.pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
         name_or_path = local_or_hub(name_or_path)
         if pretrained:
             if not name_or_path:

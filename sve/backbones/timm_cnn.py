@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from sve.backbones.base import keep_batchnorm_statistics
 from sve.backbones.timm_vit import TimmBackbone, create_timm
+from sve.errors import InputError
 
 PKG_SCHEME = "pkg://"
 # Training augmentation (sve.data.vision): ImageNet's random resized crop, or the CIFAR recipe (pad by an
@@ -62,7 +63,7 @@ def resolve_checkpoint(checkpoint_path: str) -> Path:
     if checkpoint_path.startswith(PKG_SCHEME):
         package, _, relative = checkpoint_path[len(PKG_SCHEME):].partition("/")
         if not package or not relative:
-            raise ValueError(f"backbone.checkpoint_path={checkpoint_path!r} is not valid; write "
+            raise InputError(f"backbone.checkpoint_path={checkpoint_path!r} is not valid; write "
                              f"{PKG_SCHEME}<python package>/<path inside it>")
         spec = importlib.util.find_spec(package) if package.isidentifier() else None
         if spec is None or not spec.submodule_search_locations:
@@ -251,7 +252,7 @@ class TimmCNNBackbone(TimmBackbone):
         train_crop: str = "random_resized",
     ):
         if train_crop not in TRAIN_CROPS:
-            raise ValueError(f"backbone.train_crop={train_crop!r} is not valid; choose one of {list(TRAIN_CROPS)}")
+            raise InputError(f"backbone.train_crop={train_crop!r} is not valid; choose one of {list(TRAIN_CROPS)}")
         super().__init__(model_name, target_modules, pretrained=pretrained, checkpoint_path=checkpoint_path,
                          image_size=image_size, model_kwargs=model_kwargs)
         self.pretrained = pretrained
@@ -262,7 +263,7 @@ class TimmCNNBackbone(TimmBackbone):
         for key, value in (("mean", mean), ("std", std)):
             if value is not None:
                 if len(value) != 3:
-                    raise ValueError(f"backbone.{key}={list(value)} is not valid; give 3 values (one per RGB channel)")
+                    raise InputError(f"backbone.{key}={list(value)} is not valid; give 3 values (one per RGB channel)")
                 setattr(self, key, tuple(float(v) for v in value))
         self.train(self.model.training)
 

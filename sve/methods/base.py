@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
+from sve.errors import InputError
 from sve.layers.inject import inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
@@ -91,7 +92,7 @@ def parse_members_at_once(value) -> int | str | None:
     except (TypeError, ValueError):
         k = 0
     if k < 1 or str(value).strip() != str(k):
-        raise ValueError(f"method.members_at_once={value!r} is not valid; choose 'all', 'auto' or a positive integer")
+        raise InputError(f"method.members_at_once={value!r} is not valid; choose 'all', 'auto' or a positive integer")
     return k
 
 

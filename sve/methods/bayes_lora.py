@@ -44,6 +44,7 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, TensorDataset
 
+from sve.errors import InputError
 from sve.layers.inject import LINEAR_TYPES
 from sve.members import to_device
 from sve.methods.base import apply_heads, mask_choices
@@ -195,7 +196,7 @@ class BayesLoRALA(BayesLoRA):
 
     def __init__(self, *args, predictive: str = "glm", **kwargs):
         if predictive not in PREDICTIVES:
-            raise ValueError(f"method.predictive={predictive!r} is not valid; choose one of {list(PREDICTIVES)}")
+            raise InputError(f"method.predictive={predictive!r} is not valid; choose one of {list(PREDICTIVES)}")
         super().__init__(*args, **kwargs)
         self.predictive = predictive
 

@@ -49,6 +49,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from sve.errors import InputError
 from sve.layers.lora import LoRALayer
 from sve.members import check_member_logits
 from sve.methods.base import EnsembleMethod, count_parameters, mask_choices
@@ -88,7 +89,7 @@ class DeepEnsemble(EnsembleMethod):
                  **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if mode not in MODES:
-            raise ValueError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
+            raise InputError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
         self.adapt()  # before copying: the copies inherit which parameters train
         M = self.ensemble_size
         self.mode, self.chunk_size = self.plan(mode, chunk_size)
@@ -266,7 +267,7 @@ class DeepEnsembleLoRA(DeepEnsemble):
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
                  dropout: float = 0.1, mode: str = "auto", chunk_size: int = 1, **common):
         if not 0 <= dropout < 1:
-            raise ValueError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
+            raise InputError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
         self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)  # read by make_layer, in adapt()
         super().__init__(backbone, ensemble_size, num_classes, mode=mode, chunk_size=chunk_size, **common)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from sve.errors import InputError
 from sve.layers.lora import LoRALayer
 from sve.methods.base import EnsembleMethod
 
@@ -30,7 +31,7 @@ class LoRAEnsemble(EnsembleMethod):
                  dropout: float = 0.0, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1:
-            raise ValueError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
+            raise InputError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
         self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)
         self.adapt()
 

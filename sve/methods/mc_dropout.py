@@ -24,6 +24,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from sve.errors import InputError
 from sve.methods.base import EnsembleMethod
 from sve.methods.lora import SingleLoRA
 
@@ -94,7 +95,7 @@ class MCDropoutLoRA(SingleLoRA):
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
                  dropout: float = 0.1, num_samples: int = 10, **common):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"method.num_samples={num_samples!r} is not valid: passes are a positive integer")
+            raise InputError(f"method.num_samples={num_samples!r} is not valid: passes are a positive integer")
         self.num_samples = num_samples
         super().__init__(backbone, ensemble_size, num_classes, rank=rank, alpha=alpha, dropout=dropout, **common)
 

@@ -24,6 +24,8 @@ import ctypes.util
 import logging
 import platform
 
+from sve.errors import InputError
+
 log = logging.getLogger(__name__)
 
 POLICIES = ("tuned", "system")
@@ -34,7 +36,7 @@ TRIM_THRESHOLD = 2**30
 
 def check_policy(policy: str) -> str:
     if policy not in POLICIES:
-        raise ValueError(f"cpu_allocator={policy!r} is not valid; choose one of {list(POLICIES)}")
+        raise InputError(f"cpu_allocator={policy!r} is not valid; choose one of {list(POLICIES)}")
     return policy
 
 
