@@ -77,7 +77,9 @@ def test_a_text_table_numbers_labels_in_sorted_order_and_holds_out_validation(tm
     assert len(data.parsed["val"]) == 5 and len(data.parsed["train"]) == 15
     again = TextTableData(root=str(tmp_path), val_holdout=5)
     again.check_data()
-    assert again.parsed["val"] == data.parsed["val"]  # seeded by subset_seed
+    assert list(again.parsed["val"]) == list(data.parsed["val"])  # seeded by subset_seed
+    assert sorted(list(data.parsed["val"]) + list(data.parsed["train"])) == sorted(data.examples(
+        [{"text": f"t{i}", "label": v} for i, v in enumerate([2, 10, 2, 10, 7] * 4)], "", {2: 0, 7: 1, 10: 2}))
 
 
 def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
@@ -85,7 +87,7 @@ def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
     (tmp_path / "test.tsv").write_text("sentence\tlabel\nfine\tpos\n")
     data = TextTableData(root=str(tmp_path), text_column="sentence", val_holdout=1)
     data.check_data()
-    assert sorted(data.parsed["train"] + data.parsed["val"]) == [('said "no', 0), ("yes", 1)]
+    assert sorted([*data.parsed["train"], *data.parsed["val"]]) == [('said "no', 0), ("yes", 1)]
     pairs = tmp_path / "pairs"
     pairs.mkdir()
     for split, rows in (("train", [("a", "b", "yes"), ("c", "d", "no")]), ("validation", [("e", "f", "no")]),
@@ -180,7 +182,7 @@ def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_
         ImageFolderData(root=str(root), num_classes=2).check_data()
     declared = ImageFolderData(root=str(tmp_path / "absent"), num_classes=5)
     assert declared.num_classes == 5  # nothing read: the data is not even there
-    with pytest.raises(InputError, match=r"dataset.num_classes=1 is not valid; expected an integer of at least 2"):
+    with pytest.raises(InputError, match=r"dataset.num_classes=1 is not valid; expected an integer >= 2 or null"):
         TextTableData(root=str(tmp_path), num_classes=1)
     # plan=true reads the classes before its fake tensors (inside them, the read's seeded split could not run)
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

@@ -26,8 +26,8 @@ import torch
 from torchvision import datasets as tvd
 
 from sve.data.base import TextClassificationData
-from sve.data.checks import is_int, load_hub_dataset, one_line
-from sve.data.vision import VisionData
+from sve.data.checks import check_count, load_hub_dataset, one_line
+from sve.data.vision import VisionData, hold_out
 from sve.errors import InputError
 
 VAL_DIRS = ("val", "validation")
@@ -37,9 +37,7 @@ TEXT_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test":
 
 def declared(num_classes) -> int | None:
     """``dataset.num_classes`` as given: None (read from the data) or an integer of at least 2."""
-    if num_classes is not None and (not is_int(num_classes) or num_classes < 2):
-        raise InputError(f"dataset.num_classes={num_classes!r} is not valid; expected an integer of at least 2, or "
-                         "null to read the classes from the data")  # fmt: skip
+    check_count("dataset.num_classes", num_classes, minimum=2, null=True)
     return num_classes
 
 
@@ -285,11 +283,7 @@ class TextTableData(TextClassificationData):
         if "val" not in splits:
             train = splits["train"]
             held = default_holdout(len(train)) if self.val_holdout is None else self.val_holdout
-            if not is_int(held) or not 0 < held < len(train):
-                raise InputError(f"dataset.val_holdout={held!r} is not valid: it must be an integer between 1 and "
-                                 f"{len(train) - 1} (the training split has {len(train)} rows)")  # fmt: skip
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
-            splits["train"], splits["val"] = [train[i] for i in order[held:]], [train[i] for i in order[:held]]
+            splits["train"], splits["val"] = hold_out(train, held, self.subset_seed, f"{self.key}.val_holdout")
             self.notes.update(train=f"{train_source} less the {held} rows held out for validation",
                               val=f"{held} rows held out of {train_source}")  # fmt: skip
         return splits

@@ -104,7 +104,7 @@ def hold_out(dataset: Dataset, size: int, seed: int, key: str = "dataset.val_hol
     """Splits ``dataset`` into (rest, ``size`` held-out examples), seeded."""
     if not is_int(size) or not 0 < size < len(dataset):
         raise InputError(f"{key}={size!r} is not valid: it must be an integer between 1 and {len(dataset) - 1}, the "
-                         f"number of the {len(dataset)} training images held out for validation")
+                         f"number of the {len(dataset)} training examples held out for validation")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     return Subset(dataset, order[size:]), Subset(dataset, order[:size])
 
