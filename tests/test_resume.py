@@ -4,11 +4,16 @@ bit-exact resumption: tests/test_reliability.py."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+
 import pytest
 import torch
 
+from sve.errors import InputError
+from sve.layers.sv_linear import SVLinear
 from sve.runs.run import run
-from sve.training.checkpoint import read_checkpoint
+from sve.training.checkpoint import LeanCheckpointing, read_checkpoint
 from tests.conftest import compose_cfg
 
 
@@ -89,3 +94,55 @@ def test_method_state_survives_a_crash(method, crash_after, tmp_path):
     assert resumed["num_members"] == whole["num_members"] == 2
     drop = lambda r: {k: v for k, v in r["metrics"].items() if k != "test/seconds"}  # noqa: E731
     assert drop(resumed) == drop(whole)
+
+
+
+class _Lean(LeanCheckpointing, torch.nn.Module):
+    """An SV layer beside a frozen embedding, checkpointed as the training module is."""
+
+    def __init__(self, linear_seed: int = 0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(5, 8).requires_grad_(False)
+        torch.manual_seed(linear_seed)
+        self.sv = SVLinear.from_linear(torch.nn.Linear(8, 6), 3, sigma_init=0.01)
+
+
+def _saved(model: torch.nn.Module) -> dict:
+    checkpoint = {"state_dict": model.state_dict()}
+    model.on_save_checkpoint(checkpoint)
+    return checkpoint
+
+
+def _by_bytes(model: torch.nn.Module) -> dict:
+    """The fingerprint checkpoints wrote before factors were named by their source: every frozen tensor's bytes."""
+    return {n: [list(p.shape), str(p.dtype).removeprefix("torch."),
+                hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()]
+            for n, p in model.named_parameters() if not p.requires_grad}  # fmt: skip
+
+
+def test_svd_factors_are_named_by_their_source_so_a_checkpoint_loads_on_another_machine(caplog):
+    """U and V^T differ in their last bits between machines (MKL and ATen code paths by instruction set), so a
+    checkpoint names them by the weight they come from: factors with other bits load, another weight is refused,
+    and an older checkpoint (bytes) loads with a warning while its other frozen tensors are still checked."""
+    model = _Lean()
+    checkpoint = _saved(model)
+    assert checkpoint["frozen_fingerprint"]["sv.U"][2].startswith("computed from ")
+    assert "sv.U" not in checkpoint["state_dict"] and "sv.singular_values" in checkpoint["state_dict"]
+    elsewhere = _Lean()
+    with torch.no_grad():
+        elsewhere.sv.U.mul_(1 + 1e-6)  # the same SVD on another machine: other last bits
+    elsewhere.on_load_checkpoint(_saved(model))
+    with pytest.raises(InputError, match=r"2 frozen tensor\(s\) differ.*sv\.U"):
+        _Lean(linear_seed=1).on_load_checkpoint(_saved(model))  # the same embedding, another weight decomposed
+
+    legacy = _saved(model)
+    legacy["frozen_fingerprint"] = _by_bytes(model)
+    with caplog.at_level(logging.WARNING):
+        elsewhere.on_load_checkpoint(legacy)
+    assert "source), and 1 differ here, e.g. sv.U:" in caplog.text  # V^T kept its bits
+    with torch.no_grad():
+        elsewhere.embed.weight.add_(1.0)
+    elsewhere._fingerprint = None
+    with pytest.raises(InputError, match=r"1 frozen tensor\(s\) differ, e\.g\. embed\.weight"):
+        elsewhere.on_load_checkpoint(legacy)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from sve.layers.adapter import member_conv2d
 from sve.layers.member import check_layer
-from sve.layers.sv_linear import SVLinear, decompose
+from sve.layers.sv_linear import SVLinear, decompose_with_source
 from sve.layers.svd_cache import SVDCache
 
 
@@ -44,8 +44,10 @@ class SVConv2d(SVLinear):
         cache: SVDCache | None = None,
     ) -> SVConv2d:
         check_layer(conv)  # groups=1, zero padding, numeric padding
-        U, s, Vh = decompose(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
-        return cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        U, s, Vh, source = decompose_with_source(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
+        sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        sv.factor_sources = {"U": source, "Vh": source}
+        return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
         K = len(members)

@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sve.layers.member import MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
-from sve.layers.svd_cache import SVDCache
+from sve.layers.svd_cache import SVDCache, weight_key
 
 
 def decompose(
@@ -41,14 +41,27 @@ def decompose(
     """Thin SVD of ``weight_matrix(layer)`` computed in ``svd_dtype``: U (out, r) and Vh (r, in') cast to
     ``factor_dtype`` (default: the layer's dtype), s (r,) kept in ``svd_dtype``; read from ``cache`` when
     it holds this weight's factors (``sve.layers.svd_cache``)."""
+    return decompose_with_source(layer, svd_dtype, factor_dtype, cache)[:3]
+
+
+def decompose_with_source(
+    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None,
+    cache: SVDCache | None = None,
+) -> tuple[Tensor, Tensor, Tensor, str]:
+    """``decompose`` and the factors' source: the SVD cache's key of the weight and settings
+    (``svd_cache.weight_key``). Checkpoints identify frozen factors by it (``factor_sources``): their bits come
+    from the machine's LAPACK and BLAS code paths (another instruction set, another last bit), the source
+    does not."""
     W = weight_matrix(layer).detach()
     factor_dtype = factor_dtype or W.dtype
+    key = weight_key(W, svd_dtype, factor_dtype)
 
     def compute() -> tuple[Tensor, Tensor, Tensor]:
         U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)
         return U.to(factor_dtype), s, Vh.to(factor_dtype)
 
-    return compute() if cache is None else cache.factors(W, svd_dtype, factor_dtype, compute)
+    U, s, Vh = compute() if cache is None else cache.factors(W, svd_dtype, factor_dtype, compute, key=key)
+    return U, s, Vh, key
 
 
 # Every live SV layer, so that any optimiser's step projects its singular values back onto s >= 0 (one hook
@@ -118,6 +131,9 @@ class SVLinear(MemberLayer):
         shared = None if bias is None or member_bias else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.shared_bias = shared  # (out,), frozen
         self._merged: tuple[tuple, Tensor] | None = None  # (key, (M, out, in') weights); never in state_dict
+        # Frozen parameter name -> what it was computed from (set by the constructors that decompose a weight):
+        # checkpoints fingerprint those by their source, not their machine-dependent bits (training.checkpoint).
+        self.factor_sources: dict[str, str] = {}
         self.inference = "auto"
         self.auto_cache = True
         _constrained_by_every_optimizer(self)
@@ -137,8 +153,10 @@ class SVLinear(MemberLayer):
         from ``cache``)."""
         if isinstance(layer, nn.Conv2d):
             raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
-        U, s, Vh = decompose(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
-        return cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        U, s, Vh, source = decompose_with_source(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
+        sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        sv.factor_sources = {"U": source, "Vh": source}
+        return sv
 
     @property
     def base_dtype(self) -> torch.dtype:

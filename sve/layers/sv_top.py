@@ -22,22 +22,22 @@ from torch import Tensor, nn
 from sve.errors import InputError
 from sve.layers.member import check_layer, weight_matrix
 from sve.layers.sv_conv import SVConv2d
-from sve.layers.sv_linear import SVLinear, decompose
+from sve.layers.sv_linear import SVLinear, decompose_with_source
 from sve.layers.svd_cache import SVDCache
 
 
 def split_top(layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype: torch.dtype | None,
-              cache: SVDCache | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """(U_r, s_r, Vh_r, W_res) of ``layer``'s weight matrix; W_res computed in ``svd_dtype``, stored in the
-    weight's dtype."""
+              cache: SVDCache | None) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:  # fmt: skip
+    """(U_r, s_r, Vh_r, W_res, source) of ``layer``'s weight matrix; W_res computed in ``svd_dtype``, stored in
+    the weight's dtype; source: the factors' (``decompose_with_source``) with the rank."""
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise InputError(f"method.top_rank={rank!r} is not valid; expected a positive integer")
     W = weight_matrix(layer).detach()
-    U, s, Vh = decompose(layer, svd_dtype, factor_dtype, cache)
+    U, s, Vh, source = decompose_with_source(layer, svd_dtype, factor_dtype, cache)
     r = min(rank, s.shape[0])  # a layer narrower than the rank keeps all its directions (W_res = 0)
     U, s, Vh = U[:, :r], s[:r], Vh[:r]
     residual = W.to(svd_dtype) - (U.to(svd_dtype) * s.to(svd_dtype)) @ Vh.to(svd_dtype)
-    return U, s, Vh, residual.to(W.dtype)
+    return U, s, Vh, residual.to(W.dtype), f"{source} top {r}"
 
 
 class TopRankTerm:
@@ -63,9 +63,10 @@ class SVTopLinear(TopRankTerm, SVLinear):
     def from_linear_top(cls, layer: nn.Module, rank: int, ensemble_size: int, sigma_init: float = 0.0,
                         member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
                         factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopLinear:
-        U, s, Vh, residual = split_top(layer, rank, svd_dtype, factor_dtype, cache)
+        U, s, Vh, residual, source = split_top(layer, rank, svd_dtype, factor_dtype, cache)
         sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
         sv.set_residual(residual)
+        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source)
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
@@ -81,9 +82,10 @@ class SVTopConv2d(TopRankTerm, SVConv2d):
                       member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
                       factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv2d:
         check_layer(conv)  # groups=1, zero padding, numeric padding
-        U, s, Vh, residual = split_top(conv, rank, svd_dtype, factor_dtype, cache)
+        U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
         sv.set_residual(residual)
+        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source)
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:

@@ -70,9 +70,11 @@ class SVDCache:
         return self.directory / key[:2] / f"{key}.pt"
 
     def factors(self, W: Tensor, svd_dtype: torch.dtype, factor_dtype: torch.dtype,
-                compute: Callable[[], tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        """(U, s, Vh) of W from the cache, or ``compute()``d and stored."""
-        key = weight_key(W, svd_dtype, factor_dtype)
+                compute: Callable[[], tuple[Tensor, Tensor, Tensor]], key: str | None = None,
+                ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """(U, s, Vh) of W from the cache, or ``compute()``d and stored; ``key``: ``weight_key`` of these
+        arguments when the caller has it already (hashing a large weight takes a while)."""
+        key = key or weight_key(W, svd_dtype, factor_dtype)
         path = self.path(key)
         if path.exists():
             start = time.perf_counter()

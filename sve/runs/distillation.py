@@ -39,7 +39,7 @@ from sve.errors import InputError
 from sve.members import to_device
 from sve.runs.evaluate import apply_overrides, load_run
 from sve.runs.evaluation import evaluate
-from sve.runs.results import command_line, git_commit, package_versions, write_json
+from sve.runs.results import command_line, git_commit, numerics, package_versions, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.training.distill import check_objective, dirichlet_samples, distill
 
@@ -164,7 +164,7 @@ def distill_run(argv: list[str]) -> dict:
               "teacher_method": teacher_cfg.method.name, "teacher_members": teacher.num_members(), "epochs": epochs,
               "lr": lr, "losses": losses,
               "train_seconds": train_seconds, "cost": cost, **evaluation, "command": command_line(),
-              "git_commit": git_commit(), "versions": package_versions(),
+              "git_commit": git_commit(), "versions": package_versions(), "numerics": numerics(),
               "config": run_config(student_cfg)}  # fmt: skip
     write_json(out / "results.json", record)
     write_adapter(student, out / ADAPTER, {"config": run_config(student_cfg)})

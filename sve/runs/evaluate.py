@@ -49,7 +49,7 @@ from sve.api import adapter_files
 from sve.errors import InputError
 from sve.paths import CONFIGS
 from sve.runs.evaluation import PREDICTIONS, evaluate
-from sve.runs.results import command_line, git_commit, package_versions, read_results, write_json
+from sve.runs.results import command_line, git_commit, numerics, package_versions, read_results, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim
 from sve.runs.validate import accepted_keys
@@ -310,6 +310,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
             "command": command_line(),
             "git_commit": git_commit(),
             "versions": package_versions(),
+            "numerics": numerics(),
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
         if trainer.is_global_zero:

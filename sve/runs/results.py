@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -24,6 +25,38 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+# Settings that choose the numeric code paths of MKL, ATen and oneDNN (and their threads); each changes last bits.
+NUMERIC_ENV = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS",
+               "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")  # fmt: skip
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def numerics() -> dict:
+    """What decides a run's last digits besides its code, config and package versions: the CPU and the kernel
+    code paths it selects (ATen's vectorised kernels by instruction set, MKL's and oneDNN's own dispatch; an
+    AVX2 machine and an AVX-512 one differ from the 7th digit on), their threads and the settings that pin them,
+    and the GPU. Two runs agree to the last digit only where this record does too."""
+    import torch
+
+    record = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "threads": torch.get_num_threads(),
+              "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}  # fmt: skip
+    if torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name()
+        record["cuda"] = torch.version.cuda
+        record["cudnn"] = torch.backends.cudnn.version()
+    return record
 
 
 def git_commit(root: Path | None = None) -> str | None:

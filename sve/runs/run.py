@@ -25,7 +25,15 @@ from sve.metrics.scores import UNITS
 from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
 from sve.runs.probe import probe
-from sve.runs.results import command_line, format_table, git_commit, package_versions, read_results, write_json
+from sve.runs.results import (
+    command_line,
+    format_table,
+    git_commit,
+    numerics,
+    package_versions,
+    read_results,
+    write_json,
+)
 from sve.runs.rundir import (
     RUN_CONFIG,
     claim,
@@ -274,6 +282,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         "command": command_line(),
         "git_commit": commit,
         "versions": package_versions(),
+        "numerics": numerics(),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     if trainer.is_global_zero:

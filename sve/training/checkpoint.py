@@ -16,6 +16,7 @@ an error naming the tensors (``LeanCheckpointing``, mixed into the LightningModu
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import random
 import time
@@ -28,6 +29,8 @@ import torch
 from pytorch_lightning.callbacks import Checkpoint
 
 from sve.errors import InputError
+
+log = logging.getLogger(__name__)
 
 FILENAME = "last.ckpt"
 FINAL = "final.ckpt"
@@ -183,13 +186,25 @@ def save_final(trainer, dirpath: str | Path) -> Path:
     return path
 
 
+def sha256_of(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()).hexdigest()
+
+
 def frozen_fingerprint(module: torch.nn.Module) -> dict[str, list]:
-    """(shape, dtype, SHA-256 of the bytes) of every frozen parameter, by state-dict name."""
+    """(shape, dtype, identity) of every frozen parameter, by state-dict name. The identity is the SHA-256 of
+    the bytes, except for a tensor that its layer computed from another (``factor_sources``: an SV layer's U
+    and V^T come from an SVD of the pretrained weight): that one is named by its source. Its last bits depend
+    on the machine's LAPACK and BLAS code paths (AVX2 against AVX-512, another MKL): a checkpoint made on one
+    machine must still load on another that rebuilds the same factors from the same weight."""
     fingerprint = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if not p.requires_grad:
-            data = p.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
-            fingerprint[name] = [list(p.shape), str(p.dtype).removeprefix("torch."), hashlib.sha256(data).hexdigest()]
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        sources = getattr(owner, "factor_sources", None) or {}
+        for local, p in owner.named_parameters(recurse=False, remove_duplicate=False):
+            if p.requires_grad:
+                continue
+            identity = f"computed from {sources[local]}" if local in sources else sha256_of(p)
+            name = f"{prefix}.{local}" if prefix else local
+            fingerprint[name] = [list(p.shape), str(p.dtype).removeprefix("torch."), identity]
     return fingerprint
 
 
@@ -217,6 +232,16 @@ class LeanCheckpointing:
             return
         current = self.frozen_fingerprint()
         differ = sorted(n for n in set(saved) | set(current) if saved.get(n) != current.get(n))
+        legacy = [n for n in differ if legacy_factor(saved.get(n), current.get(n))]
+        if legacy:  # written before factors were named by their source: their bits may be another machine's
+            params = dict(self.named_parameters(remove_duplicate=False))
+            other_bits = [n for n in legacy if saved[n][2] != sha256_of(params[n])]
+            if other_bits:
+                log.warning("the checkpoint names SVD factors by their bytes (written before factors were named by "
+                            "their source), and %d differ here, e.g. %s: the factors are rebuilt from this config's "
+                            "weights; the other frozen tensors are checked byte for byte", len(other_bits),
+                            other_bits[0])  # fmt: skip
+            differ = [n for n in differ if n not in legacy]
         if differ:
             shown = ", ".join(f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
                               for n in differ[:3])  # fmt: skip
@@ -227,6 +252,13 @@ class LeanCheckpointing:
             )
         state = self.state_dict()
         checkpoint["state_dict"].update({k: state[k] for k in current})
+
+
+def legacy_factor(saved: list | None, current: list | None) -> bool:
+    """A factor this model names by its source (``factor_sources``) that an older checkpoint named by its bytes,
+    with the same shape and dtype."""
+    return (saved is not None and current is not None and saved[:2] == current[:2]
+            and current[2].startswith("computed from ") and not saved[2].startswith("computed from "))  # fmt: skip
 
 
 def check_shapes(saved: dict, current: dict) -> None:
