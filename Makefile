@@ -105,9 +105,9 @@ mini-distill: ## The mini distillation table: each seed's SVE teacher (trained a
 mini-distill-%:
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/mini_distill.py --retrain-teachers --experiments $* --results $(or $(RESULTS),results/mini)
 MINI_CLONE ?= ../mini-clone
-mini-collect: ## Bring the finished runs of a clean clone's make mini (MINI_CLONE, default ../mini-clone) back into results/mini and rebuild the tables
+mini-collect: ## Bring the finished runs of a clean clone's make mini (MINI_CLONE, default ../mini-clone) back into results/mini and rebuild the tables, budget.md and README.md
 	$(PYTHON) scripts/collect_runs.py $(MINI_CLONE)/results/mini $(or $(RESULTS),results/mini)
-	$(MAKE) --no-print-directory mini-tables
+	$(MAKE) --no-print-directory mini-report
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
 	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from sve.errors import InputError, one_line_errors
+from sve.paper.store import TEACHERS
 from sve.paper.sweep import SITTINGS, TUNED
 
 SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz"}
@@ -26,7 +27,7 @@ SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json"
 # run is evaluated again, or distilled, on any machine (sve-eval run_dir=<run>/adapter). A full fine-tune's is
 # the whole model again (100+ MB): left behind.
 MAX_ADAPTER_BYTES = 2**20  # the repository takes no file over 1 MiB
-TEACHERS, REPRODUCED = "teachers", "reproduced.json"  # scripts/mini_distill.py's retrained teachers
+REPRODUCED = "reproduced.json"  # beside scripts/mini_distill.py's retrained teachers (TEACHERS)
 
 
 def size_of(directory: Path) -> int:

@@ -16,6 +16,10 @@ The prose is the template ``sve/configs/claims/mini_readme.md``; everything nume
   members' spread around their mean and the mean's shift from the pretrained values, from each run's
   ``method_report``), beside its ``sigma_init``: a spread still near sigma_init says the members differ by
   their initial noise only;
+- ``{{status}}``: whether the miniature is complete, else the rows that still miss runs (each table's "Missing
+  runs" list, a row shared by several tables named once), so a README written while the sweeps still run says so;
+- ``{{reproduced}}``: for every teacher that ``make mini-distill`` trained again, whether its test metrics are the
+  committed run's to the last digit, or how far they are (``reproduced.json``);
 - ``{{procedure}}``: one paragraph on how those intervals and verdicts are made, with the claims file's
   bootstrap settings (``sve.paper.claims.procedure``).
 """
@@ -31,8 +35,9 @@ from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import CLAIMS, claims_markdown, load_claims, procedure
 from sve.paper.report import METHOD_NAMES, load_runs, members_of
+from sve.paper.store import TEACHERS
 from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
-from sve.runs.results import read_json, read_results
+from sve.runs.results import read_json, read_results, relative_difference
 
 TEMPLATE = CLAIMS / "mini_readme.md"
 
@@ -126,15 +131,53 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
     return "\n".join(lines)
 
 
+# A run trained again on another machine differs from the 7th digit on (its kernels' rounding, grown along
+# training; measured up to 1.6e-5 relative, in a member's ECE): within this, and at equal accuracy, it is the
+# same run for the report's purposes. Beyond it, or at another accuracy, it is flagged.
+SAME_RUN = 1e-4
+
+
+def reproduction_gap(record: dict) -> tuple[float, str | None]:
+    """The largest relative difference between a retrained copy's test metrics and its run's
+    (``reproduced.json``), and the metric that has it."""
+    gaps = [(relative_difference(*pair), key) for key, pair in (record.get("differ") or {}).items()]
+    return max(gaps) if gaps else (0.0, None)
+
+
+def same_run(record: dict) -> bool:
+    return "test/acc" not in (record.get("differ") or {}) and reproduction_gap(record)[0] <= SAME_RUN
+
+
 def reproduced_movement(root: Path, run: Path) -> dict | None:
     """The movement recorded by the run's copy that ``mini_distill.py --retrain-teachers`` trained again, when
-    that copy reproduced the run's test metrics to the last digit (its ``reproduced.json``): the same run."""
-    copy = Path(root, "teachers", run.relative_to(Path(root, "runs")))
+    that copy reproduced the run's test metrics (``same_run``: to the last digit, or to another machine's
+    rounding; its ``reproduced.json``)."""
+    copy = Path(root, TEACHERS, run.relative_to(Path(root, "runs")))
     if not (copy / "reproduced.json").is_file() or not (copy / "results.json").is_file():
         return None
-    if read_json(copy / "reproduced.json", "delete it to train the teacher again").get("differ") != {}:
+    if not same_run(read_json(copy / "reproduced.json", "delete it to train the teacher again")):
         return None
     return (read_results(copy / "results.json").get("method_report") or {}).get("singular_values")
+
+
+def reproduced_section(root: Path) -> str:
+    """One line per run that ``mini_distill.py --retrain-teachers`` trained again: equal to the last digit, or
+    its largest relative difference (and where), with the CPUs of the two runs where recorded."""
+    records = sorted(Path(root, TEACHERS).rglob("reproduced.json"))
+    if not records:
+        return "*(no run trained again yet: `make mini-distill`)*"
+    lines = []
+    for path in records:
+        record = read_json(path, "delete it to train the teacher again")
+        gap, key = reproduction_gap(record)
+        cpus = {k: (v or {}).get("cpu", "not recorded") for k, v in (record.get("numerics") or {}).items()}
+        where = f"; CPUs {cpus.get('committed', 'not recorded')} then {cpus.get('retrained', 'not recorded')}"
+        verdict = ("equal to the last digit" if not record.get("differ")
+                   else f"accuracy equal, the other test metrics within {gap:.1e} relative (largest: `{key}`{where})"
+                   if same_run(record)
+                   else f"**differs: {gap:.1e} relative in `{key}`**{where}")  # fmt: skip
+        lines.append(f"- `{Path(record['teacher']).relative_to('results/mini/runs')}`: {verdict}")
+    return "\n".join(lines)
 
 
 def singular_values_section(root: Path) -> str:
@@ -161,7 +204,28 @@ def singular_values_section(root: Path) -> str:
         lines.append(f"| `{experiment}` | {METHOD_NAMES.get(method, method)} | {members} | {sigma} | "
                      f"{len(known)} of {len(moved)} | {spread} | {shift} |")  # fmt: skip
     lines += ["", "–: runs trained before results.json recorded the movement (`method_report.singular_values`); a run "
-              "that `make mini-distill` trained again to the same digits (`teachers/`) reports its copy's."]
+              "that `make mini-distill` trained again (`teachers/`) to the same accuracy and test metrics within "
+              f"{SAME_RUN:.0e} relative (another machine's rounding; see the distillation section) reports its copy's."]
+    return "\n".join(lines)
+
+
+MISSING_LINE = re.compile(r"^- (?P<row>.+? \(M=\d+\)): seeds? (?P<seeds>\d+(?:, \d+)*)")
+
+
+def status_section(root: Path) -> str:
+    """From the built tables' "Missing runs" lists (``sve.paper.render``): one line per row still missing seeds."""
+    missing: dict[str, str] = {}  # row (experiment · method (M=...)) -> its missing seeds
+    for table in sorted(Path(root, "tables").glob("*.md")):
+        for line in table.read_text().splitlines():
+            match = MISSING_LINE.match(line)
+            if match:
+                missing.setdefault(match["row"], match["seeds"])
+    if not missing:
+        return "**Complete**: every row of every table below has all its runs."
+    seeds = sum(len(s.split(",")) for s in missing.values())
+    lines = [f"**In progress**: {len(missing)} rows still miss runs ({seeds} seeds; their tuning runs not counted).",
+             "The sweeps that train them skip every run committed here; the tables mark the missing cells –.", ""]
+    lines += [f"- {row}: seed{'s' if ',' in s else ''} {s}" for row, s in sorted(missing.items())]
     return "\n".join(lines)
 
 
@@ -190,6 +254,8 @@ def render(root: Path, template: str) -> str:
             "settings": lambda: settings_section(root, found),
             "budget": lambda: budget_section(root),
             "singular_values": lambda: singular_values_section(root),
+            "status": lambda: status_section(root),
+            "reproduced": lambda: reproduced_section(root),
             "claims": lambda: claims_markdown("mini", root, runs),
             "procedure": lambda: procedure(load_claims("mini"))}  # fmt: skip
 

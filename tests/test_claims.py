@@ -132,6 +132,44 @@ def test_mini_report_fills_every_placeholder(tmp_path):
 
 
 
+def test_status_names_each_row_missing_runs_once_across_tables(tmp_path):
+    """The README's status comes from the built tables' "Missing runs" lists: a row shared by two tables (Table 1
+    and Table 4; Fig. 3's per-severity form) is named once, and no missing line means complete."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    assert "**Complete**" in mini_report.status_section(tmp_path)
+    (tables / "a.md").write_text("| x |\n\nMissing runs (–):\n"
+                                 "- exp · SV-Ensemble (M=4): seeds 1, 2 (results/mini/runs/exp/sve_m4)\n"
+                                 "- exp · Single (M=1): seed 0 (results/mini/runs/exp/single_m1)\n")  # fmt: skip
+    (tables / "b.md").write_text("Missing runs (–):\n- exp · SV-Ensemble (M=4): seeds 1, 2 without a per-severity "
+                                 "record\n")  # fmt: skip
+    (tables / "c.md").write_text("Missing runs: none.\n")
+    text = mini_report.status_section(tmp_path)
+    assert text.startswith("**In progress**: 2 rows still miss runs (3 seeds;")
+    assert text.count("SV-Ensemble (M=4)") == 1
+    assert "- exp · Single (M=1): seed 0" in text and "- exp · SV-Ensemble (M=4): seeds 1, 2" in text
+
+
+def test_retrained_teachers_are_reported_equal_within_rounding_or_different(tmp_path):
+    """reproduced.json's differences: none -> equal to the last digit; within another machine's rounding
+    (SAME_RUN) -> the largest, with the CPUs; more -> flagged. Member lists compare element-wise."""
+    def record(name: str, differ: dict, numerics=None):
+        path = tmp_path / "teachers" / "exp" / name / "seed0"
+        path.mkdir(parents=True)
+        (path / "reproduced.json").write_text(json.dumps({"teacher": f"results/mini/runs/exp/{name}/seed0",
+                                                          "differ": differ, "numerics": numerics or {}}))  # fmt: skip
+
+    record("a", {})
+    record("b", {"test/nll": [0.40803795, 0.40803803], "test/member_nll": [[0.5, 0.6], [0.5, 0.6000001]]},
+           {"committed": None, "retrained": {"cpu": "AMD EPYC"}})
+    record("c", {"test/nll": [0.4, 0.41]})
+    lines = mini_report.reproduced_section(tmp_path).splitlines()
+    assert lines[0] == "- `exp/a/seed0`: equal to the last digit"
+    assert lines[1] == ("- `exp/b/seed0`: accuracy equal, the other test metrics within 2.0e-07 relative (largest: "
+                        "`test/nll`; CPUs not recorded then AMD EPYC)")  # fmt: skip
+    assert lines[2].startswith("- `exp/c/seed0`: **differs: 2.4e-02 relative in `test/nll`**")
+
+
 @pytest.mark.parametrize("hours, flagged", [(2.0, False), (18.0, True)])
 def test_time_section_says_when_the_miniature_is_over_its_budget(tmp_path, hours, flagged):
     # Two parts at a time: 18 h summed over runs is 9 h of wall time, 1.5 times the 6 h target.

@@ -35,6 +35,7 @@ trained runs; not the seeds' training noise, which three seeds cannot measure.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zipfile
 from collections.abc import Callable, Sequence
@@ -55,6 +56,7 @@ CLASSIFICATION = ("acc", "ece", "nll", "brier")
 OOD_METRICS = ("ood_auroc", "ood_auprc", "ood_fpr95")
 KEYS = CLASSIFICATION + OOD_METRICS
 REPLICATES, LEVEL, SEED = 2000, 0.95, 0
+KEPT_CURVES = 64  # OOD curves kept per pair of sets: more than the chunks of one interval (REPLICATES / CHUNK)
 CHUNK = 250  # replicates drawn and evaluated at a time (memory: CHUNK x N float64 per stratum)
 STATISTICS = ("confidence", "correct", "nll", "brier", "labels", "index")
 
@@ -187,10 +189,23 @@ def ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights
     ranked, positive = scores[order], positive[order]
     thresholds = np.r_[np.flatnonzero(np.diff(ranked)), len(ranked) - 1]
 
+    # A claim compares AUROC, AUPRC and FPR95 in three intervals that draw the same counts (one rng seed each),
+    # so the curves of the latest weights are kept (every chunk of an interval) and reused for equal weights.
+    kept: dict[bytes, dict[str, np.ndarray]] = {}
+
     def curve(w_in: Weights, w_out: Weights) -> dict[str, np.ndarray]:
+        key = hashlib.blake2b(w_in.tobytes() + w_out.tobytes() + repr((w_in.shape, w_out.shape)).encode()).digest()
+        if key not in kept:
+            if len(kept) >= KEPT_CURVES:
+                del kept[next(iter(kept))]
+            kept[key] = _curve(w_in, w_out)
+        return kept[key]
+
+    def _curve(w_in: Weights, w_out: Weights) -> dict[str, np.ndarray]:
         w = np.concatenate([w_in, w_out], axis=1)[:, order]
-        tps = np.cumsum(w * positive, axis=1)[:, thresholds]
-        fps = np.cumsum(w * (1 - positive), axis=1)[:, thresholds]
+        cumulative = np.cumsum(w * positive, axis=1)
+        tps = cumulative[:, thresholds]
+        fps = np.cumsum(w, axis=1)[:, thresholds] - tps  # exact: the weights are whole counts
         zero = np.zeros((len(w), 1))
         tpr = np.hstack([zero, tps]) / tps[:, -1:]
         fpr = np.hstack([zero, fps]) / fps[:, -1:]
@@ -203,6 +218,12 @@ def ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights
         return {"ood_auroc": auroc, "ood_auprc": auprc, "ood_fpr95": fpr95}
 
     return curve
+
+
+@functools.lru_cache(maxsize=64)
+def shared_ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights], dict[str, np.ndarray]]:
+    """One ``ood_curve`` per pair of sets (``Examples`` hash by identity), shared by the three OOD statistics."""
+    return ood_curve(inside, outside)
 
 
 @dataclass(eq=False)
@@ -234,7 +255,7 @@ def statistic(key: str, sets: Sequence[Examples]) -> Statistic:
     if key in OOD_METRICS:
         if len(sets) != 2 or sets[0].group == OOD or sets[1].group != OOD:
             raise ValueError(f"{key} needs (in-distribution set, OOD set); got {[s.name for s in sets]}")
-        curve = ood_curve(*sets)
+        curve = shared_ood_curve(*sets)
         return Statistic(key, sets, lambda ws: curve(*ws)[key])
     raise ValueError(f"no per-example statistic for metric {key!r}; choose one of {list(KEYS)}")
 

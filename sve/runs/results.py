@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import platform
 import subprocess
@@ -57,6 +58,17 @@ def numerics() -> dict:
         record["cuda"] = torch.version.cuda
         record["cudnn"] = torch.backends.cudnn.version()
     return record
+
+
+def relative_difference(a, b) -> float:
+    """The largest |a - b| / max(|a|, |b|) over two metric values of the same structure (numbers or nested lists);
+    inf where the structures differ or a value is missing."""
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return max((relative_difference(x, y) for x, y in zip(a, b)), default=0.0) if len(a) == len(b) else math.inf
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        scale = max(abs(a), abs(b))
+        return abs(a - b) / scale if scale else 0.0
+    return 0.0 if a == b else math.inf
 
 
 def git_commit(root: Path | None = None) -> str | None:
