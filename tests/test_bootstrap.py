@@ -350,6 +350,7 @@ def store(tmp_path):
         store_run(tmp_path, "e", "svf:1", seed, single, labels)
         store_run(tmp_path, "e", "deep_ensemble:4", seed, deep, labels)
         store_run(tmp_path, "e", "mc_dropout:10", seed, single, labels, files=False)
+        store_run(tmp_path, "e", "batch_ensemble:4", seed, deep, labels, files=seed > 0)  # seed 0 predates them
         store_run(tmp_path, "r", "single:1", seed, single, labels)
         store_run(tmp_path, "r", "sve:4", seed, single, labels)
     return tmp_path
@@ -384,6 +385,21 @@ def test_claims_give_held_reversed_unresolved_and_fall_back_without_files(store)
     assert "| **reversed** |" in text
     assert "held (no interval: predictive files missing)" in text
     assert "Of 2 comparisons with a 95% interval, the paper's direction held in 1, was reversed in 1" in text
+
+
+def test_a_seed_without_per_example_files_is_left_out_of_the_interval_and_said_so(store):
+    """Seeds 1 and 2 have the files, seed 0 not: the difference and its interval are over seeds 1 and 2 (each 20
+    points behind), and the verdict names the seed it left out; the summary counts it as an interval."""
+    runs = load_runs(store)
+    (_, (v,)), = judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"],
+                               "against": ["batch_ensemble:4"]}), runs)  # fmt: skip
+    assert v.no_interval is None and v.verdict == REVERSED
+    assert v.differences[0].point == pytest.approx(-20.0, abs=1e-9) and v.interval[1] < 0
+    assert v.partial == "difference and interval without seed 0: predictive files missing"
+    text = to_markdown(judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"],
+                                     "against": ["batch_ensemble:4"]}), runs))  # fmt: skip
+    assert "| **reversed** (difference and interval without seed 0: predictive files missing) |" in text
+    assert "Of 1 comparisons with a 95% interval" in text
 
 
 def test_the_point_difference_is_the_tables_difference_for_every_metric_kind(store):

@@ -81,6 +81,21 @@ class Difference:
         return body if self.low is None else f"{body} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
 
 
+class Terms(list):
+    """The bootstrap terms of a difference, and the seeds it leaves out for want of per-example files."""
+
+    def __init__(self, terms=(), left_out: tuple[int, ...] = ()):
+        super().__init__(terms)
+        self.left_out = left_out
+
+
+def seeds_note(*terms) -> str | None:
+    left_out = sorted({s for t in terms if isinstance(t, Terms) for s in t.left_out})
+    if not left_out:
+        return None
+    return f"difference and interval without seed{'s' * (len(left_out) > 1)} {', '.join(map(str, left_out))}: {MISSING}"
+
+
 @dataclass
 class Verdict:
     setting: str  # the experiment (or experiments) compared
@@ -93,6 +108,7 @@ class Verdict:
     differences: list[Difference] = field(default_factory=list)  # one; a trend: one per step
     no_interval: str | None = None  # why the std rule decided (None: the interval did)
     digits: int = 1
+    partial: str | None = None  # which seeds the interval leaves out, and why (None: it has them all)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -227,16 +243,18 @@ class Evidence:
         rows = []
         for row in (a, b):
             runs = select(self.runs, experiment, *parse_row(row))
-            found = {seed: self.statistic(run, key) for seed, run in runs.items()}
-            reasons = sorted({v for v in found.values() if isinstance(v, str)})
-            if reasons:
-                return "; ".join(reasons)
-            rows.append(found)
+            rows.append({seed: self.statistic(run, key) for seed, run in runs.items()})
         if set(rows[0]) != set(rows[1]):
             return f"the rows have different seeds ({sorted(rows[0])} against {sorted(rows[1])})"
-        coef = metric.scale * (1.0 if metric.higher_is_better else -1.0) / len(rows[0])
-        terms = []
-        for seed in sorted(rows[0]):
+        reasons = sorted({v for row in rows for v in row.values() if isinstance(v, str)})
+        # A seed whose per-example files are missing (a run trained before they were written) is left out of the
+        # interval, and the verdict says so; any other reason (a file that disagrees with results.json) voids it.
+        usable = sorted(s for s in rows[0] if not isinstance(rows[0][s], str) and not isinstance(rows[1][s], str))
+        if not usable or set(reasons) - {MISSING}:
+            return "; ".join(reasons)
+        coef = metric.scale * (1.0 if metric.higher_is_better else -1.0) / len(usable)
+        terms = Terms(left_out=tuple(s for s in sorted(rows[0]) if s not in usable))
+        for seed in usable:
             bootstrap.check_paired(rows[0][seed], rows[1][seed])
             terms += [bootstrap.Term(coef, seed, rows[0][seed]), bootstrap.Term(-coef, seed, rows[1][seed])]
         return terms
@@ -302,7 +320,7 @@ def compare(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence
                                + (f" (similar within {similar[key]})" if key in similar else
                                   " (expected worse)" if expect == "worse" else ""),
                                label(key), f"{show(a, key)} vs {show(b, key)}", digits=metric.digits,
-                               **fields))  # fmt: skip
+                               partial=seeds_note(terms), **fields))  # fmt: skip
     return out
 
 
@@ -322,13 +340,13 @@ def gain(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | 
             terms = [evidence.advantage(e, check.a, other, key) for e in (first, second)]
             reason = next((t for t in terms if isinstance(t, str)), None)
             found = reason or [evidence.difference(
-                terms[0] + [bootstrap.Term(-t.coef, t.seed, t.statistic) for t in terms[1]])]
+                list(terms[0]) + [bootstrap.Term(-t.coef, t.seed, t.statistic) for t in terms[1]])]
             digits = metric.digits
             fields = verdict_from("gain", found, (gains[0] > gains[1], noise, [gains[0] - gains[1]]))
             out.append(Verdict(f"{titles.get(first, first)} vs {titles.get(second, second)}",
                                f"gain of {row_label(check.a)} over {row_label(other)}", label(key),
                                f"{gains[0]:+.{digits}f} vs {gains[1]:+.{digits}f}", digits=digits,
-                               **fields))  # fmt: skip
+                               partial=seeds_note(*terms), **fields))  # fmt: skip
     return out
 
 
@@ -348,7 +366,7 @@ def trend(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence |
         found = reason or [evidence.difference(t) for t in terms]
         out.append(Verdict(titles.get(check.experiment, check.experiment),
                            " → ".join(row_label(r) for r in check.rows), label(key),
-                           " → ".join(show(v, key) for v in values), digits=metric.digits,
+                           " → ".join(show(v, key) for v in values), digits=metric.digits, partial=seeds_note(*terms),
                            **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
     return out
 
@@ -395,7 +413,7 @@ def summary(verdicts: list[Verdict]) -> str:
 def verdict_text(v: Verdict) -> str:
     word = f"**{v.verdict}**" if v.verdict in (REVERSED, NOT_HELD) else v.verdict
     if v.no_interval is None:
-        return word
+        return word if v.partial is None else f"{word} ({v.partial})"
     notes = (["within seed noise"] if v.noise else []) + [f"no interval: {v.no_interval}"]
     return f"{word} ({'; '.join(notes)})"
 
@@ -435,9 +453,10 @@ def procedure(claims: DictConfig | None = None) -> str:
             f"*reversed* when it lies entirely on the other side, and *unresolved* when it contains 0: the test set "
             f"cannot tell the rows apart. A gain compares two experiments' differences, a trend requires every step "
             f"to hold. The interval measures how much a finite test set leaves open for the trained runs; it does "
-            f"not measure the seed-to-seed spread of training, which the tables' ± shows. A comparison whose runs "
-            f"lack the per-example files (`predictive/`, written by every evaluation) is judged by the sign of the "
-            f"means and marked \"no interval\".")
+            f"not measure the seed-to-seed spread of training, which the tables' ± shows. A seed whose run lacks "
+            f"the per-example files (`predictive/`, written by every evaluation since they were introduced) is left "
+            f"out of the difference and its interval, and the verdict names it; a comparison where no seed has "
+            f"them is judged by the sign of the means and marked \"no interval\".")
 
 
 def claims_markdown(name: str, root: Path, runs: list[Run] | None = None) -> str:
