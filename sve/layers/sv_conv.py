@@ -46,7 +46,7 @@ class SVConv2d(SVLinear):
         check_layer(conv)  # groups=1, zero padding, numeric padding
         U, s, Vh, source = decompose_with_source(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
-        sv.factor_sources = {"U": source, "Vh": source}
+        sv.factor_sources = {"U": source, "Vh": source} if source else {}
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:

@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sve.layers.member import MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
-from sve.layers.svd_cache import SVDCache, weight_key
+from sve.layers.svd_cache import SVDCache, has_bytes, weight_key
 
 
 def decompose(
@@ -47,14 +47,15 @@ def decompose(
 def decompose_with_source(
     layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None,
     cache: SVDCache | None = None,
-) -> tuple[Tensor, Tensor, Tensor, str]:
+) -> tuple[Tensor, Tensor, Tensor, str | None]:
     """``decompose`` and the factors' source: the SVD cache's key of the weight and settings
     (``svd_cache.weight_key``). Checkpoints identify frozen factors by it (``factor_sources``): their bits come
     from the machine's LAPACK and BLAS code paths (another instruction set, another last bit), the source
     does not."""
     W = weight_matrix(layer).detach()
     factor_dtype = factor_dtype or W.dtype
-    key = weight_key(W, svd_dtype, factor_dtype)
+    # A weight without bytes (fake or meta tensors: the memory plan builds the model on those) has no source key.
+    key = weight_key(W, svd_dtype, factor_dtype) if has_bytes(W) else None
 
     def compute() -> tuple[Tensor, Tensor, Tensor]:
         U, s, Vh = torch.linalg.svd(W.to(svd_dtype), full_matrices=False)
@@ -155,7 +156,7 @@ class SVLinear(MemberLayer):
             raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
         U, s, Vh, source = decompose_with_source(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
         sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
-        sv.factor_sources = {"U": source, "Vh": source}
+        sv.factor_sources = {"U": source, "Vh": source} if source else {}
         return sv
 
     @property

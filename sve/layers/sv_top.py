@@ -27,7 +27,7 @@ from sve.layers.svd_cache import SVDCache
 
 
 def split_top(layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype: torch.dtype | None,
-              cache: SVDCache | None) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:  # fmt: skip
+              cache: SVDCache | None) -> tuple[Tensor, Tensor, Tensor, Tensor, str | None]:  # fmt: skip
     """(U_r, s_r, Vh_r, W_res, source) of ``layer``'s weight matrix; W_res computed in ``svd_dtype``, stored in
     the weight's dtype; source: the factors' (``decompose_with_source``) with the rank."""
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -37,7 +37,7 @@ def split_top(layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype:
     r = min(rank, s.shape[0])  # a layer narrower than the rank keeps all its directions (W_res = 0)
     U, s, Vh = U[:, :r], s[:r], Vh[:r]
     residual = W.to(svd_dtype) - (U.to(svd_dtype) * s.to(svd_dtype)) @ Vh.to(svd_dtype)
-    return U, s, Vh, residual.to(W.dtype), f"{source} top {r}"
+    return U, s, Vh, residual.to(W.dtype), source and f"{source} top {r}"
 
 
 class TopRankTerm:
@@ -66,7 +66,7 @@ class SVTopLinear(TopRankTerm, SVLinear):
         U, s, Vh, residual, source = split_top(layer, rank, svd_dtype, factor_dtype, cache)
         sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
         sv.set_residual(residual)
-        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source)
+        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source) if source else {}
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
@@ -85,7 +85,7 @@ class SVTopConv2d(TopRankTerm, SVConv2d):
         U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
         sv.set_residual(residual)
-        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source)
+        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source) if source else {}
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:

@@ -41,6 +41,11 @@ def tensor_bytes(t: Tensor) -> memoryview:
     return memoryview(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
 
 
+def has_bytes(t: Tensor) -> bool:
+    """A plain tensor with data (not a fake or meta tensor, which the memory plan builds models on)."""
+    return type(t) in (Tensor, torch.nn.Parameter) and t.device.type != "meta"
+
+
 def weight_key(W: Tensor, svd_dtype: torch.dtype, factor_dtype: torch.dtype) -> str:
     h = hashlib.sha256(f"{VERSION}|{tuple(W.shape)}|{W.dtype}|{svd_dtype}|{factor_dtype}|".encode())
     h.update(tensor_bytes(W))
