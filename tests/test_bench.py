@@ -74,6 +74,7 @@ def test_flops_and_paired_ratio():
     assert paired_ratio(times, "a", "b") == 3.0
 
 
+@pytest.mark.slow  # the benchmark script end to end (80 s of the default suite); make test-slow
 def test_bench_script_tiny_writes_every_file(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "vit_s", "table5",
@@ -156,6 +157,7 @@ def test_front_marks_the_points_no_other_beats_on_both():
     assert on_front(points) == {"a", "b", "d", "e"}
 
 
+@pytest.mark.slow  # the benchmark script end to end (80 s of the default suite); make test-slow
 def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
     from sve.bench.benchmark import FRONT, on_front
 

@@ -47,6 +47,7 @@ def _accuracy(depth: int, root: Path, n: int) -> float:
     return correct / n
 
 
+@pytest.mark.slow  # real weights over 1,000 real test images (27 s); make test-slow
 def test_resnet20_reproduces_its_cifar10_accuracy(cifar10_tree):
     """README of ../shared: 81.0% on the full JPEG test set; a seeded 500-image subset lands near it."""
     assert 0.75 <= _accuracy(20, cifar10_tree, 500) <= 0.88
