@@ -96,7 +96,6 @@ def test_method_state_survives_a_crash(method, crash_after, tmp_path):
     assert drop(resumed) == drop(whole)
 
 
-
 class _Lean(LeanCheckpointing, torch.nn.Module):
     """An SV layer beside a frozen embedding, checkpointed as the training module is."""
 
@@ -146,3 +145,15 @@ def test_svd_factors_are_named_by_their_source_so_a_checkpoint_loads_on_another_
     elsewhere._fingerprint = None
     with pytest.raises(InputError, match=r"1 frozen tensor\(s\) differ, e\.g\. embed\.weight"):
         elsewhere.on_load_checkpoint(legacy)
+
+
+def test_a_top_rank_layer_names_its_residual_by_the_same_svd():
+    """The top-r layer's frozen residual W - U_r S_r V_r^T comes from the same SVD as its factors: one source."""
+    from sve.layers.sv_top import SVTopLinear
+    from sve.training.checkpoint import frozen_fingerprint
+
+    torch.manual_seed(0)
+    top = SVTopLinear.from_linear_top(torch.nn.Linear(8, 6), 2, 3, sigma_init=0.01)
+    identities = {name: entry[2] for name, entry in frozen_fingerprint(top).items()}
+    assert set(identities) == {"U", "Vh", "residual"} and len(set(identities.values())) == 1
+    assert identities["U"].startswith("computed from ") and identities["U"].endswith(" top 2")

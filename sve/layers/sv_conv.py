@@ -45,9 +45,7 @@ class SVConv2d(SVLinear):
     ) -> SVConv2d:
         check_layer(conv)  # groups=1, zero padding, numeric padding
         U, s, Vh, source = decompose_with_source(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*kh*kw)
-        sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
-        sv.factor_sources = {"U": source, "Vh": source} if source else {}
-        return sv
+        return cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
         K = len(members)

@@ -101,6 +101,7 @@ class SVLinear(MemberLayer):
         ensemble_size: number of members M.
         sigma_init: std of the multiplicative initial perturbation (Eq. 5); 0 gives M identical members.
         member_bias: train one bias per member (what the authors' public code does).
+        source: what U and Vh were computed from (``decompose_with_source``), or None.
 
     Attributes:
         inference: ``auto``, ``factored``, ``cached`` or ``merged``: how members compute in evaluation
@@ -110,7 +111,7 @@ class SVLinear(MemberLayer):
     """
 
     def __init__(self, base: nn.Module, U: Tensor, s: Tensor, Vh: Tensor, ensemble_size: int,
-                 sigma_init: float = 0.0, member_bias: bool = True):
+                 sigma_init: float = 0.0, member_bias: bool = True, source: str | None = None):
         super().__init__(base, ensemble_size)
         if sigma_init < 0:
             raise ValueError(f"sigma_init must be >= 0, got {sigma_init}")
@@ -132,9 +133,9 @@ class SVLinear(MemberLayer):
         shared = None if bias is None or member_bias else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.shared_bias = shared  # (out,), frozen
         self._merged: tuple[tuple, Tensor] | None = None  # (key, (M, out, in') weights); never in state_dict
-        # Frozen parameter name -> what it was computed from (set by the constructors that decompose a weight):
-        # checkpoints fingerprint those by their source, not their machine-dependent bits (training.checkpoint).
-        self.factor_sources: dict[str, str] = {}
+        # Frozen parameter name -> what it was computed from (``decompose_with_source``): checkpoints fingerprint
+        # those by their source, not by their machine-dependent bits (training.checkpoint).
+        self.factor_sources: dict[str, str] = dict.fromkeys(("U", "Vh"), source) if source else {}
         self.inference = "auto"
         self.auto_cache = True
         _constrained_by_every_optimizer(self)
@@ -155,9 +156,7 @@ class SVLinear(MemberLayer):
         if isinstance(layer, nn.Conv2d):
             raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
         U, s, Vh, source = decompose_with_source(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
-        sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
-        sv.factor_sources = {"U": source, "Vh": source} if source else {}
-        return sv
+        return cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
 
     @property
     def base_dtype(self) -> torch.dtype:

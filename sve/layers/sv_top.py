@@ -46,6 +46,8 @@ class TopRankTerm:
     def set_residual(self, residual: Tensor) -> None:
         # A frozen parameter, as U and V: it moves with .to() and sits in the state dict, and DDP leaves it alone.
         self.residual = nn.Parameter(residual.detach().clone(), requires_grad=False)  # (out, in')
+        if "U" in self.factor_sources:  # computed from the same SVD as U and V^T
+            self.factor_sources["residual"] = self.factor_sources["U"]
         self.clear_cache()
 
     def merge_inputs(self) -> tuple[Tensor, ...]:
@@ -64,9 +66,8 @@ class SVTopLinear(TopRankTerm, SVLinear):
                         member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
                         factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopLinear:
         U, s, Vh, residual, source = split_top(layer, rank, svd_dtype, factor_dtype, cache)
-        sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
         sv.set_residual(residual)
-        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source) if source else {}
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
@@ -83,9 +84,8 @@ class SVTopConv2d(TopRankTerm, SVConv2d):
                       factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv2d:
         check_layer(conv)  # groups=1, zero padding, numeric padding
         U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
-        sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias)
+        sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
         sv.set_residual(residual)
-        sv.factor_sources = dict.fromkeys(("U", "Vh", "residual"), source) if source else {}
         return sv
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:

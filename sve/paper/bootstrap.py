@@ -203,8 +203,7 @@ def ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights
 
     def _curve(w_in: Weights, w_out: Weights) -> dict[str, np.ndarray]:
         w = np.concatenate([w_in, w_out], axis=1)[:, order]
-        cumulative = np.cumsum(w * positive, axis=1)
-        tps = cumulative[:, thresholds]
+        tps = np.cumsum(w * positive, axis=1)[:, thresholds]
         fps = np.cumsum(w, axis=1)[:, thresholds] - tps  # exact: the weights are whole counts
         zero = np.zeros((len(w), 1))
         tpr = np.hstack([zero, tps]) / tps[:, -1:]

@@ -29,6 +29,7 @@ import torch
 from pytorch_lightning.callbacks import Checkpoint
 
 from sve.errors import InputError
+from sve.layers.svd_cache import tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def save_final(trainer, dirpath: str | Path) -> Path:
 
 
 def sha256_of(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()).hexdigest()
+    return hashlib.sha256(tensor_bytes(tensor)).hexdigest()
 
 
 def frozen_fingerprint(module: torch.nn.Module) -> dict[str, list]:
