@@ -61,7 +61,10 @@ def retrain_teacher(root: Path, teacher: Path) -> Path:
     out = root / TEACHERS / teacher.relative_to(root / "runs")
     out.mkdir(parents=True, exist_ok=True)
     # The recorded command keeps checkpoints (callbacks=default), so the run writes checkpoints/final.ckpt.
-    command = [sys.executable, "-m", "sve.cli.train", *recorded_overrides(committed), f"hydra.run.dir={out}"]
+    # skip_finished=false: a committed copy brings its results.json but not its checkpoint, and only the
+    # checkpoint is missing here, so a finished copy must train again, not be skipped.
+    command = [sys.executable, "-m", "sve.cli.train", *recorded_overrides(committed), f"hydra.run.dir={out}",
+               "skip_finished=false"]  # fmt: skip
     with (out / "train.log").open("a") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:

@@ -153,6 +153,13 @@ def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_same_digi
     assert copy == tmp_path / "teachers" / "exp" / "sve_m2" / "seed0"
     assert script.teacher_state(tmp_path, teacher) == copy  # the student reads the retrained checkpoint
     assert json.loads((copy / "reproduced.json").read_text())["differ"] == {}
+    # A fresh clone has the copy's committed records but not its checkpoint: it is trained again, not skipped.
+    final = (copy / "checkpoints" / "final.ckpt").read_bytes()
+    shutil.rmtree(copy / "checkpoints")
+    assert script.teacher_state(tmp_path, teacher) is None
+    assert script.retrain_teacher(tmp_path, teacher) == copy and script.teacher_state(tmp_path, teacher) == copy
+    assert json.loads((copy / "reproduced.json").read_text())["differ"] == {}
+    assert len((copy / "checkpoints" / "final.ckpt").read_bytes()) == len(final)
     committed = json.loads((teacher / "results.json").read_text())["metrics"]
     changed = {**committed, "test/nll": 0.5, "test/seconds": 1.0}  # timings are no digits of the run
     assert script.differing_metrics(committed, changed) == {"test/nll": [committed["test/nll"], 0.5]}
