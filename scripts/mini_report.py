@@ -170,8 +170,10 @@ def reproduced_section(root: Path) -> str:
     for path in records:
         record = read_json(path, "delete it to train the teacher again")
         gap, key = reproduction_gap(record)
-        cpus = {k: (v or {}).get("cpu", "not recorded") for k, v in (record.get("numerics") or {}).items()}
-        where = f"; CPUs {cpus.get('committed', 'not recorded')} then {cpus.get('retrained', 'not recorded')}"
+        cpus = {k: (v or {}).get("cpu") for k, v in (record.get("numerics") or {}).items()}
+        first, then = cpus.get("committed"), cpus.get("retrained")
+        where = ("; CPUs not recorded (runs before results.json kept them)" if first is None and then is None
+                 else f"; CPUs {first or 'not recorded'} then {then or 'not recorded'}")  # fmt: skip
         verdict = ("equal to the last digit" if not record.get("differ")
                    else f"accuracy equal, the other test metrics within {gap:.1e} relative (largest: `{key}`{where})"
                    if same_run(record)

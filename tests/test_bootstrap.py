@@ -387,6 +387,28 @@ def test_claims_give_held_reversed_unresolved_and_fall_back_without_files(store)
     assert "Of 2 comparisons with a 95% interval, the paper's direction held in 1, was reversed in 1" in text
 
 
+def test_a_one_seed_row_has_no_interval_and_an_unknown_spread_passes_no_check(store):
+    """SVF has seed 0 only, 60 examples (20 points) worse than Single: no interval (different seeds), and "at
+    least as good" does not hold on an unknown spread, as it would within a known one; the note says so."""
+    import shutil
+
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 3, 300)
+    single = random_probs(rng, 300, 3, scale=1.0)
+    for seed in range(3):
+        store_run(store, "o", "single:1", seed, single, labels)
+    store_run(store, "o", "svf:1", 0, flip(single, labels, 60, False, rng), labels)
+    shutil.rmtree(store / "runs" / "o" / "svf_m1" / "seed1", ignore_errors=True)
+    check = {"experiment": "o", "a": "svf:1", "metrics": ["acc"], "expect": "at_least", "against": ["single:1"]}
+    (_, (v,)), = judge(claims(check), load_runs(store))
+    assert v.no_interval is not None and v.one_seed and v.noise
+    assert v.differences[0].point == pytest.approx(-20.0, abs=1e-9)
+    assert v.verdict == NOT_HELD and not v.held
+    text = to_markdown(judge(claims(check), load_runs(store)))
+    assert "**not held** (one seed: spread unknown; no interval: the rows have different seeds" in text
+    assert "within seed noise" not in text
+
+
 def test_a_seed_without_per_example_files_is_left_out_of_the_interval_and_said_so(store):
     """Seeds 1 and 2 have the files, seed 0 not: the difference and its interval are over seeds 1 and 2 (each 20
     points behind), and the verdict names the seed it left out; the summary counts it as an interval."""

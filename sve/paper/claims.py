@@ -37,7 +37,9 @@ A comparison whose runs lack the per-example files (runs evaluated before they w
 ``python -m sve.paper.bootstrap <results root>`` writes them from saved predictions where those still exist), whose
 rows have different seeds, or whose file disagrees with results.json gets no interval: its verdict falls back
 to the direction of the means ("held" or "not held"), "within seed noise" when the difference is at most the
-larger of the two cells' standard deviations, and says why it has no interval. Verdicts are computed, never
+larger of the two cells' standard deviations ("one seed: spread unknown" when a cell has one seed, which neither
+counts as a clear difference nor lets an ``at_least`` check pass on a worse mean), and says why it has no
+interval. Verdicts are computed, never
 written by hand; a claim's ``note`` (hand-written, after reading the results) says why a direction did not
 hold where a reason is known.
 """
@@ -109,6 +111,7 @@ class Verdict:
     no_interval: str | None = None  # why the std rule decided (None: the interval did)
     digits: int = 1
     partial: str | None = None  # which seeds the interval leaves out, and why (None: it has them all)
+    one_seed: bool = False  # a cell has one seed: the std rule's spread is unknown (only read without an interval)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -167,7 +170,12 @@ def improvement(a: Cell, b: Cell, metric: Metric) -> float:
 
 def within_noise(a: Cell, b: Cell, difference: float) -> bool:
     spread = max(a.std or 0.0, b.std or 0.0)
-    return a.seeds < 2 or b.seeds < 2 or abs(difference) <= spread
+    return one_seed(a, b) or abs(difference) <= spread
+
+
+def one_seed(*cells: Cell) -> bool:
+    """A cell has a single seed, so the seeds' spread is unknown: no difference is clear of it."""
+    return min(c.seeds for c in cells) < 2
 
 
 def label(key: str) -> str:
@@ -310,7 +318,9 @@ def compare(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence
             if key in similar:  # "at similar accuracy": no worse than the tolerance
                 held = gain >= -float(similar[key])
             else:
-                held = {"better": gain > 0, "worse": gain < 0, "at_least": gain > 0 or noise}[expect]
+                # "at least as good" allows a worse mean inside a known spread, never inside an unknown one
+                tie = noise and not one_seed(a, b)
+                held = {"better": gain > 0, "worse": gain < 0, "at_least": gain > 0 or tie}[expect]
             terms = evidence.advantage(check.experiment, check.a, other, key)
             found = terms if isinstance(terms, str) else [evidence.difference(terms)]
             fields = verdict_from("similar" if key in similar else expect, found, (held, noise, [gain]),
@@ -320,7 +330,7 @@ def compare(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence
                                + (f" (similar within {similar[key]})" if key in similar else
                                   " (expected worse)" if expect == "worse" else ""),
                                label(key), f"{show(a, key)} vs {show(b, key)}", digits=metric.digits,
-                               partial=seeds_note(terms), **fields))  # fmt: skip
+                               partial=seeds_note(terms), one_seed=one_seed(a, b), **fields))  # fmt: skip
     return out
 
 
@@ -336,7 +346,7 @@ def gain(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | 
                 continue
             gains = [improvement(a, b, metric) for a, b in cells]
             flat = [v for pair in cells for v in pair]
-            noise = min(v.seeds for v in flat) < 2 or abs(gains[0] - gains[1]) <= max(v.std or 0.0 for v in flat)
+            noise = one_seed(*flat) or abs(gains[0] - gains[1]) <= max(v.std or 0.0 for v in flat)
             terms = [evidence.advantage(e, check.a, other, key) for e in (first, second)]
             reason = next((t for t in terms if isinstance(t, str)), None)
             found = reason or [evidence.difference(
@@ -346,7 +356,7 @@ def gain(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | 
             out.append(Verdict(f"{titles.get(first, first)} vs {titles.get(second, second)}",
                                f"gain of {row_label(check.a)} over {row_label(other)}", label(key),
                                f"{gains[0]:+.{digits}f} vs {gains[1]:+.{digits}f}", digits=digits,
-                               partial=seeds_note(*terms), **fields))  # fmt: skip
+                               partial=seeds_note(*terms), one_seed=one_seed(*flat), **fields))  # fmt: skip
     return out
 
 
@@ -367,7 +377,7 @@ def trend(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence |
         out.append(Verdict(titles.get(check.experiment, check.experiment),
                            " → ".join(row_label(r) for r in check.rows), label(key),
                            " → ".join(show(v, key) for v in values), digits=metric.digits, partial=seeds_note(*terms),
-                           **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
+                           one_seed=one_seed(*values), **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
     return out
 
 
@@ -414,7 +424,8 @@ def verdict_text(v: Verdict) -> str:
     word = f"**{v.verdict}**" if v.verdict in (REVERSED, NOT_HELD) else v.verdict
     if v.no_interval is None:
         return word if v.partial is None else f"{word} ({v.partial})"
-    notes = (["within seed noise"] if v.noise else []) + [f"no interval: {v.no_interval}"]
+    spread = "one seed: spread unknown" if v.one_seed else "within seed noise"
+    notes = ([spread] if v.noise else []) + [f"no interval: {v.no_interval}"]
     return f"{word} ({'; '.join(notes)})"
 
 
