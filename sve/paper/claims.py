@@ -377,7 +377,8 @@ def trend(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence |
         out.append(Verdict(titles.get(check.experiment, check.experiment),
                            " → ".join(row_label(r) for r in check.rows), label(key),
                            " → ".join(show(v, key) for v in values), digits=metric.digits, partial=seeds_note(*terms),
-                           one_seed=one_seed(*values), **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
+                           one_seed=one_seed(*values),
+                           **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
     return out
 
 
