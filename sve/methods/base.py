@@ -311,6 +311,11 @@ class EnsembleMethod(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
+    def parameter_groups(self) -> list[dict]:
+        """The optimiser's parameter groups: one, at the method's learning rate, unless a method trains some
+        tensors at a rate of their own (a group that names its ``lr``)."""
+        return [{"params": self.trainable_parameters()}]
+
     def parameter_counts(self) -> dict[str, int]:
         """Trainable, total, and backbone parameter counts (shared tensors counted once)."""
         seen: set[int] = set()

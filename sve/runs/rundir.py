@@ -165,12 +165,15 @@ def _flat(tree, prefix: str = "") -> dict[str, object]:
 
 
 def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object]]:
-    """(key, saved value, current value) of every key that differs and matters for the results."""
+    """(key, saved value, current value) of every key that differs and matters for the results. A key one
+    side lacks and the other holds as null is no change: options added later default to null, meaning what
+    the code did before they existed, so a run started before them continues."""
     a, b = _flat(saved), _flat(current)
     free = lambda key: any(key == k or key.startswith(f"{k}.") for k in FREE_KEYS)  # noqa: E731
     missing = "<absent>"
+    same = lambda x, y: x == y or (x is None and y == missing) or (y is None and x == missing)  # noqa: E731
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if not free(k) and a.get(k, missing) != b.get(k, missing)]  # fmt: skip
+            if not free(k) and not same(a.get(k, missing), b.get(k, missing))]  # fmt: skip
 
 
 def describe_changes(changes: list[tuple[str, object, object]], limit: int = 6) -> str:

@@ -286,11 +286,11 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
 
     def configure_optimizers(self):
         # Methods may train at their own learning rate (Appendix C.3): method.lr overrides the recipe's.
-        params = self.method.trainable_parameters()
-        if not params:
+        groups = self.method.parameter_groups()
+        if not any(group["params"] for group in groups):
             raise ValueError(f"{type(self.method).__name__} has no trainable parameters")
         extra = {"lr": self.method.lr} if self.method.lr is not None else {}
-        optimizer = self.optimizer_factory(params, **extra)
+        optimizer = self.optimizer_factory(groups, **extra)  # a group naming its own lr keeps it
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(
