@@ -67,3 +67,27 @@ def test_run_reports_ood_metrics_when_the_dataset_has_an_ood_set(tmp_path):
     assert {"test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"} <= set(metrics)
     assert all(0 <= metrics[k] <= 1 for k in ("test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"))
     assert 0 <= metrics["test/acc"] <= 1
+
+
+def test_an_ensemble_run_scores_ood_by_mutual_information_too(tmp_path):
+    """With more than one member, test/ood_*_mi use minus the mutual information as the score: equal to the
+    pairwise reference on the members' saved logits; a one-member run has no such metrics."""
+    from sve.runs.evaluation import read_predictions
+    from sve.runs.run import run
+    from tests.conftest import compose_cfg
+
+    ood = ["+dataset.ood._target_=sve.data.SyntheticImageData", "+dataset.ood.seed=7", "+dataset.ood.noise=3.0"]
+    result = run(compose_cfg(["backbone=tiny_vit", "method=sve", "ensemble_size=3", *ood], tmp_path / "sve"))
+
+    def minus_mi(name: str) -> np.ndarray:
+        logits = torch.from_numpy(read_predictions(tmp_path / "sve" / result["predictions"][name])["member_logits"])
+        probs = logits.double().softmax(-1)
+        entropy = lambda p: -(p * p.clamp_min(1e-300).log()).sum(-1)  # noqa: E731
+        return -(entropy(probs.mean(0)) - entropy(probs).mean(0)).numpy()
+
+    ref = reference(minus_mi("test"), minus_mi("ood"))
+    for key in ref:
+        assert result["metrics"][f"test/ood_{key}_mi"] == pytest.approx(ref[key], abs=1e-6), key
+    assert result["metrics"]["test/ood_auroc_mi"] != result["metrics"]["test/ood_auroc"]
+    single = run(compose_cfg(["backbone=tiny_vit", "method=single", *ood], tmp_path / "single"))["metrics"]
+    assert "test/ood_auroc" in single and not any(k.endswith("_mi") for k in single)

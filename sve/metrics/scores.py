@@ -123,6 +123,9 @@ UNITS = {
     "ood_auroc": "fraction in [0, 1]; in-distribution = positive, score = max probability",
     "ood_auprc": "fraction in [0, 1]; in-distribution = positive",
     "ood_fpr95": "fraction of OOD inputs accepted at 95% in-distribution recall",
+    "ood_auroc_mi": "as ood_auroc with score = minus the mutual information (runs of more than one member)",
+    "ood_auprc_mi": "as ood_auprc with score = minus the mutual information (runs of more than one member)",
+    "ood_fpr95_mi": "as ood_fpr95 with score = minus the mutual information (runs of more than one member)",
     "disagreement": "fraction in [0, 1] of (member, example) pairs whose argmax differs from the predictive's",
     "mutual_information": "nats per example: predictive entropy minus mean member entropy",
     "temperature": "T > 0 fitted on the validation split; calibrated probabilities = softmax(log p / T)",
@@ -223,7 +226,11 @@ class OODDetection(Metric):
         self.add_state("in_distribution", default=[], dist_reduce_fx="cat")
 
     def update(self, probs: Tensor, in_distribution: bool) -> None:
-        score = probs.double().max(-1).values
+        self.update_scores(probs.double().max(-1).values, in_distribution)
+
+    def update_scores(self, score: Tensor, in_distribution: bool) -> None:
+        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information)."""
+        score = score.double()
         self.scores.append(score)
         self.in_distribution.append(torch.full_like(score, float(in_distribution)))
 

@@ -28,6 +28,7 @@ METRICS = {
         Metric("nll", "NLL", False, 1, 2),
         Metric("brier", "Brier", False, 1, 2),
         Metric("ood_auroc", "AUROC (%)", True, 100, 1),
+        Metric("ood_auroc_mi", "AUROC by MI (%)", True, 100, 1),
         Metric("ood_auprc", "AUPRC (%)", True, 100, 1),
         Metric("ood_fpr95", "FPR95 (%)", False, 100, 1),
         # Table 5, from results/bench/table5.json, relative to the single model (sve.paper.report.cost_runs).

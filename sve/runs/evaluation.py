@@ -51,7 +51,7 @@ from sve.data.base import SHIFT
 from sve.errors import InputError
 from sve.members import log_predictive, predictive
 from sve.metrics.calibration import fit_temperature, temperature_scaled
-from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score
+from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score, uncertainty
 from sve.paper.bootstrap import PREDICTIVE, write_predictive
 from sve.runs.writable import atomic_write
 
@@ -154,6 +154,11 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
         ood.update(predictive(kept["test"].member_logits, aggregate), in_distribution=True)
         ood.update(predictive(kept["ood"].member_logits, aggregate), in_distribution=False)
         metrics.update({f"test/ood_{k}": float(v) for k, v in ood.compute().items()})
+        if kept["test"].member_logits.shape[0] > 1:  # the members' disagreement as the score (zero for one member)
+            by_mi = OODDetection(sync_on_compute=False)
+            for name, inside in (("test", True), ("ood", False)):
+                by_mi.update_scores(-uncertainty(kept[name].member_logits).mutual_information, inside)
+            metrics.update({f"test/ood_{k}_mi": float(v) for k, v in by_mi.compute().items()})
     metrics["test/examples"] = len(kept["test"].labels)
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
