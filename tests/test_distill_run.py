@@ -160,3 +160,30 @@ def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_same_digi
     committed = json.loads((teacher / "results.json").read_text())["metrics"]
     changed = {**committed, "test/nll": 0.5, "test/seconds": 1.0}  # timings are no digits of the run
     assert script.differing_metrics(committed, changed) == {"test/nll": [committed["test/nll"], 0.5]}
+
+
+def test_unlabeled_inputs_are_the_training_splits_next_ones_and_bounded(teacher, tmp_path, monkeypatch):
+    """``unlabeled=8`` on a 16-input subset of the 64: the student trains on 24 inputs, the 16 labelled first
+    (the very subset a run takes) and 8 others, recorded; more than the split can spare is refused by name."""
+    from sve.data.checks import subset_indices
+
+    seen = {}
+
+    def spy(student, teacher_method, batches, *args, **kwargs):
+        dataset = batches.dataset.dataset  # Keyed(Subset(full split, indices))
+        seen["indices"] = list(dataset.indices)
+        return [0.0]
+
+    monkeypatch.setattr("sve.runs.distillation.distill", spy)
+    record = distill_run([f"run_dir={teacher}", "epochs=1", "unlabeled=8", "+dataset.train_size=16",
+                          f"out={tmp_path / 'u'}"])  # fmt: skip
+    assert record["inputs"] == {"labelled": 16, "unlabeled": 8}
+    labelled = subset_indices(64, 16, 0)
+    assert seen["indices"][:16] == labelled and len(set(seen["indices"])) == 24
+    assert not set(seen["indices"][16:]) & set(labelled)
+    with pytest.raises(InputError, match=r"unlabeled=49: the training split has 48 inputs beyond the 16"):
+        distill_run([f"run_dir={teacher}", "unlabeled=49", "+dataset.train_size=16", f"out={tmp_path / 'v'}"])
+    with pytest.raises(InputError, match=r"unlabeled=1: the training split has 0 inputs beyond the 64"):
+        distill_run([f"run_dir={teacher}", "unlabeled=1", f"out={tmp_path / 'w'}"])
+    with pytest.raises(InputError, match=r"unlabeled='some' is not valid; expected an integer"):
+        distill_run([f"run_dir={teacher}", "unlabeled=some"])

@@ -16,7 +16,12 @@ closed-form uncertainty of the Dirichlet is in ``sve.training.distill.dirichlet_
 
 Options (beside ``key=value`` overrides of the student's config, e.g. ``method.lr=1e-3``): ``epochs`` (default:
 the teacher's ``trainer.max_epochs``), ``lr`` (default: the student method's ``lr``, else the recipe's),
-``samples`` (32), ``smoothing`` (1e-4), ``out`` (default ``<run_dir>/distilled/<objective>_<student>``).
+``samples`` (32), ``smoothing`` (1e-4), ``out`` (default ``<run_dir>/distilled/<objective>_<student>``),
+``unlabeled`` (0): that many more inputs of the training split, beyond the run's subset (``dataset.train_size``),
+on which the student also learns the teacher's answers. Their labels are never read (the objectives use the
+teacher's logits only), so they stand for unlabeled data; they are the next ones of the same seeded
+permutation that chose the subset, so they never include a labelled input, and the validation and test
+splits are separate splits.
 
 Output in ``out``: ``results.json`` (the evaluator's metrics, the objective, the loss per epoch, the teacher's
 run, and the cost of each: parameters and milliseconds per test batch, measured in one process), the
@@ -46,7 +51,7 @@ from sve.training.distill import check_objective, dirichlet_samples, distill
 log = logging.getLogger(__name__)
 
 OPTIONS = {"run_dir": None, "objective": "mean", "student": "svf", "epochs": None, "lr": None, "samples": "32",
-           "smoothing": "1e-4", "out": None}  # fmt: skip
+           "smoothing": "1e-4", "out": None, "unlabeled": "0"}  # fmt: skip
 COST_BATCHES = 8  # test batches timed for the inference cost of teacher and student
 
 
@@ -86,16 +91,38 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     if not options["run_dir"]:
         raise InputError("run_dir=<a trained ensemble run's directory> is required (sve-distill --help)")
     check_objective(options["objective"])
-    for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float)):
+    for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float), ("unlabeled", int)):
         if options[key] is not None:
             try:
                 options[key] = kind(options[key])
             except ValueError:
                 expected = "an integer" if kind is int else "a number"
                 raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
-            if options[key] < 0 or (options[key] == 0 and key != "smoothing"):
+            if options[key] < 0 or (options[key] == 0 and key not in ("smoothing", "unlabeled")):
                 raise InputError(f"{key}={options[key]!r} is not valid; expected a positive number")
     return options, overrides
+
+
+def with_unlabeled(data, count: int) -> dict[str, int]:
+    """Adds ``count`` training inputs beyond the data module's training subset to its training split (after
+    ``setup``): the subset is the first ``train_size`` of a seeded permutation (``subset_indices``), these are
+    the next ``count``. Returns the counts. An ``InputError`` when the split has fewer inputs to spare."""
+    from torch.utils.data import Subset
+
+    from sve.data.checks import subset_indices
+
+    full = data.load_splits()["train"]
+    size, n = data.sizes["train"], len(full)
+    spare = 0 if size is None else max(n - size, 0)
+    if count > spare:
+        raise InputError(f"unlabeled={count}: the training split has {spare} inputs beyond the {min(size or n, n)} "
+                         "the run trains on (dataset.train_size)" + ("; choose at most that many" if spare else ""))
+    # subset_indices' permutation, taken further (it returns None for the whole split, so it is not called)
+    indices = torch.randperm(n, generator=torch.Generator().manual_seed(data.subset_seed))[: size + count].tolist()
+    assert indices[:size] == subset_indices(n, size, data.subset_seed)
+    data.verify_selected({"train": (full, indices[size:])})  # e.g. decodes the added images once
+    data.splits["train"] = Subset(full, indices)
+    return {"labelled": size, "unlabeled": count}
 
 
 @torch.no_grad()
@@ -123,6 +150,9 @@ def distill_run(argv: list[str]) -> dict:
         raise InputError(f"student={options['student']} has {student.num_members()} members; a student has one "
                          "(svf, single, single_lora, ...)")  # fmt: skip
     student_data.setup()
+    inputs = {"labelled": len(student_data.splits["train"]), "unlabeled": 0}
+    if options["unlabeled"]:
+        inputs = with_unlabeled(student_data, options["unlabeled"])
     epochs = options["epochs"] or int(OmegaConf.select(teacher_cfg, "trainer.max_epochs", default=1) or 1)
     lr = options["lr"] or student.lr or float(student_cfg.optimizer.lr)
     optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=lr,
@@ -133,8 +163,9 @@ def distill_run(argv: list[str]) -> dict:
     device = torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
     teacher.to(device)
     student.to(device)
-    log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g on %s", teacher_cfg.method.name,
-             teacher.num_members(), options["student"], options["objective"], epochs, lr, device)
+    log.info("distilling %s (%d members) into %s by %s for %d epochs at lr %g on %s, on %d labelled and %d further "
+             "training inputs", teacher_cfg.method.name, teacher.num_members(), options["student"],
+             options["objective"], epochs, lr, device, inputs["labelled"], inputs["unlabeled"])  # fmt: skip
     start = time.perf_counter()
     losses = distill(student, teacher, student_data.train_dataloader(), options["objective"], optimizer, epochs,
                      options["smoothing"], progress=lambda e, loss: log.info("epoch %d: loss %.4f", e, loss),
@@ -162,7 +193,7 @@ def distill_run(argv: list[str]) -> dict:
     record = {"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
               "student": options["student"], "objective": options["objective"], "teacher_run": str(run_dir),
               "teacher_method": teacher_cfg.method.name, "teacher_members": teacher.num_members(), "epochs": epochs,
-              "lr": lr, "losses": losses,
+              "lr": lr, "losses": losses, "inputs": inputs,
               "train_seconds": train_seconds, "cost": cost, **evaluation, "command": command_line(),
               "git_commit": git_commit(), "versions": package_versions(), "numerics": numerics(),
               "config": run_config(student_cfg)}  # fmt: skip
