@@ -60,3 +60,17 @@ def test_an_option_added_later_at_null_is_no_change_of_a_runs_config():
         ("method.sv_lr", "<absent>", 0.01)]
     assert config_changes({"method": {"sv_lr": None, "lr": 1}}, {"method": {"lr": 1}}) == []
     assert config_changes({"t": [1, 2], "a": 1}, {"a": 1}) == [("t", [1, 2], "<absent>")]  # lists compare, never hash
+
+
+def test_wrap_hands_the_optimizer_the_groups():
+    from torch import nn
+
+    import sve
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)), torch.randn(4, 6)
+    ensemble = sve.wrap(model, "sve_lora", ensemble_size=2, num_classes=3, example_input=x, sv_lr=0.02)
+    first, rest = torch.optim.AdamW(ensemble.parameter_groups(), lr=1e-4).param_groups
+    assert (first["lr"], rest["lr"]) == (0.02, 1e-4)
+    assert len(first["params"]) + len(rest["params"]) == len(ensemble.trainable_parameters())
+    assert all(p.dim() == 2 and p.shape[0] == 2 for p in first["params"])  # (M, r) singular values

@@ -192,6 +192,11 @@ class Ensemble(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.method.trainable_parameters()
 
+    def parameter_groups(self) -> list[dict]:
+        """What to give the optimizer: ``torch.optim.AdamW(model.parameter_groups(), lr=...)``; one group unless
+        the method trains some tensors at a rate of their own (``sve_lora`` with ``sv_lr``)."""
+        return self.method.parameter_groups()
+
     def parameter_counts(self) -> dict[str, int]:
         """``trainable``: what the optimizer updates; ``stored``: every tensor held (U and V included);
         ``base``: the backbone's own parameters before wrapping."""
