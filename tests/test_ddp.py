@@ -73,13 +73,14 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
         assert ddp["hardware"]["devices"] == 2 and ddp["hardware"]["per_device_batch_size"] == 4
         assert metrics["test/examples"] == 21, method  # each test example once: no padding duplicates
         assert all(math.isfinite(v) for k, v in metrics.items() if isinstance(v, float)), method
+        one_process = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))
         if method.startswith("bayes_lora"):  # after training, every rank fits the posterior on the whole split
-            alone = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["method_report"]
+            alone = one_process["method_report"]
             assert ddp["method_report"]["prior_precision"] == pytest.approx(alone["prior_precision"], rel=1e-4)
         # Rank 0 saved both ranks' examples, each once, in dataset order.
         saved = np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")
         assert saved["index"].tolist() == list(range(21)) and saved["member_logits"].shape[1] == 21, method
-        single = run(compose_cfg(overrides(method, "cpu"), tmp_path / "single" / method))["metrics"]
+        single = one_process["metrics"]
         assert single["test/examples"] == 21
         alone = np.load(tmp_path / "single" / method / "predictions" / "test.npz")
         assert saved["labels"].tolist() == alone["labels"].tolist()

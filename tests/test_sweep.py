@@ -414,6 +414,19 @@ def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
     assert sweep.wall_seconds(sweep.recorded_runs(tmp_path / "absent")) is None
 
 
+def test_a_sitting_records_the_commit_its_run_trained_with(tmp_path):
+    # A long run keeps the code it started with while its clone moves on: the sitting names the run's commit.
+    trained = sweep.Job("exp", "sve", 4, 0, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed0")
+    trained.dir.mkdir(parents=True)
+    (trained.dir / "results.json").write_text(json.dumps({"git_commit": "0123abc"}))
+    failed = sweep.Job("exp", "sve", 4, 1, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed1")  # no results.json
+    sweep.record_run(tmp_path, trained, started=1.0)
+    sweep.record_run(tmp_path, failed, started=2.0)
+    first, second = sweep.recorded_runs(tmp_path)
+    assert first["commit"] == "0123abc" and first["run"] == "runs/exp/sve_m4/seed0"
+    assert second["commit"] == sweep.git_commit()  # nothing of its own: the checked-out code's
+
+
 def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives(tmp_path, monkeypatch):
     from sve.runs.rundir import HELD_LOCK, DirectoryInUse, claim
 

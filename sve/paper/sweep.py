@@ -553,9 +553,15 @@ SITTINGS = "sittings.jsonl"  # one line per run a sweep trained, written when it
 
 def record_run(root: Path, job: Job, started: float) -> None:
     """Appends the run's start and end (and who trained it) to ``<root>/sittings.jsonl`` as soon as it ends,
-    so a sweep killed later keeps the record of what it finished."""
-    line = {"run": str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir),
-            "started": started, "finished": time.time(), "pid": os.getpid(), "commit": git_commit()}  # fmt: skip
+    so a sweep killed later keeps the record of what it finished. The commit is the one the run's results.json
+    names: the clone may have moved on while a long run trained with the code it started with."""
+    try:
+        commit = read_json(job.dir / "results.json", "").get("git_commit")
+    except UnreadableFile:  # a failed run has none; the clone's commit is the best record left
+        commit = None
+    run = str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir)
+    line = {"run": run, "started": started, "finished": time.time(), "pid": os.getpid(),
+            "commit": commit or git_commit()}  # fmt: skip
     try:
         with (root / SITTINGS).open("a") as f:
             f.write(json.dumps(line) + "\n")
