@@ -26,7 +26,8 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
   (lists of length M); ``test/disagreement``, ``test/mutual_information`` (``sve.metrics.scores``); temperature
   scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``, ``ts_ece``, ``ts_nll``;
   ``sve.metrics.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``, ``ood_auprc``, ``ood_fpr95``;
-  ``test/examples``, ``test/seconds``;
+  ``test/examples``, ``test/seconds``; ``test/collapsed_members``: the members whose output hardly depends on
+  the input (``collapsed_members``; a warning names them);
 - ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
 - ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
   ``by_severity`` {"0": the clean test set, "1".."5": the mean over corruptions of each metric at that
@@ -36,6 +37,7 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import statistics
@@ -55,7 +57,14 @@ from sve.metrics.scores import OODDetection, classification_metrics, predictive_
 from sve.paper.bootstrap import PREDICTIVE, write_predictive
 from sve.runs.writable import atomic_write
 
+log = logging.getLogger(__name__)
+
 PREDICTIONS = "predictions"
+# A member whose class logits (centred per example) vary across the test set by less than this (standard
+# deviation) gives one answer whatever the input: it collapsed in training. Seen on MPNet-base with SVE at a rate
+# tuned on a smaller model: one member of four at 7e-5, the other three at 1.3-1.6; members of runs that
+# barely learn (SST-2 from random weights) stay above 0.04.
+COLLAPSED_BELOW = 1e-3
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
 TEMPERATURE_METRICS = ("acc", "ece", "nll")  # ts_brier would be one more column nobody asked for
 
@@ -159,6 +168,13 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
             for name, inside in (("test", True), ("ood", False)):
                 by_mi.update_scores(-uncertainty(kept[name].member_logits).mutual_information, inside)
             metrics.update({f"test/ood_{k}_mi": float(v) for k, v in by_mi.compute().items()})
+    collapsed = collapsed_members(kept["test"].member_logits)
+    metrics["test/collapsed_members"] = collapsed
+    if collapsed and trainer.is_global_zero:
+        log.warning(f"member(s) {collapsed} of {kept['test'].member_logits.shape[0]} give nearly the same output "
+                    f"for every test example (their centred logits vary by less than {COLLAPSED_BELOW}"
+                    "): they collapsed in training, and the ensemble averages them in; a lower learning "
+                    "rate (method.lr) usually avoids it")  # fmt: skip
     metrics["test/examples"] = len(kept["test"].labels)
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
@@ -173,6 +189,29 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
         logger.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=trainer.global_step)
         logger.save()
     return record
+
+
+def collapsed_members(member_logits: torch.Tensor) -> list[int]:
+    """The members (indices into the first axis of (M, N, C) logits) whose every class logit, centred on each
+    example, has a standard deviation across the N examples below ``COLLAPSED_BELOW``. Centred on the mean
+    of the classes every example has, so a constant added to a member's logits changes nothing, and neither do
+    options some examples lack (-inf: ARC's questions with fewer answers), which are left out of their class's
+    deviation. One example cannot show it: none is returned."""
+    if member_logits.shape[1] < 2:
+        return []
+    logits = member_logits.double()
+    finite = torch.isfinite(logits)
+    common = finite.all(dim=1).all(dim=0)  # (C,): the classes of every example
+    if common.any():
+        centred = logits - logits[..., common].mean(-1, keepdim=True)
+    else:  # no class shared by all examples: log-probabilities (their normaliser moves with the options)
+        centred = torch.log_softmax(logits, dim=-1)
+    count = finite.sum(1)  # (M, C): the examples that have each class
+    values = torch.where(finite, centred, torch.zeros_like(centred))
+    mean = values.sum(1) / count.clamp(min=1)
+    deviation = torch.where(finite, centred - mean[:, None], torch.zeros_like(centred))
+    std = (deviation.square().sum(1) / count.clamp(min=1)).sqrt()  # a class seen once varies by nothing
+    return [m for m in range(len(std)) if float(std[m].max()) < COLLAPSED_BELOW]
 
 
 def check_finite(metrics: dict) -> None:
