@@ -193,25 +193,27 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
 
 def collapsed_members(member_logits: torch.Tensor) -> list[int]:
     """The members (indices into the first axis of (M, N, C) logits) whose every class logit, centred on each
-    example, has a standard deviation across the N examples below ``COLLAPSED_BELOW``. Centred on the mean
-    of the classes every example has, so a constant added to a member's logits changes nothing, and neither do
+    example, has a standard deviation across the N examples below ``COLLAPSED_BELOW``. Centred on the mean of
+    the classes every example has, so a constant added to a member's logits changes nothing, and neither do
     options some examples lack (-inf: ARC's questions with fewer answers), which are left out of their class's
-    deviation. One example cannot show it: none is returned."""
+    deviation. One example cannot show it: none is returned. One member at a time in float64, so the check
+    needs a member's logits twice over, not the whole ensemble's (ImageNet-size test sets)."""
     if member_logits.shape[1] < 2:
         return []
-    logits = member_logits.double()
-    finite = torch.isfinite(logits)
-    common = finite.all(dim=1).all(dim=0)  # (C,): the classes of every example
-    if common.any():
-        centred = logits - logits[..., common].mean(-1, keepdim=True)
-    else:  # no class shared by all examples: log-probabilities (their normaliser moves with the options)
-        centred = torch.log_softmax(logits, dim=-1)
-    count = finite.sum(1)  # (M, C): the examples that have each class
-    values = torch.where(finite, centred, torch.zeros_like(centred))
-    mean = values.sum(1) / count.clamp(min=1)
-    deviation = torch.where(finite, centred - mean[:, None], torch.zeros_like(centred))
-    std = (deviation.square().sum(1) / count.clamp(min=1)).sqrt()  # a class seen once varies by nothing
-    return [m for m in range(len(std)) if float(std[m].max()) < COLLAPSED_BELOW]
+    common = torch.isfinite(member_logits).all(dim=1).all(dim=0)  # (C,): the classes of every example
+    collapsed = []
+    for m, logits in enumerate(member_logits):
+        logits = logits.double()  # (N, C)
+        finite = torch.isfinite(logits)
+        if common.any():
+            centred = logits - logits[:, common].mean(-1, keepdim=True)
+        else:  # no class shared by all examples: log-probabilities (their normaliser moves with the options)
+            centred = torch.log_softmax(logits, dim=-1)
+        centred = torch.where(finite, centred, torch.nan)
+        std = (centred - centred.nanmean(0)).square().nanmean(0).sqrt()  # (C,); a class seen once: 0
+        if float(std.nan_to_num(0.0).max()) < COLLAPSED_BELOW:
+            collapsed.append(m)
+    return collapsed
 
 
 def check_finite(metrics: dict) -> None:
