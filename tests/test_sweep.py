@@ -151,6 +151,22 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
     assert "cifar100_dino sve M=4 seed 0: done earlier" in capsys.readouterr().out
 
 
+def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkeypatch, capsys):
+    def fake_run(job):  # SVE's member 1 answers the same for every input; the other rows are healthy
+        collapsed = [1] if job.method == "sve" else []
+        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+                              "metrics": {"test/acc": 0.5, "test/collapsed_members": collapsed},
+                              "config": {"experiment_name": job.experiment}})
+
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flagged = [line for line in lines if "collapsed" in line]
+    assert flagged and all(" sve M=4 " in line and "member(s) [1] answer the same" in line for line in flagged)
+    assert any(" svf M=1 " in line and line.endswith("acc 0.500") for line in lines)
+
+
 def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp_path, monkeypatch, capsys):
     def fake_run(job):
         return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,

@@ -306,8 +306,10 @@ class Sweep:
                 raise RuntimeError(f"recorded {members} members, the table expects {job.members}")
             shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
             acc = results["metrics"].get("test/acc")
+            collapsed = results["metrics"].get("test/collapsed_members")  # absent in runs evaluated before it
             print(f"{prefix}: {status}, " + (f"val {spec.tune.metric} {shown:.4f}" if shown is not None else
-                                             f"acc {acc:.3f}" if acc is not None else "no test/acc"),
+                                             f"acc {acc:.3f}" if acc is not None else "no test/acc")
+                  + (f" (collapsed: member(s) {collapsed} answer the same for every input)" if collapsed else ""),
                   flush=True)  # fmt: skip
             return results
         except Exception as err:  # noqa: BLE001 - one failing run must not stop the sweep
