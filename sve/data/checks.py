@@ -49,11 +49,17 @@ def check_subset_size(key: str, size, available: int, what: str) -> None:
                          f"{available}, or null for all of them")  # fmt: skip
 
 
+def seeded_order(n: int, seed: int) -> list[int]:
+    """The seeded permutation of ``n`` examples whose first ``size`` are a subset (``subset_indices``); what
+    follows them is never in the subset (``sve-distill unlabeled=N`` takes the next N)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 def subset_indices(n: int, size: int | None, seed: int) -> list[int] | None:
     """The seeded subset ``take_subset`` takes (None: the whole dataset, also when ``size == n``)."""
     if size is None or size >= n:
         return None
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].tolist()
+    return seeded_order(n, seed)[:size]
 
 
 def read_utf8(path: Path) -> str:

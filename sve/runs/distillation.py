@@ -105,11 +105,11 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
 
 def with_unlabeled(data, count: int) -> dict[str, int]:
     """Adds ``count`` training inputs beyond the data module's training subset to its training split (after
-    ``setup``): the subset is the first ``train_size`` of a seeded permutation (``subset_indices``), these are
+    ``setup``): the subset is the first ``train_size`` of a seeded permutation (``seeded_order``), these are
     the next ``count``. Returns the counts. An ``InputError`` when the split has fewer inputs to spare."""
     from torch.utils.data import Subset
 
-    from sve.data.checks import subset_indices
+    from sve.data.checks import seeded_order
 
     full = data.load_splits()["train"]
     size, n = data.sizes["train"], len(full)
@@ -117,9 +117,7 @@ def with_unlabeled(data, count: int) -> dict[str, int]:
     if count > spare:
         raise InputError(f"unlabeled={count}: the training split has {spare} inputs beyond the {min(size or n, n)} "
                          "the run trains on (dataset.train_size)" + ("; choose at most that many" if spare else ""))
-    # subset_indices' permutation, taken further (it returns None for the whole split, so it is not called)
-    indices = torch.randperm(n, generator=torch.Generator().manual_seed(data.subset_seed))[: size + count].tolist()
-    assert indices[:size] == subset_indices(n, size, data.subset_seed)
+    indices = seeded_order(n, data.subset_seed)[: size + count]
     data.verify_selected({"train": (full, indices[size:])})  # e.g. decodes the added images once
     data.splits["train"] = Subset(full, indices)
     return {"labelled": size, "unlabeled": count}
@@ -155,7 +153,7 @@ def distill_run(argv: list[str]) -> dict:
         inputs = with_unlabeled(student_data, options["unlabeled"])
     epochs = options["epochs"] or int(OmegaConf.select(teacher_cfg, "trainer.max_epochs", default=1) or 1)
     lr = options["lr"] or student.lr or float(student_cfg.optimizer.lr)
-    optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=lr,
+    optimizer = torch.optim.AdamW(student.parameter_groups(), lr=lr,  # a group naming its lr keeps it (sv_lr)
                                   weight_decay=float(student_cfg.optimizer.get("weight_decay", 0.0)))  # fmt: skip
     # The loop runs where the run trained: a GPU when the trainer asks for one and there is one (the evaluation
     # below is Lightning's, which places the model itself).
