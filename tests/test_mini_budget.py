@@ -56,4 +56,9 @@ def test_report_counts_every_run_once_and_reads_the_tuned_rows(tmp_path):
     assert rows["sve:4"]["runs"] == 5 and rows["sve:4"]["minutes"] == 3 * 1 + 2 * 2  # seed 0 is a tuning run's copy
     assert rows["sve:4"]["edge"] == "upper" and rows["single:1"]["convergence"]["still_falling"]
     assert record["core_hours"] == pytest.approx(14 / 60)
+    # Tuning: 3 runs of 1 min per row; the seeds alone: 3 seeds at the row's mean of 1.4 min (3 x 1 + 2 x 2 over 5).
+    assert record["tuning_core_hours"] == pytest.approx(6 / 60)
+    assert record["seeds_only_core_hours"] == pytest.approx(2 * 3 * 7 / 5 / 60)
+    assert "the seeds alone would take about 0.1 h of runs (0.1 h of wall time" in text and "within the budget" in text
+    assert "fewer rows" in report(tmp_path, ["mini_table2"], budget_hours=0.05)[0]  # 0.07 h of wall time
     assert "| `mini_sst2_minilm` | SV-Ensemble (M=4) | 5 | 1.4 | – | 0.001 (edge: upper) | 0.700 → 0.400 (20)" in text
