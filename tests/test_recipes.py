@@ -72,3 +72,6 @@ def test_train_prints_the_recipe():
     line = recipe_line(compose_cfg(["dataset=oxford_pets"]))
     assert line.startswith("recipe: oxford_pets (backbone dinov2_vits14, lr 0.001")
     assert "200 steps" in line and "ensemble_size 4, sigma_init 0.01)" in line
+    # A method's own rate replaces the recipe's in training, so the line names it.
+    line = recipe_line(compose_cfg(["dataset=oxford_pets", "method=sve", "method.lr=0.03"]))
+    assert ", lr 0.03 (method.lr; the recipe's is 0.001" in line

@@ -82,8 +82,12 @@ def recipe_line(cfg: DictConfig) -> str:
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731 - a group may be removed (~scheduler)
     max_steps = get("trainer.max_steps") or -1
     length = f"{max_steps} steps" if max_steps > 0 else f"{get('trainer.max_epochs')} epochs"
+    # method.lr replaces the recipe's rate (sve.training.module.configure_optimizers): name the one that trains.
+    lr = get("optimizer.lr")
+    if get("method.lr") is not None:
+        lr = f"{get('method.lr')} (method.lr; the recipe's is {lr})"
     return (
-        f"recipe: {get('recipe')} (backbone {get('backbone.name')}, lr {get('optimizer.lr')}, weight decay "
+        f"recipe: {get('recipe')} (backbone {get('backbone.name')}, lr {lr}, weight decay "
         f"{get('optimizer.weight_decay')}, {get('scheduler.kind') or 'constant'} schedule, {length}, batch "
         f"{get('dataset.batch_size')}, ensemble_size {get('ensemble_size')}, sigma_init {get('sigma_init')})"
     )
