@@ -87,8 +87,9 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
                      f"time is about half the sum: {hours:.1f} h (no record of the sweeps' own wall time).")
     over = hours / TARGET_HOURS
     if over > 1.1:
-        lines[-1] += (f" That is {over:.1f} times the target of about {TARGET_HOURS:.0f} h for the whole of `make mini`;"
-                      " `budget.md` splits it into tuning and seeds, and says what the seeds alone would cost.")
+        lines[-1] += (f" That is {over:.1f} times the target of about {TARGET_HOURS:.0f} h for the whole of "
+                      "`make mini`; `budget.md` splits it into tuning and seeds, and says what the seeds alone "
+                      "would cost.")
     return "\n".join(lines)
 
 
