@@ -120,7 +120,6 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
             loaded.setdefault(path.parent, read_results(path.parent / "results.json"))
     total_minutes = tuning_minutes = seeds_only_minutes = 0.0
     seen_runs: set[Path] = set()
-    seen_rows: set[tuple[str, str]] = set()
     for name in tables:
         spec = load_spec(name)
         if spec.kind not in ("metrics", "figure2"):
@@ -139,17 +138,17 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
                 directories = [d for d in trained if d.is_relative_to(row_dir)]
                 fresh = [d for d in directories if d not in seen_runs]
                 seen_runs.update(fresh)
-                spent = sum(float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh)
-                total_minutes += spent
-                tuning_minutes += sum(float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh
-                                      if d.relative_to(row_dir).parts[0] == "tune")  # fmt: skip
-                if minutes[key] and key not in seen_rows:  # what the seeds alone cost, had no rate been tuned
-                    seeds_only_minutes += len(spec.seeds) * statistics.fmean(minutes[key])
-                seen_rows.add(key)
+                spent = {d: float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh}
+                total_minutes += sum(spent.values())
+                tuning_minutes += sum(m for d, m in spent.items() if d.relative_to(row_dir).parts[0] == "tune")
+                per_run = statistics.fmean(minutes[key]) if minutes[key] else None
+                # At the row's first table: what its seeds alone cost, had no rate been tuned.
+                if fresh and per_run is not None:
+                    seeds_only_minutes += len(spec.seeds) * per_run
                 state = convergence(mean_points(curves))
                 rows.append({"experiment": experiment, "row": key[1], "runs": len(directories),
-                             "minutes_per_run": statistics.fmean(minutes[key]) if minutes[key] else None,
-                             "minutes": spent, "curve_share": statistics.fmean(shares[key]) if shares[key] else None,
+                             "minutes_per_run": per_run, "minutes": sum(spent.values()),
+                             "curve_share": statistics.fmean(shares[key]) if shares[key] else None,
                              "lr": choice and choice.get("value"), "edge": choice and choice.get("edge"),
                              "seeds": len(curves), "convergence": state})  # fmt: skip
         record["tables"][name] = rows
