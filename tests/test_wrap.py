@@ -10,7 +10,13 @@ import pytest
 import timm
 import torch
 from torch import nn
-from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+)
 
 import sve
 from sve.api.wrap import method_names
@@ -125,6 +131,25 @@ def test_a_causal_lm_needs_a_pooling_and_then_reads_the_last_token():
     ensemble = sve.wrap(model, "sve", ensemble_size=2, pooling="last", sigma_init=0.0)
     assert ensemble.config["head"] == "lm_head"
     members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def test_a_classifier_that_picks_a_token_after_its_head_is_told_how_to_keep_it():
+    # LLaMA's (and GPT-2's) sequence classifier scores every token, then keeps the last non-padding one: no
+    # layer's output is the model's output, so the error names the layer and the arguments that keep it.
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
+                         pad_token_id=0)
+    model = LlamaForSequenceClassification(config).eval()
+    ids = torch.randint(1, 40, (3, 7))
+    ids[1, 4:] = 0  # padding on the right, as the model's own token choice assumes
+    mask = (ids != 0).long()
+    with pytest.raises(ValueError, match=r"layer 'score' gives \(1, 4, 3\).*head='score' and pooling="):
+        sve.wrap(model, "sve", ensemble_size=2)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, head="score", pooling="last", sigma_init=0.0)
+    members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=mask)
 
 
 @pytest.mark.parametrize("method", method_names())

@@ -134,6 +134,7 @@ class ModuleBackbone(Backbone):
         super().__init__(model, target_modules or [])
         self.pooling = pooling
         self.keep_head = False  # set by ``wrap`` when the members keep the model's classes
+        self.head_hint = ""  # why a model's head was not found, when a likely one was seen (``selecting_head``)
         self.freeze_bn = freeze_bn
         if example_input is None:
             self.example = described_input(model)
@@ -181,10 +182,12 @@ class ModuleBackbone(Backbone):
             if isinstance(found, nn.Identity) or found is None:
                 return None
         outputs: dict[int, str] = {}
+        shapes: list[tuple[str, torch.Size]] = []  # every call, in order: for the hint below
 
         def record(name: str):
             def hook(_module, _inputs, out) -> None:  # returns None: the output stays the layer's
                 outputs[id(out)] = name
+                shapes.append((name, out.shape))
             return hook
 
         hooks = [m.register_forward_hook(record(n)) for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
@@ -197,8 +200,9 @@ class ModuleBackbone(Backbone):
                 h.remove()
         name = outputs.get(id(out)) if out is not None else None
         if name is None:
-            log.info("%s: no layer produces the model's output; the output is the features",
-                     type(self.model).__name__)
+            self.head_hint = selecting_head(shapes, out)
+            log.info("%s: no layer produces the model's output; the output is the features%s",
+                     type(self.model).__name__, f" ({self.head_hint})" if self.head_hint else "")
         return name
 
     def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
@@ -257,6 +261,20 @@ class ModuleBackbone(Backbone):
         if getattr(self, "freeze_bn", False):
             keep_batchnorm_statistics(self.model)
         return self
+
+
+def selecting_head(calls: list[tuple[str, torch.Size]], out: Tensor | None) -> str:
+    """Advice for a model that picks tokens *after* its head (GPT-2's and LLaMA's sequence classifiers score
+    every token, then keep the last one): the last layer called that gives (N, T, C) for the model's (N, C)."""
+    if out is None or out.dim() != 2:
+        return ""
+    for name, shape in reversed(calls):
+        if len(shape) == 3 and shape[0] == out.shape[0] and shape[-1] == out.shape[-1]:
+            return (f"its layer {name!r} gives {tuple(shape)}, one row per token, and the model's output "
+                    f"{tuple(out.shape)} picks one of them; "
+                    f"to keep it as the head, pass head={name!r} and pooling= one of {list(POOLINGS)} "
+                    "(the token the model itself reads)")
+    return ""
 
 
 def head_weights(head: nn.Module) -> tuple[Tensor, Tensor] | None:

@@ -144,8 +144,10 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
         raise TypeError(f"wrap(method={method!r}) got unknown option(s) {unknown}; valid options are {valid}")
     if num_classes is None:
         if not isinstance(backbone, ModuleBackbone) or backbone.head_weights is None:
+            hint = getattr(backbone, "head_hint", "")
             raise ValueError("num_classes=None keeps the model's own head, but this model has no linear head "
-                             f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes")
+                             f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes"
+                             + (f", or: {hint}" if hint else ""))  # fmt: skip
         backbone.keep_head = True
         num_classes = backbone.head_weights[0].shape[0]
     settings = {**defaults, **options, "target_modules": list(target_modules) if target_modules else None}
