@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from sve.bench.benchmark import main
 from sve.bench.counters import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
 from sve.paper.report import cost_runs
 from tests.conftest import ROOT as REPO
@@ -183,3 +184,12 @@ def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
         assert {f"{r['method']} {r['setting']}" for r in rows if r[f"on_front_b{b}"]} == on_front(points)
     assert by["deep_ensemble", "fast"]["parameters"] == 2 * by["single", "fast"]["parameters"]
     assert "### Table 5 as a front" in (out / "bench.md").read_text()
+
+
+@pytest.mark.parametrize(("device", "message"), [("cuda", "no CUDA GPU here"), ("foo", "not a device torch knows")])
+def test_a_device_that_is_not_there_is_one_line(device, message, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        main(["--device", device, "--tiny"])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

@@ -81,6 +81,22 @@ def test_invalid_config_values_are_named_before_work(override, message, tmp_path
     assert not list(tmp_path.iterdir())  # nothing started
 
 
+@pytest.mark.parametrize(("overrides", "gpus", "message"), [
+    (["trainer=gpu"], 0, "trainer.accelerator=gpu .* torch finds no CUDA GPU here.*use trainer=cpu"),
+    (["trainer=ddp"], 0, "no CUDA GPU here.*trainer=ddp_sim"),
+    (["trainer=gpu", "trainer.devices=4"], 2, r"trainer.devices=4 but 2 GPU\(s\) are visible"),
+    (["trainer=gpu", "trainer.devices=[0,3]"], 2, r"names GPU\(s\) \[3\] that are not here"),
+])  # fmt: skip
+def test_gpus_that_are_not_there_are_named_before_work(overrides, gpus, message, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(InputError, match=message):
+        run(compose_cfg([*TINY, *overrides], tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
 def test_command_line_error_is_a_message_not_a_traceback(tmp_path):
     done = subprocess.run([sys.executable, "train.py", "ensemble_size=abc", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -798,8 +798,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.tiny:
         args.repeats, args.layers, args.train_batch = 1, 1, 2
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a device torch knows; e.g. cpu, cuda, cuda:1")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch finds no CUDA GPU here (torch {torch.__version__}); "
+                     "use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        parser.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) are visible")
     allocator_tuned = set_cpu_allocator(args.cpu_allocator)
-    device = torch.device(args.device)
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     all_settings = settings(args.tiny)

@@ -48,7 +48,32 @@ def check_config(cfg: DictConfig) -> None:
     if inference is not None:
         _require(inference in INFERENCE, "method.inference", inference,
                  f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
+    check_accelerator(cfg)
     check_wandb(cfg)
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """``trainer=gpu`` (or ``ddp``, ``fsdp``) where torch sees no GPU, or more GPUs than there are, is named
+    before the data is read and the SVD computed; Lightning would say only "No supported gpu backend found"."""
+    import torch
+
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
+    if accelerator not in ("gpu", "cuda"):
+        return
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not available:
+        raise InputError(f"trainer.accelerator={accelerator} (trainer=gpu, ddp or fsdp) but torch finds no CUDA GPU "
+                         f"here (torch {torch.__version__}, built for CUDA {torch.version.cuda}); use trainer=cpu, or "
+                         "trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes")  # fmt: skip
+    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    if OmegaConf.is_list(devices):
+        wanted = [d for d in devices if not (_is_int(d) and 0 <= d < available)]
+        if wanted:
+            raise InputError(f"trainer.devices={list(devices)} names GPU(s) {wanted} that are not here; the "
+                             f"visible GPUs are {list(range(available))}")  # fmt: skip
+    elif _is_int(devices) and devices > available:
+        raise InputError(f"trainer.devices={devices} but {available} GPU(s) are visible; use trainer.devices="
+                         f"{available} or -1 (all of them)")  # fmt: skip
 
 
 def check_values(cfg: DictConfig) -> None:
