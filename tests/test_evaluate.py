@@ -132,6 +132,17 @@ def test_evaluate_errors_say_what_to_change(trained):
         evaluate_run(bare)
 
 
+def test_a_run_trained_on_a_gpu_evaluates_on_the_cpu_when_told(trained):
+    tmp_path, results = trained
+    saved = json.loads((tmp_path / "results.json").read_text())
+    saved["config"]["trainer"].update(accelerator="gpu", devices=2)
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    with pytest.raises(InputError, match="no CUDA GPU here.*trainer.accelerator=cpu trainer.devices=1"):
+        evaluate_run(tmp_path)
+    told = evaluate_run(tmp_path, ["trainer.accelerator=cpu", "trainer.devices=1"])
+    same_metrics(results["metrics"], told["metrics"])
+
+
 def test_evaluate_py_command_line(trained):
     tmp_path, trained = trained
     done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "name=cli"], cwd=ROOT,

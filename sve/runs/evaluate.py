@@ -52,7 +52,7 @@ from sve.runs.evaluation import PREDICTIONS, evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, read_results, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim
-from sve.runs.validate import accepted_keys
+from sve.runs.validate import accepted_keys, check_accelerator
 from sve.runs.writable import check_writable
 from sve.training.checkpoint import FINAL, read_checkpoint
 
@@ -256,6 +256,10 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
     cfg = apply_overrides(trained, list(overrides))
     check_targets(cfg, trained, run_dir)
+    # A run trained on a GPU, evaluated where there is none: said at once, with the keys that keep the rest of
+    # the run's trainer (trainer=cpu would replace all of it).
+    check_accelerator(cfg, instead="evaluate on the CPU with trainer.accelerator=cpu trainer.devices=1 (and "
+                      "trainer.strategy=auto for a DDP or FSDP run)")  # fmt: skip
     path = run_dir if adapter else Path(ckpt_path).expanduser() if ckpt_path else run_dir / "checkpoints" / FINAL
     if not adapter and not path.is_file():
         raise InputError(

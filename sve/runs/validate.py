@@ -52,7 +52,10 @@ def check_config(cfg: DictConfig) -> None:
     check_wandb(cfg)
 
 
-def check_accelerator(cfg: DictConfig) -> None:
+CPU_INSTEAD = "use trainer=cpu, or trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes"
+
+
+def check_accelerator(cfg: DictConfig, instead: str = CPU_INSTEAD) -> None:
     """``trainer=gpu`` (or ``ddp``, ``fsdp``) where torch sees no GPU, or more GPUs than there are, is named
     before the data is read and the SVD computed; Lightning would say only "No supported gpu backend found"."""
     import torch
@@ -63,8 +66,7 @@ def check_accelerator(cfg: DictConfig) -> None:
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not available:
         raise InputError(f"trainer.accelerator={accelerator} (trainer=gpu, ddp or fsdp) but torch finds no CUDA GPU "
-                         f"here (torch {torch.__version__}, built for CUDA {torch.version.cuda}); use trainer=cpu, or "
-                         "trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes")  # fmt: skip
+                         f"here (torch {torch.__version__}, built for CUDA {torch.version.cuda}); {instead}")
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
     if OmegaConf.is_list(devices):
         wanted = [d for d in devices if not (_is_int(d) and 0 <= d < available)]
