@@ -55,6 +55,26 @@ def test_a_saved_ensemble_is_rebuilt_exactly_on_a_fresh_base(method, tmp_path):
         assert torch.equal(expected, loaded(x))
 
 
+def test_wrapping_a_model_in_training_mode_leaves_its_batchnorm_statistics_and_its_adapter_reloads(tmp_path):
+    # torchvision and most user models are built in training mode: the probe forwards that find the head and
+    # the features must not update BatchNorm's running statistics, or the model (and its fingerprint) change.
+    def cnn() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(8, 3))  # fmt: skip
+    model, x = cnn(), torch.randn(4, 3, 8, 8)
+    assert model.training
+    before = {k: v.clone() for k, v in model[1].state_dict().items()}
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, example_input=x)
+    for key, value in model[1].state_dict().items():
+        assert torch.equal(value, before[key]), key
+    ensemble.save_pretrained(tmp_path)
+    loaded = sve.from_pretrained(cnn(), tmp_path)  # a probe that changed the statistics would fail the fingerprint
+    ensemble.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(ensemble(x), loaded(x))
+
+
 def test_the_file_holds_what_training_changed_and_nothing_else(tmp_path):
     ensemble, _ = trained("sve", sigma_init=0.01)
     ensemble.save_pretrained(tmp_path)

@@ -191,13 +191,19 @@ class ModuleBackbone(Backbone):
             return hook
 
         hooks = [m.register_forward_hook(record(n)) for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
+        # Eval mode: a model built in training mode would otherwise update its BatchNorm statistics from the
+        # probe, changing the user's model (and its fingerprint, so its adapter files would not load again).
+        modes = {m: m.training for m in self.model.modules()}
         try:
             args, kwargs = from_batch(self.example)
+            self.model.eval()
             with torch.no_grad():
                 out = model_output(self.model(*args, **kwargs))
         finally:
             for h in hooks:
                 h.remove()
+            for module, mode in modes.items():
+                module.training = mode
         name = outputs.get(id(out)) if out is not None else None
         if name is None:
             self.head_hint = selecting_head(shapes, out)
