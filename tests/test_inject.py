@@ -141,6 +141,16 @@ def test_every_pattern_must_match_and_the_error_names_the_one_that_did_not():
     assert "blocks.0.attn.qkv" in str(err.value)  # candidates are listed
 
 
+def test_a_pattern_naming_a_layer_of_another_type_says_so():
+    # Bayes-LoRA (LA) adapts linears only: on a CNN every default target is a convolution.
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"'\^0' matched 0 \(Conv2d\), not a type this method adapts"):
+        find_targets(model, ["^0"], types=(nn.Linear,))
+    many = [f"^{i}" for i in range(8)]
+    with pytest.raises(ValueError, match=r"\.\.\. \(8 in all\).*'\^1' matched no module.*\(7 patterns in all\)"):
+        find_targets(model, many, types=(nn.Linear,))  # a long list is cut, with its length; '^2' is the linear
+
+
 def test_a_pattern_naming_only_heads_says_so_and_heads_are_not_candidates():
     with pytest.raises(ValueError, match=r"'head' matched only heads") as err:
         find_targets(Nested(), ["head"])

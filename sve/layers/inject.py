@@ -82,12 +82,27 @@ def find_targets(
     if unmatched:
         shown = [n for n in candidates if n not in heads]
         listing = ", ".join(shown[:12]) + (f" ... ({len(shown)} in all)" if len(shown) > 12 else "")
-        problems = "; ".join(
-            f"{p!r} matched only heads or layers outside the feature path ({', '.join(hits[:4])}), which are never "
-            "adapted" if hits else f"{p!r} matched no module" for p, hits in unmatched
-        )
+        # A pattern that names a layer of another type (a convolution, for a method that adapts linears only)
+        # says so: "matched no module" would send the user looking for a typo.
+        others = {n: type(m).__name__ for n, m in model.named_modules()
+                  if n and not isinstance(m, types) and isinstance(getattr(m, "weight", None), nn.Parameter)}
+        regexes = dict(compiled)
+
+        def problem(pattern: str, hits: list[str]) -> str:
+            if hits:
+                return (f"{pattern!r} matched only heads or layers outside the feature path ({', '.join(hits[:4])}), "
+                        "which are never adapted")  # fmt: skip
+            typed = [f"{n} ({t})" for n, t in others.items() if regexes[pattern].search(n)]
+            if typed:
+                return f"{pattern!r} matched {', '.join(typed[:2])}, not a type this method adapts"
+            return f"{pattern!r} matched no module"
+
+        problems = [problem(p, hits) for p, hits in unmatched]
+        patterns_shown = [p for p, _ in compiled]
         raise ValueError(
-            f"target patterns {[p for p, _ in compiled]} (types: {[t.__name__ for t in types]}): {problems}. "
+            f"target patterns {patterns_shown[:6]}{f' ... ({len(patterns_shown)} in all)' if len(compiled) > 6 else ''}"
+            f" (types: {[t.__name__ for t in types]}): {'; '.join(problems[:4])}"
+            f"{f'; ... ({len(problems)} patterns in all)' if len(problems) > 4 else ''}. "
             f"Adaptable modules are: {listing or 'none'}"
         )
     order = {n: i for i, n in enumerate(candidates)}
