@@ -109,12 +109,26 @@ def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
      r"has 1 distinct label\(s\) in column 'label'; a classification needs at least 2"),
     ({"train.csv": "text,label\na,x\n"}, {}, r"lacks a test file; expected train.<ext> and test.<ext>"),
     ({}, {"text_column": ["a", "b", "c"]}, r"dataset.text_column=\['a', 'b', 'c'\] is not valid"),
+    # An empty label is a row someone forgot to label, not a third class named ''.
+    ({"train.csv": "text,label\na,x\nb,y\nc,\n", "test.csv": "text,label\nc,x\n"}, {},
+     r"train.csv, row 3: the label \(column 'label'\) is empty; label the row or remove it"),
+    ({"train.jsonl": '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n{"text": "c", "label": null}\n',
+      "test.csv": "text,label\nc,1\n"}, {}, r"train.jsonl, row 3: the label \(column 'label'\) is empty"),
 ])  # fmt: skip
 def test_a_bad_text_table_is_one_error_naming_what_is_wrong(tmp_path, files, options, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     with pytest.raises(InputError, match=message):
         TextTableData(root=str(tmp_path), val_holdout=1, **options).check_data()
+
+
+def test_empty_texts_train_as_empty_strings_with_a_warning_naming_the_rows(tmp_path, caplog):
+    write_csv(tmp_path / "train.csv", [("a", "x"), ("", "y"), ("c", "x"), (" ", "y")])
+    write_csv(tmp_path / "test.csv", [("d", "x")])
+    data = TextTableData(root=str(tmp_path), val_holdout=1)
+    data.check_data()
+    assert "2 row(s) with an empty text (column ['text']), rows [2, 4]" in caplog.text
+    assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", " ", "a", "c"]
 
 
 def test_a_text_table_needs_a_root_or_a_hub_dataset():

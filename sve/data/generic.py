@@ -19,6 +19,8 @@ Both read their classes from the data, so ``num_classes`` is whatever the traini
 from __future__ import annotations
 
 import csv
+import logging
+import math
 import os
 from pathlib import Path
 
@@ -29,6 +31,8 @@ from sve.data.base import TextClassificationData
 from sve.data.checks import check_count, load_hub_dataset, one_line
 from sve.data.vision import VisionData, hold_out
 from sve.errors import InputError
+
+log = logging.getLogger(__name__)
 
 VAL_DIRS = ("val", "validation")
 TEXT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -138,6 +142,12 @@ def label_value(value):
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def missing(value) -> bool:
+    """An empty cell: None (JSON null), NaN (parquet, pandas) or a blank string (CSV, read without NA parsing)."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str)
+                                                                               and not value.strip())
 
 
 def read_table(path: Path):
@@ -251,14 +261,22 @@ class TextTableData(TextClassificationData):
         return out
 
     def examples(self, rows: list[dict], source: str, index: dict) -> list[tuple]:
-        out = []
+        out, empty = [], []
         for i, row in enumerate(rows):
             label = row[self.label_column]
+            if missing(label):  # not a class of its own: a row someone forgot to label
+                raise InputError(f"{source}, row {i + 1}: the label (column {self.label_column!r}) is empty; label "
+                                 "the row or remove it")  # fmt: skip
+            if any(missing(row[c]) for c in self.text_columns):
+                empty.append(i + 1)
             if label not in index:
                 raise InputError(f"{source}, row {i + 1}: label {label!r} is not one of the training split's labels "
                                  f"{self.label_names}")  # fmt: skip
             texts = tuple("" if row[c] is None else str(row[c]) for c in self.text_columns)
             out.append((texts[0] if len(texts) == 1 else texts, index[label]))
+        if empty:  # a warning, not an error: hub datasets have the odd empty text, and it still tokenises
+            log.warning("%s: %d row(s) with an empty text (column %s), rows %s%s; they train as empty strings",
+                        source, len(empty), self.text_columns, empty[:5], " ..." if len(empty) > 5 else "")
         return out
 
     def read_splits(self):
@@ -267,7 +285,7 @@ class TextTableData(TextClassificationData):
             for row in rows:
                 row[self.label_column] = label_value(row[self.label_column])
         train_rows, train_source = tables["train"]
-        distinct = {row[self.label_column] for row in train_rows}
+        distinct = {row[self.label_column] for row in train_rows if not missing(row[self.label_column])}
         if len(distinct) < 2:
             raise InputError(f"{self.what}: {train_source} has {len(distinct)} distinct label(s) in column "
                              f"{self.label_column!r}; a classification needs at least 2")  # fmt: skip
