@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from sve.errors import InputError
 from sve.layers import SVLinear
 from sve.layers.inject import find_targets, inject
 from sve.methods import SVE
@@ -146,6 +147,10 @@ def test_a_pattern_naming_a_layer_of_another_type_says_so():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4, 2))
     with pytest.raises(ValueError, match=r"'\^0' matched 0 \(Conv2d\), not a type this method adapts"):
         find_targets(model, ["^0"], types=(nn.Linear,))
+    blocks = nn.ModuleDict({"ffn": nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))})
+    with pytest.raises(InputError, match=r"'ffn' matched only blocks that hold layers.*'ffn\\\..\*' takes every"):
+        find_targets(blocks, ["ffn"])  # a block's name, not a layer's
+    assert find_targets(blocks, [r"ffn\..*"]) == ["ffn.0", "ffn.1"]  # the advice works
     many = [f"^{i}" for i in range(8)]
     with pytest.raises(ValueError, match=r"\.\.\. \(8 in all\).*'\^1' matched no module.*\(7 patterns in all\)"):
         find_targets(model, many, types=(nn.Linear,))  # a long list is cut, with its length; '^2' is the linear
@@ -163,7 +168,7 @@ def test_a_bare_string_is_one_pattern_and_bad_patterns_are_named():
         find_targets(Flat(), "nothing")
     with pytest.raises(ValueError, match=r"'attn\(' is not a valid regular expression"):
         find_targets(Flat(), ["attn("])
-    with pytest.raises(TypeError, match="patterns are strings"):
+    with pytest.raises(InputError, match="patterns are strings"):  # a user error: one line from the command line
         find_targets(Flat(), [3])
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from torch import nn
 
+from sve.errors import InputError
 from sve.layers.member import Conv1D, MemberLayer
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,16 @@ def _compile(patterns: Sequence[str] | str) -> list[tuple[str, re.Pattern]]:
     if isinstance(patterns, str):
         patterns = [patterns]
     if not patterns:
-        raise ValueError("no target patterns given (target_modules is empty)")
+        raise InputError("no target patterns given (target_modules is empty)")
     compiled = []
     for p in patterns:
         if not isinstance(p, str):
-            raise TypeError(f"target pattern {p!r} is a {type(p).__name__}; patterns are strings (regular expressions)")
+            raise InputError(f"target pattern {p!r} is a {type(p).__name__}; patterns are strings (regular "
+                             "expressions)")
         try:
             compiled.append((p, re.compile(rf"(?:^|\.)(?:{p})$")))
         except re.error as err:
-            raise ValueError(f"target pattern {p!r} is not a valid regular expression: {err}") from err
+            raise InputError(f"target pattern {p!r} is not a valid regular expression: {err}") from err
     return compiled
 
 
@@ -95,15 +97,22 @@ def find_targets(
             typed = [f"{n} ({t})" for n, t in others.items() if regexes[pattern].search(n)]
             if typed:
                 return f"{pattern!r} matched {', '.join(typed[:2])}, not a type this method adapts"
+            inside = [c for c in candidates if any(regexes[pattern].search(c[:i]) for i in range(len(c))
+                                                   if c[i] == ".")]  # fmt: skip
+            if inside:  # a block's name: the pattern must reach the layers themselves (module docstring)
+                return (f"{pattern!r} matched only blocks that hold layers ({', '.join(inside[:2])}, ...); a pattern "
+                        f"matches the end of a layer's own name: '{pattern}\\..*' takes every layer in "
+                        "them")  # fmt: skip
             return f"{pattern!r} matched no module"
 
         problems = [problem(p, hits) for p, hits in unmatched]
         patterns_shown = [p for p, _ in compiled]
-        raise ValueError(
+        raise InputError(  # a config's (or a wrap call's) patterns: a user error, one line from the CLI
             f"target patterns {patterns_shown[:6]}{f' ... ({len(patterns_shown)} in all)' if len(compiled) > 6 else ''}"
             f" (types: {[t.__name__ for t in types]}): {'; '.join(problems[:4])}"
             f"{f'; ... ({len(problems)} patterns in all)' if len(problems) > 4 else ''}. "
-            f"Adaptable modules are: {listing or 'none'}"
+            f"Adaptable modules are: {listing or 'none'}. Name the layers to adapt with target_modules (regular "
+            "expressions; on the command line backbone.target_modules=[...])"
         )
     order = {n: i for i, n in enumerate(candidates)}
     return sorted(names, key=order.__getitem__)
