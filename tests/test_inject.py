@@ -197,3 +197,37 @@ def test_a_layer_fed_a_shared_leading_dimension_raises_a_layout_error_naming_it(
     with member_rows(2 * 3), pytest.raises(MemberLayoutError, match="leading dimension"):
         model.query(torch.randn(5, 6, 4))  # time-major (T, K*B, D): T is not the member-major batch
     assert model.query(torch.randn(6, 5, 4)).shape == (6, 5, 4)
+
+
+def test_a_bare_string_from_the_command_line_is_one_pattern_not_its_characters():
+    cfg = compose_cfg(["backbone=tiny_bert", "backbone.target_modules=query"])
+    backbone = instantiate(cfg.backbone)
+    assert backbone.target_modules == ["query"]
+    method = SVE(backbone, ensemble_size=2, num_classes=2, target_modules="value")
+    assert method.wrapped == [f"encoder.layer.{i}.attention.self.value" for i in range(2)]
+
+
+@pytest.mark.parametrize("name, layers", [
+    # BERT: every linear of the encoder (the pooler's output is unused: outside the feature path).
+    ("tiny_bert", [f"encoder.layer.{i}.{s}" for i in range(2) for s in (
+        "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+        "intermediate.dense", "output.dense")]),
+    # ViT: the patch embedding too (a convolution with groups = 1), and no head.
+    ("tiny_vit", ["patch_embed.proj"] + [f"blocks.{i}.{s}" for i in range(2)
+                                         for s in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]),
+])  # fmt: skip
+def test_target_modules_all_takes_every_layer_on_the_feature_path_and_equals_the_base_at_init(name, layers):
+    backbone = _backbone(name)
+    backbone.target_modules = ["all"]
+    backbone.eval()
+    batch = _batch(backbone)
+    with torch.no_grad():
+        base = backbone(batch)
+    method = SVE(backbone, ensemble_size=2, num_classes=2, sigma_init=0.0).eval()
+    assert method.wrapped == layers
+    assert method.target_modules == [f"^{re.escape(n)}" for n in layers]  # recorded as exact names
+    from sve.members import repeat_batch, split_members
+
+    with torch.no_grad():
+        wrapped = split_members(method.backbone(repeat_batch(batch, 2)), 2)
+    torch.testing.assert_close(wrapped[1], base, atol=1e-4, rtol=1e-4)

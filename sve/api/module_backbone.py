@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from sve.backbones.base import Backbone, keep_batchnorm_statistics
 from sve.backbones.hf import POOLINGS, pool
-from sve.layers.member import ADAPTABLE_TYPES, MemberLayer
+from sve.layers.inject import adaptable
+from sve.layers.member import ADAPTABLE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -97,18 +98,6 @@ def described_input(model: nn.Module) -> dict | None:
 
 def first_example(batch: dict) -> dict:
     return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in batch.items()}
-
-
-def adaptable(module: nn.Module) -> bool:
-    """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv2d`` with
-    groups = 1 and zero numeric padding (depthwise and padding-in-forward convolutions are not)."""
-    if isinstance(module, MemberLayer) or not isinstance(module, ADAPTABLE_TYPES):
-        return False
-    if isinstance(module, nn.Conv2d):
-        own_forward = type(module).forward is not nn.Conv2d.forward
-        return (module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
-                and not own_forward)
-    return True
 
 
 class ModuleBackbone(Backbone):

@@ -51,7 +51,9 @@ class Backbone(nn.Module):
     def __init__(self, model: nn.Module, target_modules: list[str]):
         super().__init__()
         self.model = model
-        self.target_modules = list(target_modules)
+        # A bare string is one pattern (backbone.target_modules=query), "all" every adaptable layer (resolved by
+        # the method, which knows its layer types).
+        self.target_modules = [target_modules] if isinstance(target_modules, str) else list(target_modules)
 
     def forward(self, batch: dict) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

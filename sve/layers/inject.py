@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from torch import nn
 
 from sve.errors import InputError
-from sve.layers.member import Conv1D, MemberLayer
+from sve.layers.member import ADAPTABLE_TYPES, Conv1D, MemberLayer
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,42 @@ LINEAR_TYPES: tuple[type, ...] = (nn.Linear,) + ((Conv1D,) if Conv1D else ())
 
 # Name components of head sub-trees, used only when the structural probe is not available.
 HEAD_COMPONENTS = re.compile(r"^(head|heads|head_dist|classifier|pre_classifier|lm_head|score|pooler|fc|linear)$")
+
+
+ALL = "all"  # target_modules: all — every layer the method can adapt on the way to the features
+
+
+def as_patterns(value) -> list[str] | None:
+    """``target_modules`` as a list: a bare string (``backbone.target_modules=query`` on the command line) is
+    one pattern, not its characters; None stays None (the backbone's patterns apply)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return [str(v) if not isinstance(v, str) and isinstance(v, (int, float)) else v for v in value]
+
+
+def adaptable(module: nn.Module) -> bool:
+    """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv2d`` with
+    groups = 1 and zero numeric padding (depthwise and padding-in-forward convolutions are not)."""
+    if isinstance(module, MemberLayer) or not isinstance(module, ADAPTABLE_TYPES):
+        return False
+    if isinstance(module, nn.Conv2d):
+        own_forward = type(module).forward is not nn.Conv2d.forward
+        return (module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+                and not own_forward)
+    return True
+
+
+def every_layer(model: nn.Module, types: tuple[type, ...], outside: Collection[str] | None) -> list[str]:
+    """``target_modules: all`` resolved: an exact pattern (``^name``) for every layer of ``types`` that a member
+    layer can stand in for, heads and layers outside the feature path excluded (``is_head``)."""
+    names = [n for n, m in model.named_modules()
+             if n and isinstance(m, types) and adaptable(m) and not is_head(n, outside)]  # fmt: skip
+    if not names:
+        raise InputError(f"target_modules=all: {type(model).__name__} has no layer of the types this method adapts "
+                         f"({[t.__name__ for t in types]}) on the way to its features")  # fmt: skip
+    return [f"^{re.escape(n)}" for n in names]
 
 
 def _compile(patterns: Sequence[str] | str) -> list[tuple[str, re.Pattern]]:

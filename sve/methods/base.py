@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
 from sve.errors import InputError
-from sve.layers.inject import inject
+from sve.layers.inject import ALL, as_patterns, every_layer, inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
 from sve.members import check_member_logits, member_rows, repeat_batch, split_members
@@ -150,7 +150,7 @@ class EnsembleMethod(nn.Module):
         self.num_classes = num_classes
         self.lr = lr  # method-specific learning rate (Appendix C.3); None uses the recipe's optimizer.lr
         self.members_at_once = parse_members_at_once(members_at_once)
-        self.target_modules = list(target_modules or backbone.target_modules)
+        self.target_modules = as_patterns(target_modules) or list(backbone.target_modules)
         self.base_parameter_count = count_parameters(backbone)
         self.base_fingerprint = backbone.fingerprint()  # before any layer is wrapped (adapter files)
         self.heads = MemberHeads(1 if self.shared_head else ensemble_size, backbone.feature_dim, num_classes)
@@ -194,8 +194,15 @@ class EnsembleMethod(nn.Module):
                 p.requires_grad_(False)
             self.unused_parameter_count = sum(p.numel() for p in usage.unused_parameters)
         if type(self).make_layer is not EnsembleMethod.make_layer:
+            every = self.target_modules == [ALL]
+            if every:  # every layer this method adapts, as exact names
+                self.target_modules = every_layer(self.backbone.model, self.layer_types,
+                                                  usage.unused_modules if usage is not None else None)
             self.wrapped = inject(self.backbone.model, self.target_modules, self.make_layer, types=self.layer_types,
                                   outside=usage.unused_modules if usage is not None else None)
+            if every:
+                log.info("%s: target_modules=all takes %d layers: %s", type(self).__name__, len(self.wrapped),
+                         ", ".join(self.wrapped))  # fmt: skip
         self.log_summary()
 
     # ----- members --------------------------------------------------------------------------------------------
