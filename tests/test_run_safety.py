@@ -159,6 +159,9 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
     states = {r["run"]: r for r in summary["runs"]}
     assert states["0_sve_m4_seed0"]["state"] == "finished"
     assert states["1_sve_m4_seed0"]["state"] == "failed" and "sigma_init=0.9" in states["1_sve_m4_seed0"]["error"]
+    # A user error is logged as one line naming the value; a traceback is for bugs.
+    assert "the sweep goes on: sigma_init=0.9 is not valid" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
     stamp = (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "has finished, skipping" in again.stdout + again.stderr

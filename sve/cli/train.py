@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}, before Hydra composes
-from sve.errors import one_line_errors
+from sve.errors import debugging, one_line_errors, user_error
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,10 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Exception as err:  # one failing run does not stop the sweep; sve.runs.multirun lists it at the end
-        log.exception("run failed; the sweep goes on")
+        if user_error(err) is not None and not debugging():  # what to change, in one line; a bug keeps its trace
+            log.error("run failed; the sweep goes on: %s", user_error(err))
+        else:
+            log.exception("run failed; the sweep goes on")
         record_failure(Path(cfg.paths.output_dir), err)
 
 
