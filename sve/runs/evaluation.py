@@ -173,8 +173,9 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
     if collapsed and trainer.is_global_zero:
         log.warning(f"member(s) {collapsed} of {kept['test'].member_logits.shape[0]} give nearly the same output "
                     f"for every test example (their centred logits vary by less than {COLLAPSED_BELOW}"
-                    "): they collapsed in training, and the ensemble averages them in; a lower learning "
-                    "rate (method.lr) usually avoids it")  # fmt: skip
+                    "), and the ensemble averages them in: most often they collapsed in training, which a lower "
+                    "learning rate (method.lr) usually avoids; a tiny or random backbone whose features hardly "
+                    "depend on the input does the same")  # fmt: skip
     metrics["test/examples"] = len(kept["test"].labels)
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
