@@ -2,6 +2,7 @@
 its cost beside the teacher's; the student's adapter evaluates again to the same digits."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -66,6 +67,21 @@ def test_bad_options_name_the_choices(teacher):
         distill_run([f"run_dir={teacher}", "epochs=two"])
     with pytest.raises(InputError, match=r"student=lora_ensemble has 3 members"):
         distill_run([f"run_dir={teacher}", "student=lora_ensemble", "ensemble_size=3"])
+
+
+def test_a_teacher_trained_on_a_gpu_is_distilled_on_the_cpu_when_told(teacher, tmp_path):
+    copy = tmp_path / "teacher"
+    shutil.copytree(teacher, copy)
+    saved = json.loads((copy / "results.json").read_text())
+    saved["config"]["trainer"].update(accelerator="gpu", devices=1)
+    (copy / "results.json").write_text(json.dumps(saved))
+    # The teacher only predicts (loaded wherever it was trained); the student's trainer is what needs a GPU.
+    with pytest.raises(InputError, match="no CUDA GPU here.*trainer.accelerator=cpu trainer.devices=1"):
+        distill_run([f"run_dir={copy}", "epochs=1", f"out={tmp_path / 'refused'}"])
+    assert not (tmp_path / "refused").exists()
+    record = distill_run([f"run_dir={copy}", "epochs=1", "trainer.accelerator=cpu", "trainer.devices=1",
+                          f"out={tmp_path / 'student'}"])  # fmt: skip
+    assert 0 <= record["metrics"]["test/acc"] <= 1
 
 
 def test_a_student_written_to_its_run_directory_is_a_cell_of_the_distillation_table(teacher, tmp_path):

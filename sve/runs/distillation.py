@@ -42,10 +42,11 @@ from torch import Tensor, nn
 from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError
 from sve.members import to_device
-from sve.runs.evaluate import apply_overrides, load_run
+from sve.runs.evaluate import ON_THE_CPU, apply_overrides, load_run
 from sve.runs.evaluation import evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
+from sve.runs.validate import check_accelerator
 from sve.training.distill import check_objective, dirichlet_samples, distill
 
 log = logging.getLogger(__name__)
@@ -137,9 +138,10 @@ def ms_per_batch(model: nn.Module, batches: list[dict]) -> float:
 def distill_run(argv: list[str]) -> dict:
     options, overrides = parse(argv)
     run_dir = Path(options["run_dir"]).expanduser()
-    teacher_cfg, _, teacher_module, _ = load_run(run_dir)
+    teacher_cfg, _, teacher_module, _ = load_run(run_dir, trainer=False)  # the teacher only predicts
     teacher = teacher_module.method.eval()
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
+    check_accelerator(student_cfg, instead=ON_THE_CPU)  # the student is evaluated by a trainer of this config
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
     student_cfg.paths.output_dir = str(out)
     pl.seed_everything(int(student_cfg.seed), workers=True)

@@ -66,6 +66,10 @@ OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "
 BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 REQUIRED = ("paths", "trainer", "backbone", "dataset", "method", "seed")  # what an evaluation reads
+# A run trained on a GPU, evaluated where there is none: the keys that keep the rest of its trainer (trainer=cpu
+# would replace all of it).
+ON_THE_CPU = ("evaluate on the CPU with trainer.accelerator=cpu trainer.devices=1 (and trainer.strategy=auto for a "
+              "DDP or FSDP run)")
 
 
 def adapter_run_config(directory: Path) -> DictConfig:
@@ -247,19 +251,19 @@ def rebuilt(cfg: DictConfig, run_dir: Path):
                          f"{rebuild_hint(run_dir)}") from None
 
 
-def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None):
+def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None,
+             trainer: bool = True):
     """(config, checkpoint path, module, datamodule) of a trained run (or adapter directory) rebuilt from its
     config with ``overrides`` and loaded with its trained state; the datamodule is set up (every data file
-    read and checked). What ``evaluate_run`` and ``sve-distill`` start from."""
+    read and checked). What ``evaluate_run`` and ``sve-distill`` start from; ``trainer=False`` for a caller
+    that builds no Lightning trainer from this config (the teacher of ``sve-distill``)."""
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()  # an adapter directory (a run's, or one shared)
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
     cfg = apply_overrides(trained, list(overrides))
     check_targets(cfg, trained, run_dir)
-    # A run trained on a GPU, evaluated where there is none: said at once, with the keys that keep the rest of
-    # the run's trainer (trainer=cpu would replace all of it).
-    check_accelerator(cfg, instead="evaluate on the CPU with trainer.accelerator=cpu trainer.devices=1 (and "
-                      "trainer.strategy=auto for a DDP or FSDP run)")  # fmt: skip
+    if trainer:
+        check_accelerator(cfg, instead=ON_THE_CPU)
     path = run_dir if adapter else Path(ckpt_path).expanduser() if ckpt_path else run_dir / "checkpoints" / FINAL
     if not adapter and not path.is_file():
         raise InputError(
