@@ -152,6 +152,40 @@ def test_a_classifier_that_picks_a_token_after_its_head_is_told_how_to_keep_it()
     members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=mask)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean", "last"])
+def test_pooling_reads_the_same_tokens_whichever_side_the_padding_is(pooling):
+    from sve.backbones.hf import pool
+
+    torch.manual_seed(0)
+    tokens = torch.randn(3, 5, 4)  # real tokens: 5, 3 and 1 of them
+    lengths = [5, 3, 1]
+    right, left = torch.zeros(3, 7, 4), torch.zeros(3, 7, 4)
+    right_mask, left_mask = torch.zeros(3, 7, dtype=torch.long), torch.zeros(3, 7, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        right[i, :n], right_mask[i, :n] = tokens[i, :n], 1
+        left[i, 7 - n:], left_mask[i, 7 - n:] = tokens[i, :n], 1
+    expected = {"cls": tokens[:, 0], "last": torch.stack([tokens[i, n - 1] for i, n in enumerate(lengths)]),
+                "mean": torch.stack([tokens[i, :n].mean(0) for i, n in enumerate(lengths)])}[pooling]
+    torch.testing.assert_close(pool(right, right_mask, pooling), expected)
+    torch.testing.assert_close(pool(left, left_mask, pooling), expected)
+
+
+def test_a_llama_classifier_with_left_padding_keeps_its_output():
+    # A LLaMA tokenizer pads on the left; the model reads its last real token, and so must pooling="last".
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
+                         pad_token_id=0)
+    model = LlamaForSequenceClassification(config).eval()
+    ids = torch.randint(1, 40, (3, 7))
+    ids[1, :3] = 0  # padding on the left
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, head="score", pooling="last", sigma_init=0.0)
+    members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=mask)
+
+
 @pytest.mark.parametrize("method", method_names())
 def test_every_method_trains_and_predicts_through_wrap(method):
     torch.manual_seed(0)

@@ -49,17 +49,20 @@ def local_or_hub(name_or_path: str | None) -> str | None:
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
-    """(N, T, D) hidden states -> (N, D) features; text padding is on the right."""
-    if pooling == "cls":
-        return hidden[:, 0]
+    """(N, T, D) hidden states -> (N, D) features: the first real token (``cls``), the mean over real tokens or
+    the last real token. Padding may be on either side: the framework's tokenizers pad on the right, but a
+    LLaMA tokenizer a user brings to ``sve.wrap`` pads on the left, and "the last position" would be padding."""
     if attention_mask is None:
         attention_mask = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.long)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    if pooling == "cls":
+        return hidden[rows, attention_mask.long().argmax(1)]  # argmax: the first position of a real token
     if pooling == "mean":
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1)
     if pooling == "last":
-        last = attention_mask.long().sum(1) - 1  # index of the last real token
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        positions = torch.arange(hidden.shape[1], device=hidden.device)
+        return hidden[rows, (attention_mask.long() * positions).argmax(1)]  # the last position of a real token
     raise InputError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)}")
 
 
