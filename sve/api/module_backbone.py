@@ -107,8 +107,9 @@ class ModuleBackbone(Backbone):
         model: the network, with or without its head.
         target_modules: name patterns of the layers to adapt; None: every adaptable layer on the feature path.
         head: the head's module name, ``"auto"`` (found, module docstring) or None (the output is the features).
-        pooling: for a head that reads a sequence (N, T, D): ``cls``, ``mean`` or ``last`` token (padding on
-            the right, from the batch's ``attention_mask``); None refuses such a head.
+        pooling: for a head that reads a sequence (N, T, D): the first real token (``cls``), the ``mean`` or
+            the ``last`` real token, from the batch's ``attention_mask`` (padding on either side); None refuses
+            such a head.
         example_input: one input as the model takes it (a tensor, a tuple of arguments or a dict of keyword
             arguments); needed unless the model describes its own (``described_input``).
         freeze_bn: BatchNorm keeps its running statistics in every mode (module docstring).
