@@ -2,10 +2,11 @@
 SOURCE TARGET`` (e.g. a clean clone's ``results/mini`` into this checkout's).
 
 The miniature trains in a clean clone at a committed commit, so that its runs name code that exists; this
-brings what finished back. A run is finished when its directory holds ``results.json``. Copied: what the
-repository keeps of a run (results.json, run_config.yaml, train.log, predictive/, an adapter/ of at most
-1 MiB), each row's tuned.json, the lines of ``sittings.jsonl`` of the runs copied (the store's wall time), and
-of each teacher that ``scripts/mini_distill.py`` trained again its results.json and reproduced.json.
+brings what finished back, from runs/ and diagnostics/. A run is finished when its directory holds
+``results.json``. Copied: what the repository keeps of a run (results.json, run_config.yaml, train.log,
+predictive/, an adapter/ of at most 1 MiB), each row's tuned.json, the lines of ``sittings.jsonl`` of the runs
+copied (the store's wall time), and of each teacher that ``scripts/mini_distill.py`` trained again its
+results.json and reproduced.json.
 Left behind: checkpoints, CSV logs, predictions, larger adapters and tuning runs' adapters, Hydra's folder,
 locks and failure records of earlier attempts, and everything of a run still training. A run already in
 TARGET is replaced only when SOURCE's results.json differs (``--dry-run`` lists what would change).
@@ -19,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from sve.errors import InputError, one_line_errors
-from sve.paper.store import TEACHERS
+from sve.paper.store import DIAGNOSTICS, TEACHERS
 from sve.paper.sweep import SITTINGS, TUNED
 
 SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz"}
@@ -35,7 +36,8 @@ def size_of(directory: Path) -> int:
 
 
 def finished_runs(store: Path) -> list[Path]:
-    return sorted(p.parent for p in (store / "runs").rglob("results.json"))
+    """The table runs (runs/) and the diagnostics (diagnostics/, make mini-diagnostics) that have finished."""
+    return sorted(p.parent for part in ("runs", DIAGNOSTICS) for p in (store / part).rglob("results.json"))
 
 
 def copy_run(source: Path, target: Path) -> None:

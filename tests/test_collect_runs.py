@@ -62,6 +62,12 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     kept = target / "teachers" / "exp" / "sve_m4" / "seed0"
     assert sorted(p.name for p in kept.iterdir()) == ["reproduced.json", "results.json"]  # no checkpoint
     assert (target / "sittings.jsonl").read_text().splitlines() == lines
+    diagnostic = source / "diagnostics" / "exp_sve_lr" / "seed0"  # make mini-diagnostics: copied as a run is
+    for name in ("results.json", "train.log", "predictive/test.npz", "checkpoints/final.ckpt"):
+        write(diagnostic / name)
+    assert collect(source, target) == ["added diagnostics/exp_sve_lr/seed0"]
+    assert sorted(p.name for p in (target / "diagnostics" / "exp_sve_lr" / "seed0").iterdir()) == [
+        "predictive", "results.json", "train.log"]  # fmt: skip
 
 
 def test_a_source_that_is_not_a_store_is_one_line(tmp_path, monkeypatch, capsys):

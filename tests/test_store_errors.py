@@ -423,3 +423,13 @@ def test_sweep_py_prints_one_error_line(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: --results: the result store {store} is a file, "
                                                            "not a directory; name a directory")  # fmt: skip
+
+
+def test_diagnostics_teachers_and_smoke_runs_are_never_table_cells(tmp_path):
+    from sve.paper.store import load_runs
+
+    run = {"experiment": "exp", "method": "sve", "num_members": 4, "seed": 0, "metrics": {}}
+    for part in ("runs", "diagnostics", "teachers", "smoke"):  # a diagnostic is the same row at another rate
+        (tmp_path / part / "exp" / "sve_m4" / "seed0").mkdir(parents=True)
+        (tmp_path / part / "exp" / "sve_m4" / "seed0" / "results.json").write_text(json.dumps(run))
+    assert [r.path.relative_to(tmp_path).parts[0] for r in load_runs(tmp_path)] == ["runs"]

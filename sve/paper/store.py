@@ -99,19 +99,22 @@ def first_report(path: Path) -> bool:
 # Runs trained again to check that they reproduce (scripts/mini_distill.py --retrain-teachers), beside runs/: the
 # committed run is the table's cell, its copy is not.
 TEACHERS = "teachers"
+# Runs outside a table's protocol, each testing one explanation a README gives (make mini-diagnostics): a
+# diagnostic's rate is not a grid point of its row, so it is never a cell.
+DIAGNOSTICS = "diagnostics"
 
 
 def load_runs(root: Path) -> list[Run]:
-    """Every results.json under ``root`` (``root/smoke`` and ``root/teachers`` excluded unless it is the root
-    itself). A file that is not valid JSON (``sve.runs.results.read_results``) or lacks the keys of a run is
-    skipped with a warning naming it and what to do (once per file and process); its cell stays empty and listed
-    as missing."""
+    """Every results.json under ``root`` (``root/smoke``, ``root/teachers`` and ``root/diagnostics`` excluded
+    unless it is the root itself). A file that is not valid JSON (``sve.runs.results.read_results``) or lacks
+    the keys of a run is skipped with a warning naming it and what to do (once per file and process); its cell
+    stays empty and listed as missing."""
     runs = []
     root = Path(root)
     for path in sorted(root.rglob("results.json")):
         parts = path.relative_to(root).parts
-        if parts[0] in (SMOKE, TEACHERS) or "tune" in parts[:-1]:  # smoke runs; copies; tuning runs (the chosen
-            continue  # one is copied as seed 0)
+        if parts[0] in (SMOKE, TEACHERS, DIAGNOSTICS) or "tune" in parts[:-1]:  # tuning runs: the chosen one
+            continue  # is copied as seed 0
         try:
             results = read_results(path)
             config = results.get("config") or {}
