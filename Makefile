@@ -113,9 +113,15 @@ mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (n
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
 	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
 # A diagnostic run tests one explanation the README gives, outside the tuning protocol (its rate is not a grid
-# point of the row, and nothing in the tables reads it): results/mini/diagnostics/README.md says which.
-mini-diagnostics: $(if $(SMOKE),,mpnet) ## Diagnostic runs outside the protocol: MPNet-base SVE at 3e-3 (is its collapsed member the borrowed rate's doing?), resumable
-	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) train.py experiment=mini_sst2_mpnet method=sve trainer=cpu callbacks=default callbacks.curve.points=4 callbacks.curve.val_batches=2 ensemble_size=4 method.lr=0.003 seed=0 hydra.run.dir=$(or $(RESULTS),results/mini)/diagnostics/mpnet_sve_m4_lr0.003/seed0
+# point of the row, and nothing in the tables reads it): results/mini/diagnostics/README.md says which. A run
+# whose results.json exists is left as it is (not even its train.log is touched), so a fresh clone trains nothing.
+DIAGNOSE = OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) train.py experiment=mini_sst2_mpnet trainer=cpu callbacks=default callbacks.curve.points=4 callbacks.curve.val_batches=2 seed=0
+DIAGNOSTICS_DIR = $(or $(RESULTS),results/mini)/diagnostics
+diagnose = test -f $(DIAGNOSTICS_DIR)/$(1)/seed0/results.json || $(DIAGNOSE) $(2) hydra.run.dir=$(DIAGNOSTICS_DIR)/$(1)/seed0
+mini-diagnostics: $(if $(SMOKE),,mpnet) ## Diagnostic runs outside the protocol: MPNet-base SVE at 3e-3 and Single at 1e-5 and 1e-4 (the rates around MiniLM's), resumable
+	$(call diagnose,mpnet_sve_m4_lr0.003,method=sve ensemble_size=4 method.lr=0.003)
+	$(call diagnose,mpnet_single_m1_lr1e-05,method=single ensemble_size=1 method.lr=1e-05)
+	$(call diagnose,mpnet_single_m1_lr0.0001,method=single ensemble_size=1 method.lr=0.0001)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
