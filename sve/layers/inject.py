@@ -35,7 +35,6 @@ LINEAR_TYPES: tuple[type, ...] = (nn.Linear,) + ((Conv1D,) if Conv1D else ())
 # Name components of head sub-trees, used only when the structural probe is not available.
 HEAD_COMPONENTS = re.compile(r"^(head|heads|head_dist|classifier|pre_classifier|lm_head|score|pooler|fc|linear)$")
 
-
 ALL = "all"  # target_modules: all — every layer the method can adapt on the way to the features
 
 
@@ -44,9 +43,7 @@ def as_patterns(value) -> list[str] | None:
     one pattern, not its characters; None stays None (the backbone's patterns apply)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        return [value]
-    return [str(v) if not isinstance(v, str) and isinstance(v, (int, float)) else v for v in value]
+    return [value] if isinstance(value, str) else list(value)
 
 
 def adaptable(module: nn.Module) -> bool:
