@@ -118,10 +118,12 @@ mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, time
 DIAGNOSE = OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) train.py experiment=mini_sst2_mpnet trainer=cpu callbacks=default callbacks.curve.points=4 callbacks.curve.val_batches=2 seed=0
 DIAGNOSTICS_DIR = $(or $(RESULTS),results/mini)/diagnostics
 diagnose = test -f $(DIAGNOSTICS_DIR)/$(1)/seed0/results.json || $(DIAGNOSE) $(2) hydra.run.dir=$(DIAGNOSTICS_DIR)/$(1)/seed0
-mini-diagnostics: $(if $(SMOKE),,mpnet) ## Diagnostic runs outside the protocol: MPNet-base SVE at 3e-3 and Single at 1e-5 and 1e-4 (the rates around MiniLM's), resumable
+mini-diagnostics: $(if $(SMOKE),,mpnet) ## Diagnostic runs outside the protocol: MPNet-base SVE at 3e-3, Single and LoRA-Ensemble at the rates around their borrowed ones, resumable
 	$(call diagnose,mpnet_sve_m4_lr0.003,method=sve ensemble_size=4 method.lr=0.003)
 	$(call diagnose,mpnet_single_m1_lr1e-05,method=single ensemble_size=1 method.lr=1e-05)
 	$(call diagnose,mpnet_single_m1_lr0.0001,method=single ensemble_size=1 method.lr=0.0001)
+	$(call diagnose,mpnet_lora_ensemble_m4_lr0.0001,method=lora_ensemble ensemble_size=4 method.lr=0.0001)
+	$(call diagnose,mpnet_lora_ensemble_m4_lr0.001,method=lora_ensemble ensemble_size=4 method.lr=0.001)
 mini-smollm2:
 	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
