@@ -128,7 +128,13 @@ def test_empty_texts_train_as_empty_strings_with_a_warning_naming_the_rows(tmp_p
     data = TextTableData(root=str(tmp_path), val_holdout=1)
     data.check_data()
     assert "2 row(s) with an empty text (column ['text']), rows [2, 4]" in caplog.text
-    assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", " ", "a", "c"]
+    assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", "", "a", "c"]
+    (tmp_path / "train.csv").unlink()  # JSON null and NaN are empty texts too, never the strings "None", "nan"
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in
+                                                  [("a", "x"), (None, "y"), ("c", "x"), (float("nan"), "y")]))
+    data = TextTableData(root=str(tmp_path), val_holdout=1)
+    data.check_data()
+    assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", "", "a", "c"]
 
 
 def test_a_text_table_needs_a_root_or_a_hub_dataset():

@@ -272,7 +272,7 @@ class TextTableData(TextClassificationData):
             if label not in index:
                 raise InputError(f"{source}, row {i + 1}: label {label!r} is not one of the training split's labels "
                                  f"{self.label_names}")  # fmt: skip
-            texts = tuple("" if row[c] is None else str(row[c]) for c in self.text_columns)
+            texts = tuple("" if missing(row[c]) else str(row[c]) for c in self.text_columns)
             out.append((texts[0] if len(texts) == 1 else texts, index[label]))
         if empty:  # a warning, not an error: hub datasets have the odd empty text, and it still tokenises
             log.warning("%s: %d row(s) with an empty text (column %s), rows %s%s; they train as empty strings",
