@@ -133,6 +133,24 @@ def test_a_causal_lm_needs_a_pooling_and_then_reads_the_last_token():
     members_equal_the_model(ensemble, expected, input_ids=ids, attention_mask=torch.ones_like(ids))
 
 
+def test_a_model_returning_a_plain_dict_of_logits_keeps_its_output_and_its_head_is_found():
+    class DictOutput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return {"logits": self.head(torch.tanh(self.body(x))), "steps": 1}
+
+    torch.manual_seed(0)
+    model, x = DictOutput().eval(), torch.randn(4, 6)
+    with torch.no_grad():
+        expected = model(x)["logits"]
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, example_input=x, sigma_init=0.0)
+    assert ensemble.config["head"] == "head"
+    members_equal_the_model(ensemble, expected, x)
+
+
 def test_a_classifier_that_picks_a_token_after_its_head_is_told_how_to_keep_it():
     # LLaMA's (and GPT-2's) sequence classifier scores every token, then keeps the last non-padding one: no
     # layer's output is the model's output, so the error names the layer and the arguments that keep it.

@@ -8,7 +8,7 @@ head's weights are kept to start every member from (``initial_head``) when no ne
 
 How the head is found, in order: a timm model's ``get_classifier()``; otherwise, on one probe input, the
 linear layer whose output *is* the model's output (the tensor itself, or the ``logits`` of a Hugging Face
-output). A model whose output comes from no such layer has no head: its output is the features.
+output or of a dict). A model whose output comes from no such layer has no head: its output is the features.
 
 Inputs are carried as the framework's batch dicts: positional arguments under ``_arg0``, ``_arg1``, ...,
 keyword arguments under their names (``to_batch``), so the member machinery (stacking members along the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
@@ -63,10 +64,11 @@ class FeatureTap(nn.Module):
 
 
 def model_output(out) -> Tensor | None:
-    """The tensor a model returns: itself, a Hugging Face output's ``logits``, or a tuple's first element."""
+    """The tensor a model returns: itself, the ``logits`` of a Hugging Face output or of a plain dict, or a
+    tuple's first element."""
     if isinstance(out, Tensor):
         return out
-    logits = getattr(out, "logits", None)
+    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
     if isinstance(logits, Tensor):
         return logits
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
