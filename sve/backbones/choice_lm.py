@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from sve.backbones.hf import HFCausalLMBackbone
+from sve.errors import InputError
 from sve.members import expected_rows, member_rows
 
 
@@ -34,10 +35,10 @@ def letter_token_ids(tokenizer, letters: list[str], prefix: str = "Answer:") -> 
         if full[: len(base)] != base or len(full) != len(base) + 1:
             full = tokenizer(letter, add_special_tokens=False)["input_ids"]  # the letter alone, as a fallback
             if len(full) != 1:
-                raise ValueError(f"answer letter {letter!r} is not a single token for this tokenizer")
+                raise InputError(f"answer letter {letter!r} is not a single token for this tokenizer")
         ids.append(full[-1])
     if len(set(ids)) != len(ids):
-        raise ValueError(f"answer letters {letters} map to repeated token ids {ids}")
+        raise InputError(f"answer letters {letters} map to repeated token ids {ids}")
     return ids
 
 

@@ -102,7 +102,7 @@ class HFBackbone(Backbone):
         name_or_path = local_or_hub(name_or_path)
         if pretrained:
             if not name_or_path:
-                raise ValueError("backbone.name_or_path is required when backbone.pretrained=true")
+                raise InputError("backbone.name_or_path is required when backbone.pretrained=true")
             online = Path(name_or_path).exists() or hub_reachable()
             try:
                 with hub_offline(not online):  # no network: the cache only, no half a minute of retries
@@ -116,7 +116,7 @@ class HFBackbone(Backbone):
                 ) from None if not online else err
         else:
             if not config and not name_or_path:
-                raise ValueError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
+                raise InputError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
                                  "backbone.name_or_path whose config.json to use")
             hf_config = AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
             model = self.auto_class.from_config(hf_config, dtype=_dtype(torch_dtype))
@@ -161,7 +161,7 @@ class HFBackbone(Backbone):
         self.tokenizer.padding_side = "right"
         probe = self.tokenizer(PROBE_TEXT)["input_ids"]
         if len(probe) == 0 or all(t == self.tokenizer.unk_token_id for t in probe):
-            raise ValueError(
+            raise InputError(
                 f"the tokenizer of backbone '{name_or_path}' turns text into no usable tokens ({probe}); check its "
                 "tokenizer files or set backbone.tokenizer"
             )

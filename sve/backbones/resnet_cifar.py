@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
+from sve.errors import InputError
 
 CIFAR_MEAN, CIFAR_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet statistics, as trained
 
@@ -49,7 +50,7 @@ class ResNetCIFAR(nn.Module):
     def __init__(self, depth: int = 20, num_classes: int = 10):
         super().__init__()
         if (depth - 2) % 6:
-            raise ValueError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, 56, ...), got {depth}")
+            raise InputError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, 56, ...), got {depth}")
         n = (depth - 2) // 6
         self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)

@@ -95,7 +95,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
             state = state[key]
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path} holds no state dict (a mapping of names to tensors)")
+        raise InputError(f"{path} holds no state dict (a mapping of names to tensors)")
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
@@ -133,7 +133,7 @@ def efficientnet_pytorch_to_timm(state: Mapping[str, Tensor], model: nn.Module) 
     expands = {int(m.group(1)) for k in state if (m := BLOCK_KEY.match(k)) and m.group(2) == "_expand_conv"}
     n_file = 1 + max((int(m.group(1)) for k in state if (m := BLOCK_KEY.match(k))), default=-1)
     if n_file != len(positions):
-        raise ValueError(f"the weights have {n_file} blocks (_blocks.0 .. _blocks.{n_file - 1}) but the timm model "
+        raise InputError(f"the weights have {n_file} blocks (_blocks.0 .. _blocks.{n_file - 1}) but the timm model "
                          f"{type(model).__name__} has {len(positions)}: pick the matching tf_efficientnet_* model")
     renamed: dict[str, Tensor] = {}
     for key, value in state.items():
@@ -143,18 +143,18 @@ def efficientnet_pytorch_to_timm(state: Mapping[str, Tensor], model: nn.Module) 
             continue
         match = BLOCK_KEY.match(key)
         if match is None:
-            raise ValueError(f"unknown EfficientNet-PyTorch key {key!r}; expected {sorted(EFFNET_PT_TOP)} or "
+            raise InputError(f"unknown EfficientNet-PyTorch key {key!r}; expected {sorted(EFFNET_PT_TOP)} or "
                              "_blocks.<n>.<layer>.<tensor>")
         n, layer, tensor = int(match.group(1)), match.group(2), match.group(3)
         s, i, block = positions[n]
         inverted = hasattr(block, "conv_pwl")
         if inverted != (n in expands):
             kind = "an inverted residual" if n in expands else "depthwise-separable"
-            raise ValueError(f"block {n} of the weights is {kind} but timm's blocks.{s}.{i} is a "
+            raise InputError(f"block {n} of the weights is {kind} but timm's blocks.{s}.{i} is a "
                              f"{type(block).__name__}: the weights do not fit this model")
         table = EFFNET_PT_INVERTED if inverted else EFFNET_PT_SEPARABLE
         if layer not in table:
-            raise ValueError(f"unknown layer {layer!r} in EfficientNet-PyTorch key {key!r}; expected one of "
+            raise InputError(f"unknown layer {layer!r} in EfficientNet-PyTorch key {key!r}; expected one of "
                              f"{sorted(table)}")
         renamed[f"blocks.{s}.{i}.{table[layer]}.{tensor}"] = value
     return renamed
@@ -175,7 +175,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if has_head or not k.startswith(f"{head}.")]
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"weights {path} do not fit timm model {type(model).__name__} "
             f"({(model.pretrained_cfg or {}).get('architecture', '?')}): {len(missing)} missing keys "
             f"{missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}"
@@ -286,7 +286,7 @@ class TimmCNNBackbone(TimmBackbone):
         patterns = [re.compile(rf"(?:^|\.)(?:{p})$") for p in self.target_modules]
         hit = [n for n in bad if any(p.search(n) for p in patterns)]
         if hit:
-            raise ValueError(
+            raise InputError(
                 f"backbone.target_modules={self.target_modules} select {hit}, convolutions of types "
                 f"{sorted({type(self.model.get_submodule(n)).__name__ for n in hit})} whose forward a member layer "
                 "cannot reproduce; narrow the patterns to plain nn.Conv2d layers with groups=1"

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sve.errors import InputError
 from sve.layers.adapter import member_conv2d
 from sve.layers.member import MemberLayer, weight_matrix
 
@@ -35,7 +36,7 @@ class BatchEnsembleLayer(MemberLayer):
     def __init__(self, base: nn.Module, ensemble_size: int, init_std: float = 0.0):
         super().__init__(base, ensemble_size)
         if init_std < 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std}")
+            raise InputError(f"init_std must be >= 0, got {init_std}")
         bias = base.bias
         base.register_parameter("bias", None)  # replaced by the member biases below
         self.base = base

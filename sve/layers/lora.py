@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sve.errors import InputError
 from sve.layers.adapter import member_conv2d
 from sve.layers.member import MemberLayer, weight_matrix
 
@@ -44,9 +45,9 @@ class LoRALayer(MemberLayer):
                  dropout: float = 0.0):
         super().__init__(base, ensemble_size)
         if rank < 1:
-            raise ValueError(f"rank must be a positive integer, got {rank}")
+            raise InputError(f"rank must be a positive integer, got {rank}")
         if not 0 <= dropout < 1:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout}")
+            raise InputError(f"LoRA dropout must be in [0, 1), got {dropout}")
         self.base = base.requires_grad_(False)
         self.rank = rank
         self.scaling = alpha / rank

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from sve.errors import InputError
 from sve.members import MemberLayoutError, expected_rows
 
 try:  # Hugging Face's GPT-2 style layer stores its weight transposed: (in, out).
@@ -66,7 +67,7 @@ def check_layer(layer: nn.Module) -> None:
         raise TypeError(f"expected one of {[t.__name__ for t in ADAPTABLE_TYPES]}, got {type(layer).__name__}")
     if isinstance(layer, nn.Conv2d):
         if layer.groups != 1 or layer.padding_mode != "zeros" or isinstance(layer.padding, str):
-            raise ValueError(
+            raise InputError(
                 f"Conv2d adapters need groups=1, padding_mode='zeros' and numeric padding (got groups="
                 f"{layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
             )
@@ -84,7 +85,7 @@ class MemberLayer(nn.Module):
         super().__init__()
         check_layer(base)
         if not isinstance(ensemble_size, int) or ensemble_size < 1:
-            raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
+            raise InputError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
         self.ensemble_size = ensemble_size
         self.out_features, self.in_features = weight_matrix(base).shape
         self.kind = ("conv2d" if isinstance(base, nn.Conv2d) else

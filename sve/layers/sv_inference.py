@@ -48,6 +48,8 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
+from sve.errors import InputError
+
 INFERENCE = ("auto", "factored", "cached", "merged")
 CACHED_SAVED_TOKENS = 8
 MERGE_FACTOR = 1.25
@@ -56,7 +58,7 @@ MERGE_FACTOR = 1.25
 def check_inference(value: str, where: str = "inference") -> str:
     """The value itself, or an error naming it and the valid choices."""
     if value not in INFERENCE:
-        raise ValueError(f"{where}={value!r} is not valid; choose one of {list(INFERENCE)}")
+        raise InputError(f"{where}={value!r} is not valid; choose one of {list(INFERENCE)}")
     return value
 
 

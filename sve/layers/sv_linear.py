@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from sve.errors import InputError
 from sve.layers.member import MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
 from sve.layers.svd_cache import SVDCache, has_bytes, weight_key
@@ -114,7 +115,7 @@ class SVLinear(MemberLayer):
                  sigma_init: float = 0.0, member_bias: bool = True, source: str | None = None):
         super().__init__(base, ensemble_size)
         if sigma_init < 0:
-            raise ValueError(f"sigma_init must be >= 0, got {sigma_init}")
+            raise InputError(f"sigma_init must be >= 0, got {sigma_init}")
         self.rank = s.shape[0]
         # Frozen parameters rather than buffers: they move with .to() and sit in the state_dict, but DDP
         # neither re-broadcasts them every step (as it does buffers) nor reduces gradients for them.

@@ -137,7 +137,7 @@ class EnsembleMethod(nn.Module):
                  task: str | None = None):
         super().__init__()
         if isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int) or ensemble_size < 1:
-            raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
+            raise InputError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
         if self.fixed_ensemble_size is not None and ensemble_size != self.fixed_ensemble_size:
             warnings.warn(
                 f"{type(self).__name__} has {self.fixed_ensemble_size} member(s); ignoring "

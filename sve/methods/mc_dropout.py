@@ -57,12 +57,12 @@ class MCDropout(EnsembleMethod):
                  num_samples: int = 10, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1 or num_samples < 1:
-            raise ValueError(f"need 0 <= dropout < 1 and num_samples >= 1, got {dropout} and {num_samples}")
+            raise InputError(f"need 0 <= dropout < 1 and num_samples >= 1, got {dropout} and {num_samples}")
         self.dropout = dropout
         self.num_samples = num_samples
         self.sites = set_dropout(backbone, dropout)
         if self.sites == 0:
-            raise ValueError(f"{type(backbone.model).__name__} has no dropout site (nn.Dropout or attention_dropout)")
+            raise InputError(f"{type(backbone.model).__name__} has no dropout site (nn.Dropout or attention_dropout)")
         self.adapt()
 
     def train(self, mode: bool = True):
