@@ -46,6 +46,15 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
+def tiny_llama_classifier() -> nn.Module:
+    """LLaMA's sequence classifier: it scores every token with ``score``, then keeps the last real one."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
+                         pad_token_id=0)
+    return LlamaForSequenceClassification(config).eval()
+
+
 def members_equal_the_model(ensemble, expected: torch.Tensor, *args, **kwargs) -> None:
     ensemble.eval()
     with torch.no_grad():
@@ -154,11 +163,7 @@ def test_a_model_returning_a_plain_dict_of_logits_keeps_its_output_and_its_head_
 def test_a_classifier_that_picks_a_token_after_its_head_is_told_how_to_keep_it():
     # LLaMA's (and GPT-2's) sequence classifier scores every token, then keeps the last non-padding one: no
     # layer's output is the model's output, so the error names the layer and the arguments that keep it.
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
-                         pad_token_id=0)
-    model = LlamaForSequenceClassification(config).eval()
+    model = tiny_llama_classifier()
     ids = torch.randint(1, 40, (3, 7))
     ids[1, 4:] = 0  # padding on the right, as the model's own token choice assumes
     mask = (ids != 0).long()
@@ -190,11 +195,7 @@ def test_pooling_reads_the_same_tokens_whichever_side_the_padding_is(pooling):
 
 def test_a_llama_classifier_with_left_padding_keeps_its_output():
     # A LLaMA tokenizer pads on the left; the model reads its last real token, and so must pooling="last".
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
-                         pad_token_id=0)
-    model = LlamaForSequenceClassification(config).eval()
+    model = tiny_llama_classifier()
     ids = torch.randint(1, 40, (3, 7))
     ids[1, :3] = 0  # padding on the left
     mask = (ids != 0).long()
