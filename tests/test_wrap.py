@@ -107,6 +107,21 @@ def test_a_timm_cnn_keeps_its_output_and_batchnorm_never_mixes_members(name):
     assert all(torch.equal(a, b) for a, b in zip(stats, after))
 
 
+def test_a_bf16_model_is_probed_in_its_own_dtype():
+    # The probe input a timm model describes must take the model's dtype: a float32 probe fails on bf16 weights.
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", pretrained=False, num_classes=3).eval().to(torch.bfloat16)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0)  # no example_input: pretrained_cfg's
+    assert ensemble.config["head"] == "fc"
+    with torch.no_grad():
+        out = ensemble.eval()(x)
+    for member in out.float():  # bf16 has 8 bits of mantissa: the SVD's rounding shows at about 1e-2 of the logits
+        torch.testing.assert_close(member, expected.float(), atol=0.05, rtol=0.05)
+
+
 def test_a_timm_vit_keeps_its_output():
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4, depth=2).eval()

@@ -79,22 +79,25 @@ def model_output(out) -> Tensor | None:
 def described_input(model: nn.Module) -> dict | None:
     """A one-example input for models that describe their own: timm's ``pretrained_cfg['input_size']`` (a ViT's
     ``patch_embed.img_size`` first: it may be built at another size), a
-    Hugging Face text model's vocabulary, a Hugging Face vision model's ``image_size``; None otherwise."""
+    Hugging Face text model's vocabulary, a Hugging Face vision model's ``image_size``; None otherwise. Images
+    take the dtype and device of the model's first floating-point parameter (a bf16 model refuses float32)."""
+    floating = next((p for p in model.parameters() if p.is_floating_point()), None)
+    like = {} if floating is None else {"dtype": floating.dtype, "device": floating.device}
     size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # a timm ViT built at its own size
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, dict) and cfg.get("input_size"):
         channels, *pixels = cfg["input_size"]
-        return {f"{ARG}0": torch.zeros(1, channels, *(size or pixels))}
+        return {f"{ARG}0": torch.zeros(1, channels, *(size or pixels), **like)}
     config = getattr(model, "config", None)
     name = getattr(model, "main_input_name", None)
     if config is None or name is None:
         return None
     if name == "input_ids" and getattr(config, "vocab_size", None):
-        ids = torch.arange(1, 5).clamp_max(config.vocab_size - 1)[None]
+        ids = torch.arange(1, 5, device=like.get("device")).clamp_max(config.vocab_size - 1)[None]
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if name == "pixel_values" and getattr(config, "image_size", None):
         size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
-        return {"pixel_values": torch.zeros(1, getattr(config, "num_channels", 3), size, size)}
+        return {"pixel_values": torch.zeros(1, getattr(config, "num_channels", 3), size, size, **like)}
     return None
 
 
