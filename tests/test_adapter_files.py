@@ -98,8 +98,10 @@ def test_another_base_is_refused_before_any_svd(tmp_path, monkeypatch):
     import sve.layers.sv_linear as sv_linear
 
     monkeypatch.setattr(sv_linear, "decompose", lambda *a, **k: pytest.fail("an SVD ran before the check"))
+    modules = [(n, type(m)) for n, m in other.named_modules()]
     with pytest.raises(InputError, match="trained on another base model"):
         sve.from_pretrained(other, tmp_path)
+    assert [(n, type(m)) for n, m in other.named_modules()] == modules  # its head is back, nothing half-loaded
 
 
 def test_a_missing_or_foreign_directory_is_a_clear_error(tmp_path):

@@ -133,6 +133,51 @@ def test_a_timm_vit_keeps_its_output():
     members_equal_the_model(ensemble, expected, x)
 
 
+def test_a_model_that_combines_two_heads_reads_the_first_heads_input():
+    # timm's distilled DeiT averages a class head (class token) and a distillation head (distillation token).
+    def deit():
+        torch.manual_seed(0)
+        return timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, depth=1,
+                                 num_classes=5).eval()
+
+    model, x = deit(), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        class_token = model.forward_features(x)[:, 0]
+        own_head = model.head(class_token)
+    with pytest.raises(ValueError, match=r"combines 2 heads \('head', 'head_dist'\).*give num_classes"):
+        sve.wrap(model, "sve", ensemble_size=2)
+    fresh = sve.wrap(model, "sve", ensemble_size=2, num_classes=3, sigma_init=0.0)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.method.backbone({"_arg0": x}), class_token)
+    assert not any("head_dist" in name for name in fresh.method.wrapped)  # it never reaches the features
+    # Naming one head keeps it: at zero noise every member is that head on the class token (the code after the
+    # head, the average with the other head's logits, cannot run on features and is not needed).
+    kept = sve.wrap(deit(), "sve", ensemble_size=2, sigma_init=0.0, head="head")
+    members_equal_the_model(kept, own_head, x)
+
+
+def structure(model: nn.Module) -> list:
+    return [(name, type(m).__name__, m.training) for name, m in model.named_modules()] + [
+        (name, p.requires_grad, p.data_ptr()) for name, p in model.named_parameters()]
+
+
+@pytest.mark.parametrize("method, options, error", [
+    ("sve", {"num_classes": None, "bogus": 1}, "unknown option"),  # refused after the head became a feature tap
+    ("lora_ensemble", {"rank": 0}, "rank"),  # refused by the first layer the method builds
+    ("batch_ensemble", {"init_std": -1.0}, "init_std"),
+])
+def test_a_wrap_that_fails_leaves_the_model_as_it_was(method, options, error):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
+    x = torch.randn(3, 6)
+    before, expected = structure(model), model(x).detach()
+    with pytest.raises((TypeError, ValueError), match=error):
+        sve.wrap(model, method, ensemble_size=2, example_input=x, **{"num_classes": 3, **options})
+    assert structure(model) == before
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    assert sve.wrap(model, method, ensemble_size=2, num_classes=3, example_input=x)  # and it can be wrapped
+
+
 def test_a_hugging_face_classifier_keeps_its_output_with_keyword_inputs():
     model = tiny_bert()
     ids = torch.randint(1, 40, (3, 7))

@@ -180,7 +180,7 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, **overrides):
     ``overrides`` replace recorded method options that do not change the trained state (``inference``,
     ``members_at_once``, ``svd_cache``, ...)."""
     from sve.api.module_backbone import ModuleBackbone
-    from sve.api.wrap import build_ensemble
+    from sve.api.wrap import build_ensemble, unchanged_on_error
 
     directory = locate(name_or_path)
     config = read_config(directory)
@@ -188,12 +188,13 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, **overrides):
         raise InputError(f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
                          f"with `sve-eval {directory}`, or rebuild its backbone from the run's config")
     spec = config.get("example_input")
-    backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
-                              pooling=config["pooling"], example_input=example_from_spec(spec) if spec else None)
-    check_fingerprint(config, backbone.fingerprint(), directory)
-    options = {**config["options"], **overrides}
-    ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
-                              None if config["keep_head"] else config["num_classes"], config["target_modules"],
-                              config["pooling"], options)
-    load_trained_state(ensemble.method, directory)
+    with unchanged_on_error(model):  # a refused adapter (another base model, say) leaves the model as it was
+        backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
+                                  pooling=config["pooling"], example_input=example_from_spec(spec) if spec else None)
+        check_fingerprint(config, backbone.fingerprint(), directory)
+        options = {**config["options"], **overrides}
+        ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
+                                  None if config["keep_head"] else config["num_classes"], config["target_modules"],
+                                  config["pooling"], options)
+        load_trained_state(ensemble.method, directory)
     return ensemble

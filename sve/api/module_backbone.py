@@ -130,6 +130,7 @@ class ModuleBackbone(Backbone):
         self.pooling = pooling
         self.keep_head = False  # set by ``wrap`` when the members keep the model's classes
         self.head_hint = ""  # why a model's head was not found, when a likely one was seen (``selecting_head``)
+        self.combined_heads: list[str] = []  # the heads of a model that combines several (``find_head``)
         self.freeze_bn = freeze_bn
         if example_input is None:
             self.example = described_input(model)
@@ -176,6 +177,14 @@ class ModuleBackbone(Backbone):
                 return names[found]
             if isinstance(found, nn.Identity) or found is None:
                 return None
+            several = [names[m] for m in found if m in names] if isinstance(found, (tuple, list)) else []
+            if len(several) > 1:  # timm's distilled DeiT: a class head and a distillation head, averaged
+                # Fresh member heads read the first head's input (the class token); no member can start as the
+                # model itself, which combines the heads, so keeping the model's head is refused (``wrap``).
+                self.combined_heads = several
+                log.info("%s has %d heads (%s) whose outputs it combines; the features are the input of %r",
+                         type(self.model).__name__, len(several), ", ".join(several), several[0])
+                return several[0]
         outputs: dict[int, str] = {}
         shapes: list[tuple[str, torch.Size]] = []  # every call, in order: for the hint below
 
@@ -220,7 +229,14 @@ class ModuleBackbone(Backbone):
         args, kwargs = from_batch(batch)
         if self.tap is not None:
             self.tap.features = None
-        out = self.model(*args, **kwargs)
+        try:
+            out = self.model(*args, **kwargs)
+        except Exception:
+            if self.tap is None or self.tap.features is None:
+                raise
+            # The head was reached, and the model's code after it failed on the features standing in for the
+            # head's output (DeiT's distilled models average two heads' logits, say): only the features matter.
+            out = None
         if self.tap is not None:
             features = self.tap.features
             self.tap.features = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
@@ -125,12 +126,35 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
                          "(copy.deepcopy(model)), or use the ensemble the first wrap returned")  # fmt: skip
     if isinstance(target_modules, str):
         target_modules = [target_modules]
-    if isinstance(model, Backbone):
-        backbone = model
-    else:
-        backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
-                                  example_input=example_input)
-    return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+    with unchanged_on_error(model):
+        if isinstance(model, Backbone):
+            backbone = model
+        else:
+            backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
+                                      example_input=example_input)
+        return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+
+
+@contextmanager
+def unchanged_on_error(model: nn.Module):
+    """A wrap that fails leaves ``model`` as it was. Wrapping works in place (the head becomes a feature tap,
+    layers become member layers, the backbone is frozen), and an error can come after some of that (an option
+    the method refuses, a head that cannot be kept); without this the user's model would be left half wrapped,
+    its head gone, and a second try would fail on it as 'already wrapped'."""
+    saved = [(m, dict(m._modules), dict(m._parameters), dict(m._buffers), m.training) for m in model.modules()]
+    trainable = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        yield
+    except BaseException:
+        for module, children, parameters, buffers, mode in saved:
+            for now, before in ((module._modules, children), (module._parameters, parameters),
+                                (module._buffers, buffers)):
+                now.clear()
+                now.update(before)
+            module.training = mode
+        for parameter, flag in trainable:
+            parameter.requires_grad_(flag)
+        raise
 
 
 def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_classes: int | None,
@@ -143,6 +167,12 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
     if unknown:
         raise TypeError(f"wrap(method={method!r}) got unknown option(s) {unknown}; valid options are {valid}")
     if num_classes is None:
+        combined = getattr(backbone, "combined_heads", [])
+        if combined and getattr(backbone, "head_name", None) == combined[0]:
+            raise ValueError(f"num_classes=None keeps the model's own head, but this model combines {len(combined)} "
+                             f"heads ({', '.join(map(repr, combined))}), which no member can start as; give "
+                             f"num_classes (fresh heads on the input of {combined[0]!r}), or head= one of them to "
+                             "keep that head alone")  # fmt: skip
         if not isinstance(backbone, ModuleBackbone) or backbone.head_weights is None:
             hint = getattr(backbone, "head_hint", "")
             raise ValueError("num_classes=None keeps the model's own head, but this model has no linear head "
