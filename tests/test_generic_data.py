@@ -4,12 +4,15 @@ shifts nothing), labels of any type are numbered in sorted order, held-out valid
 is one error naming the file and what is valid, and a run trains on both end to end."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from sve.data import ImageFolderData, TextTableData
+from sve.data.generic import ClassFolder
 from sve.errors import InputError
 from sve.runs.run import run
 from tests.conftest import compose_cfg
@@ -47,6 +50,22 @@ def test_an_image_folder_uses_its_own_validation_split(tmp_path):
     data = ImageFolderData(root=str(root))
     data.check_data()
     assert labels_of(data.parsed["val"]) == [1] and len(data.parsed["train"]) == 4
+
+
+def test_an_image_folder_reads_gifs_skips_hidden_files_and_names_the_files_it_does_not_read(tmp_path, caplog):
+    root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "test": {"a": 1, "b": 1}})
+    frame = np.zeros((8, 8), dtype=np.uint8)
+    Image.fromarray(frame).convert("P").save(root / "train" / "a" / "palette.GIF")  # PIL reads it, ImageFolder did not
+    (root / "train" / "b" / "._0.png").write_bytes(b"\x00\x05\x16\x07")  # a macOS AppleDouble file: no image
+    (root / "train" / "b" / "notes.txt").write_text("taken on a phone")
+    (root / "train" / "b" / "raw.CR2").write_bytes(b"raw")
+    data = ImageFolderData(root=str(root), val_holdout=1)
+    with caplog.at_level("WARNING"):
+        data.check_data()  # decodes every image the run reads: the AppleDouble file would fail it
+    assert data.num_classes == 2 and len(data.parsed["train"]) + len(data.parsed["val"]) == 5
+    read = {Path(path).name for path, _ in ClassFolder(root / "train", data.classes, allow_empty=False).samples}
+    assert "palette.GIF" in read and "._0.png" not in read
+    assert re.search(r"2 file\(s\) in .*train are not read as images \(1 \.cr2, 1 \.txt\)", caplog.text)
 
 
 @pytest.mark.parametrize("splits, message", [

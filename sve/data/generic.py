@@ -56,15 +56,39 @@ def default_holdout(size: int) -> int:
     return max(1, size // 10)
 
 
+# torchvision's image extensions, and the other still-image formats PIL reads (a GIF gives its first frame).
+IMAGE_EXTENSIONS = tuple(sorted(set(tvd.folder.IMG_EXTENSIONS) | {".gif", ".jfif", ".jpe"}))
+
+
 class ClassFolder(tvd.ImageFolder):
     """An ImageFolder split numbered by ``classes`` (the training split's), not by the folders it has."""
 
     def __init__(self, root: Path, classes: list[str], allow_empty: bool):
         self.fixed_classes = list(classes)
-        super().__init__(str(root), allow_empty=allow_empty)
+        super().__init__(str(root), allow_empty=allow_empty, is_valid_file=is_image_file)
 
     def find_classes(self, directory):
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
+
+
+def is_image_file(path: str) -> bool:
+    """An image by its extension, hidden files left out: macOS copies leave ``._<name>.jpg`` files beside the
+    images that hold no image."""
+    name = os.path.basename(path)
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def skipped_files(folder: Path, classes: list[str]) -> dict[str, int]:
+    """Files under the class folders of ``folder`` that are not read as images, counted by extension; hidden
+    files (``.DS_Store``, ...) are not counted."""
+    counts: dict[str, int] = {}
+    for name in classes:
+        for _directory, _dirs, files in os.walk(folder / name, followlinks=True):  # ImageFolder's own walk
+            for file in files:
+                suffix = Path(file).suffix.lower()
+                if not file.startswith(".") and not is_image_file(file):
+                    counts[suffix or "(none)"] = counts.get(suffix or "(none)", 0) + 1
+    return counts
 
 
 def class_folders(folder: Path) -> list[str]:
@@ -105,9 +129,15 @@ class ImageFolderData(VisionData):
 
     def read_split(self, folder: Path, classes: list[str], allow_empty: bool) -> ClassFolder:
         try:
-            return ClassFolder(folder, classes, allow_empty)
+            split = ClassFolder(folder, classes, allow_empty)
         except Exception as err:  # a class folder without image files, an unreadable directory
             raise InputError(f"{self.what}: cannot read the image tree {folder} ({one_line(err)})") from None
+        skipped = skipped_files(folder, classes)
+        if skipped:  # a warning: notes and thumbnails beside the images are common; an unread format is not
+            log.warning("%s: %d file(s) in %s are not read as images (%s); the readable extensions are %s",
+                        self.what, sum(skipped.values()), folder,
+                        ", ".join(f"{n} {ext}" for ext, n in sorted(skipped.items())), " ".join(IMAGE_EXTENSIONS))
+        return split
 
     def read_raw(self, root):
         classes = class_folders(root / "train")
