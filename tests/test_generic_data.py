@@ -133,12 +133,34 @@ def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
      r"train.csv, row 3: the label \(column 'label'\) is empty; label the row or remove it"),
     ({"train.jsonl": '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n{"text": "c", "label": null}\n',
       "test.csv": "text,label\nc,1\n"}, {}, r"train.jsonl, row 3: the label \(column 'label'\) is empty"),
+    ({"train.csv": "text,label\ncaf\u00e9,x\nb,y\n", "test.csv": "text,label\nc,x\n"}, {"encoding": "ascii"},
+     r"train.csv: is not ascii text \(UnicodeDecodeError.*\); name its encoding with dataset.encoding="),
+    ({"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,x\n"}, {"encoding": "klingon"},
+     r"dataset.encoding='klingon' is not an encoding Python knows"),
 ])  # fmt: skip
 def test_a_bad_text_table_is_one_error_naming_what_is_wrong(tmp_path, files, options, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     with pytest.raises(InputError, match=message):
         TextTableData(root=str(tmp_path), val_holdout=1, **options).check_data()
+
+
+def test_a_text_table_reads_excel_utf8_csv_and_other_encodings(tmp_path):
+    # Excel's "CSV UTF-8" starts with a byte-order mark, which would otherwise become part of the first column's name.
+    (tmp_path / "train.csv").write_text("text,label\nna\u00efve caf\u00e9,x\nb,y\n", encoding="utf-8-sig")
+    (tmp_path / "test.csv").write_text("text,label\nd\u00e9j\u00e0 vu,y\n", encoding="latin-1")
+    with pytest.raises(InputError, match="test.csv: is not utf-8 text"):
+        TextTableData(root=str(tmp_path), val_holdout=1).check_data()
+    (tmp_path / "test.csv").write_text("text,label\nd\u00e9j\u00e0 vu,y\n", encoding="utf-8")
+    data = TextTableData(root=str(tmp_path), val_holdout=1)
+    data.check_data()
+    assert data.label_names == ["x", "y"] and data.parsed["test"] == [("d\u00e9j\u00e0 vu", 1)]
+    assert sorted(text for text, _ in data.parsed["train"] + data.parsed["val"]) == ["b", "na\u00efve caf\u00e9"]
+    for name in ("train.csv", "test.csv"):  # the same table in latin-1, named
+        (tmp_path / name).write_bytes((tmp_path / name).read_text(encoding="utf-8-sig").encode("latin-1"))
+    latin = TextTableData(root=str(tmp_path), val_holdout=1, encoding="latin-1")
+    latin.check_data()
+    assert latin.parsed["test"] == data.parsed["test"] and list(latin.parsed["train"]) == list(data.parsed["train"])
 
 
 def test_empty_texts_train_as_empty_strings_with_a_warning_naming_the_rows(tmp_path, caplog):

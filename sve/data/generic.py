@@ -180,18 +180,26 @@ def missing(value) -> bool:
                                                                                and not value.strip())
 
 
-def read_table(path: Path):
-    """A local table as a pandas DataFrame, by its extension (TSV without quote handling, as GLUE's files)."""
+def read_table(path: Path, encoding: str = "utf-8"):
+    """A local table as a pandas DataFrame, by its extension (TSV without quote handling, as GLUE's files).
+    Text files are read in ``encoding``; a UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped."""
     import pandas as pd
 
     kind = TEXT_FORMATS[path.suffix.lower()]
+    codec = "utf-8-sig" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else encoding
     try:
         if kind in ("csv", "tsv"):
             sep, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
-            return pd.read_csv(path, sep=sep, quoting=quoting, keep_default_na=False, dtype=str)
+            return pd.read_csv(path, sep=sep, quoting=quoting, keep_default_na=False, dtype=str, encoding=codec)
         if kind == "json":
-            return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False)
+            return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding=codec)
         return pd.read_parquet(path)
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: is not {encoding} text ({one_line(err)}); name its encoding with "
+                         "dataset.encoding=, e.g. latin-1 or cp1252") from None
+    except LookupError as err:  # an unknown encoding name
+        raise InputError(f"dataset.encoding={encoding!r} is not an encoding Python knows ({one_line(err)}); "
+                         "e.g. utf-8, latin-1, cp1252") from None
     except Exception as err:  # a malformed file: pandas' parser errors name the line
         raise InputError(f"{path}: cannot be read as {kind} ({one_line(err)})") from None
 
@@ -207,15 +215,18 @@ class TextTableData(TextClassificationData):
         text_column: the text's column, or two columns for a sentence pair.
         label_column: the label's column (integers or strings).
         val_holdout: training rows held out for validation when there is no validation split; null: a tenth.
+        encoding: the text encoding of local csv, tsv and json files (a UTF-8 byte-order mark is dropped).
     """
 
     name = "text_table"
 
     def __init__(self, root: str | None = None, hub_name: str | None = None, hub_config: str | None = None,
                  test_split: str = "test", text_column: str | list[str] = "text", label_column: str = "label",
-                 val_holdout: int | None = None, num_classes: int | None = None, **kwargs):  # fmt: skip
+                 val_holdout: int | None = None, num_classes: int | None = None, encoding: str = "utf-8",
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.declared_classes = declared(num_classes)
+        self.encoding = encoding
         columns = [text_column] if isinstance(text_column, str) else list(text_column)
         if not 1 <= len(columns) <= 2 or not all(isinstance(c, str) and c for c in columns):
             raise InputError(f"dataset.text_column={text_column!r} is not valid; expected a column name, or a list "
@@ -265,7 +276,7 @@ class TextTableData(TextClassificationData):
         out = {}
         if self.root is not None:
             for split, path in self.local_files().items():
-                frame = read_table(path)
+                frame = read_table(path, self.encoding)
                 absent = [c for c in used if c not in frame.columns]
                 if absent:
                     raise InputError(f"{path}: no column {absent}; its columns are {list(frame.columns)} (set "
