@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from sve.errors import InputError, TrainingDiverged
 from sve.runs.run import run
@@ -114,6 +115,21 @@ def test_a_run_directory_refuses_another_config(tmp_path):
     # A finished run is not returned for another config either.
     with pytest.raises(InputError, match=r"seed: 0 -> 1.*skip_finished=false"):
         run(compose_cfg([*overrides, "seed=1"], tmp_path / "run"))
+
+
+def test_a_start_that_left_no_work_does_not_bind_its_directory(tmp_path):
+    # A wrong data path fails before the first checkpoint; the corrected command in the same directory runs.
+    base = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default", "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2"]  # fmt: skip
+    with pytest.raises(InputError, match="absent"):
+        run(compose_cfg([*base, "dataset=image_folder", f"dataset.root={tmp_path / 'absent'}"], tmp_path / "run"))
+    assert (tmp_path / "run" / "run_config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    results = run(compose_cfg([*base, "optimizer.lr=0.002"], tmp_path / "run"))
+    assert results["config_changes_on_resume"] == [] and results["resumed_from"] is None
+    assert yaml.safe_load((tmp_path / "run" / "run_config.yaml").read_text())["optimizer"]["lr"] == 0.002
+    # Once it holds a checkpoint (and here results), the directory is bound again.
+    with pytest.raises(InputError, match=r"started with another config .*optimizer\.lr: 0\.002 -> 0\.003"):
+        run(compose_cfg([*base, "optimizer.lr=0.003"], tmp_path / "run"))
 
 
 def test_resume_with_changes_continues_and_records_them(tmp_path):

@@ -135,14 +135,26 @@ def run_config(cfg: DictConfig) -> dict:
     return container
 
 
-def check_same_config(cfg: DictConfig, out_dir: Path) -> list:
+def holds_work(out_dir: Path) -> bool:
+    """Whether a run directory has something its config binds: results, or a checkpoint to resume."""
+    checkpoints = out_dir / "checkpoints"
+    return (out_dir / "results.json").exists() or (checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")))
+
+
+def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
     """A run directory keeps the config it was started with (``run_config.yaml``); starting it again with
     another config is refused, naming the keys that differ, unless ``resume_with_changes=true``. Returns
-    the accepted changes (recorded in results.json)."""
+    the accepted changes (recorded in results.json), or None when the directory holds no work (an earlier
+    start that failed before its first checkpoint: a wrong data path, say): then the new config replaces the
+    record, so correcting a typo and running the same command again works."""
     saved, current = read_run_config(out_dir), run_config(cfg)
     if saved is None or global_rank() != 0:  # rank 0 decides (and has written it for this attempt already)
         return []
     changes = config_changes(saved, current)
+    if changes and not holds_work(out_dir):
+        log.info("run directory %s holds no checkpoint or results from its earlier start (%s): this config "
+                 "replaces that start's", out_dir, describe_changes(changes))
+        return None
     if changes and not cfg.get("resume_with_changes", False):
         finished = (out_dir / "results.json").exists()
         raise InputError(
@@ -186,8 +198,9 @@ def run(cfg: DictConfig) -> dict:
     if skip and done.exists():
         log.info("%s exists: this run has finished, skipping it (skip_finished=false runs it again)", done)
         return read_results(done)
-    with claim(out_dir):
-        if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or not skip):
+    replaced, changes = changes is None, changes or []
+    with claim(out_dir):  # the record is rewritten only by the run that holds the directory
+        if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or replaced or not skip):
             remember_config(out_dir, run_config(cfg))
         try:
             return _run(cfg, out_dir, start, changes)
