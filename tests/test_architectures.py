@@ -152,3 +152,20 @@ def test_time_major_and_weight_reading_owners_fall_back_naming_the_module():
         with torch.no_grad():
             method({"pixel_values": torch.randn(3, 5, 16)})
     assert method.fallback.startswith("layers.0.")
+
+
+def test_an_encoder_only_checkpoint_of_an_encoder_decoder_family_loads_as_itself(tmp_path):
+    # AutoModel maps every T5 config to the encoder-decoder T5Model: an encoder-only checkpoint (T5EncoderModel,
+    # as sentence encoders ship) would get a decoder of random weights and no decoder inputs.
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    encoder = T5EncoderModel(T5Config(vocab_size=V, d_model=32, d_kv=16, num_layers=2, num_heads=2, d_ff=64)).eval()
+    encoder.save_pretrained(tmp_path)
+    backbone = HFBackbone(["q", "v"], name_or_path=str(tmp_path), tokenizer="char", pooling="mean").eval()
+    assert type(backbone.model) is T5EncoderModel and not backbone.is_encoder_decoder
+    batch = batch_for(backbone)
+    with torch.no_grad():
+        states = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        mask = batch["attention_mask"][..., None].float()
+        torch.testing.assert_close(backbone(batch), (states * mask).sum(1) / mask.sum(1))

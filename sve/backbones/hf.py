@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import transformers
 from torch import Tensor
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -106,7 +107,8 @@ class HFBackbone(Backbone):
             online = Path(name_or_path).exists() or hub_reachable()
             try:
                 with hub_offline(not online):  # no network: the cache only, no half a minute of retries
-                    model = self.auto_class.from_pretrained(name_or_path, dtype=_dtype(torch_dtype))
+                    model_class = self.checkpoint_class(AutoConfig.from_pretrained(name_or_path))
+                    model = model_class.from_pretrained(name_or_path, dtype=_dtype(torch_dtype))
             except OSError as err:
                 reason = str(err) if online else OFFLINE_HINT
                 raise (OfflineError if not online else OSError)(
@@ -119,7 +121,7 @@ class HFBackbone(Backbone):
                 raise InputError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
                                  "backbone.name_or_path whose config.json to use")
             hf_config = AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
-            model = self.auto_class.from_config(hf_config, dtype=_dtype(torch_dtype))
+            model = self.checkpoint_class(hf_config).from_config(hf_config, dtype=_dtype(torch_dtype))
         model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
         if gradient_checkpointing:  # each block recomputed as it ran: a member chunk's selection, exact draws
             from sve.training.recompute import enable_checkpointing
@@ -141,6 +143,16 @@ class HFBackbone(Backbone):
             self.eval()
             self.feature_dim = int(self(self.probe_batch()).shape[-1])
             model.train(was)
+
+    def checkpoint_class(self, config):
+        """``auto_class``, unless the checkpoint is the encoder alone of an encoder-decoder family (its config
+        names ``T5EncoderModel``, say): ``AutoModel`` would build the whole encoder-decoder around it, with a
+        decoder of random weights and no decoder inputs to give it."""
+        if self.auto_class is AutoModel:
+            for name in getattr(config, "architectures", None) or []:
+                if name.endswith("EncoderModel") and hasattr(transformers, name):
+                    return getattr(transformers, name)
+        return self.auto_class
 
     def _init_text(self, tokenizer: str | None, name_or_path: str | None) -> None:
         if tokenizer == "char":
