@@ -3,6 +3,7 @@ and causal LMs. Facts checked: every member computes the model's own output at i
 head), every method of the framework builds and trains through the same call, the defaults adapt exactly the
 layers on the feature path, and BatchNorm statistics never mix members."""
 
+import copy
 import re
 
 import numpy as np
@@ -154,6 +155,38 @@ def test_a_model_that_combines_two_heads_reads_the_first_heads_input():
     # head, the average with the other head's logits, cannot run on features and is not needed).
     kept = sve.wrap(deit(), "sve", ensemble_size=2, sigma_init=0.0, head="head")
     members_equal_the_model(kept, own_head, x)
+
+
+class SharedLayer(nn.Module):
+    """One linear registered under two names and applied twice (a weight-shared block, as in ALBERT-like nets)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = self.second = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.second(torch.relu(self.first(x)))))
+
+
+@pytest.mark.parametrize("method", ["sve", "lora_ensemble", "batch_ensemble"])
+def test_a_layer_registered_twice_is_a_member_layer_at_both_places(method):
+    torch.manual_seed(0)
+    model, x = SharedLayer().eval(), torch.randn(4, 8)
+    head = copy.deepcopy(model.head)  # the members start from it; wrap makes model.head a feature tap
+    with torch.no_grad():
+        expected = model(x)
+    options = {"sigma_init": 0.0} if method == "sve" else {}
+    ensemble = sve.wrap(model, method, ensemble_size=2, example_input=x, **options)
+    assert isinstance(model.first, MemberLayer) and model.second is model.first  # not the base layer at one place
+    if method == "sve":
+        members_equal_the_model(ensemble, expected, x)
+        layer = model.first
+        with torch.no_grad():  # member 1's singular values doubled: both applications change
+            layer.singular_values[1] *= 2
+            base = layer.merge(1)
+            doubled = head(torch.relu(base(torch.relu(base(x)))))
+            torch.testing.assert_close(ensemble.eval()(x)[1], doubled, atol=1e-5, rtol=1e-4)
 
 
 def structure(model: nn.Module) -> list:

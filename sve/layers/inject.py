@@ -161,11 +161,17 @@ def inject(
     """Replaces every target module ``m`` by ``factory(m)`` in place; returns the replaced names."""
     names = find_targets(model, patterns, types, outside)
     for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        layer = factory(getattr(parent, child))
+        base = model.get_submodule(name)
+        layer = factory(base)
         if isinstance(layer, MemberLayer):
             layer.module_name = name  # errors name the module
-        setattr(parent, child, layer)
+        # A module registered under several names (one layer applied at two places) is listed once, under its
+        # first name; every place that holds it gets the member layer, or the others would stay the base layer.
+        places = [(parent, child) for parent in model.modules() for child, m in parent._modules.items() if m is base]
+        for parent, child in places:
+            setattr(parent, child, layer)
+        if len(places) > 1:
+            log.info("layer %s is registered at %d places; one member layer stands in at all of them", name,
+                     len(places))
     log.debug("wrapped %d modules: %s", len(names), ", ".join(names))
     return names
