@@ -157,6 +157,20 @@ def test_a_model_that_combines_two_heads_reads_the_first_heads_input():
     members_equal_the_model(kept, own_head, x)
 
 
+def test_a_model_ending_in_a_softmax_is_told_which_layer_is_its_head(caplog):
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4), nn.Softmax(-1)), torch.randn(3, 6)
+    with torch.no_grad():
+        logits = model[:3](x)
+    with pytest.raises(ValueError, match=r"its head is likely its last layer '2'.*pass head='2'"):
+        sve.wrap(model, "sve", ensemble_size=2, example_input=x)
+    with caplog.at_level("WARNING"):  # fresh heads on the probabilities would be allowed, but not silently
+        sve.wrap(copy.deepcopy(model), "sve", ensemble_size=2, num_classes=3, example_input=x)
+    assert "the output is the features (if the output is class scores" in caplog.text
+    kept = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0, head="2", example_input=x)
+    members_equal_the_model(kept, logits, x)  # the head's logits, before the softmax
+
+
 class SharedLayer(nn.Module):
     """One linear registered under two names and applied twice (a weight-shared block, as in ALBERT-like nets)."""
 

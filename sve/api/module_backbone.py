@@ -211,8 +211,10 @@ class ModuleBackbone(Backbone):
         name = outputs.get(id(out)) if out is not None else None
         if name is None:
             self.head_hint = selecting_head(shapes, out)
-            log.info("%s: no layer produces the model's output; the output is the features%s",
-                     type(self.model).__name__, f" ({self.head_hint})" if self.head_hint else "")
+            # With a hint the output is most likely a classifier's, not features: say so louder.
+            (log.warning if self.head_hint else log.info)(
+                "%s: no layer produces the model's output; the output is the features%s",
+                type(self.model).__name__, f" ({self.head_hint})" if self.head_hint else "")
         return name
 
     def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
@@ -285,6 +287,11 @@ def selecting_head(calls: list[tuple[str, torch.Size]], out: Tensor | None) -> s
     every token, then keep the last one): the last layer called that gives (N, T, C) for the model's (N, C)."""
     if out is None or out.dim() != 2:
         return ""
+    if calls and calls[-1][1] == out.shape:  # the last layer called gives the output's shape: a step after it
+        name = calls[-1][0]
+        return (f"if the output is class scores, its head is likely its last layer {name!r}, which gives the "
+                f"output's shape {tuple(out.shape)} before a step such as a softmax; pass head={name!r} to read "
+                "the features at its input")
     for name, shape in reversed(calls):
         if len(shape) == 3 and shape[0] == out.shape[0] and shape[-1] == out.shape[-1]:
             return (f"its layer {name!r} gives {tuple(shape)}, one row per token, and the model's output "
