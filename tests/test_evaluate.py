@@ -150,6 +150,10 @@ def test_evaluate_py_command_line(trained):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"acc {100 * trained['metrics']['test/acc']:.2f}%" in done.stdout
     same_metrics(trained["metrics"], json.loads((tmp_path / "evaluations" / "cli.json").read_text())["metrics"])
-    done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "trainer.colour=red"], cwd=ROOT,
+    # The directory as the first argument, as people type it (and as sve-train's messages write it).
+    done = subprocess.run([sys.executable, "evaluate.py", str(tmp_path), "trainer.colour=red"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: trainer.colour")
+    done = subprocess.run([sys.executable, "evaluate.py", "name=x", "dataset=cifar10"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2 and "error: no run directory among the arguments" in done.stderr

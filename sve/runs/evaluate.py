@@ -1,6 +1,7 @@
 """A finished run evaluated again from its checkpoint, without training: what ``evaluate.py`` calls.
 
 ``python evaluate.py run_dir=<run dir> [dataset=<option>] [key=value ...] [name=...] [update_results=true]``
+(``sve-eval <run dir> ...`` also takes the directory as its first argument)
 
 ``run_dir`` may also be an adapter directory (``<run dir>/adapter``, or one shared elsewhere): the model is then
 rebuilt from the config recorded in its ``adapter_config.json``, checked against its base fingerprint, and
@@ -358,14 +359,18 @@ def summary(record: dict, run_dir: Path, update_results: bool) -> str:
 def main(argv: list[str]) -> int:
     """``evaluate.py``'s command line: its own options (``OPTIONS``) and the overrides of the run's config."""
     options, overrides = dict(OPTIONS), []
-    for arg in argv:
+    for i, arg in enumerate(argv):
         key = arg.split("=", 1)[0]
         if key in OPTIONS and "=" in arg:
             options[key] = arg.split("=", 1)[1]
+        elif i == 0 and "=" not in arg and not arg.startswith(("~", "-")):  # `sve-eval <run dir> ...`, as typed
+            options["run_dir"] = arg
         else:
             overrides.append(arg)
     if not options["run_dir"]:
         print(__doc__.split("\n\n")[1])
+        if argv:  # arguments, but none says which run: name the one that was needed
+            raise InputError(f"no run directory among the arguments {argv}; give it first or as run_dir=<run dir>")
         return 2
     if options["update_results"] not in ("true", "false"):
         raise InputError(f"update_results={options['update_results']!r} is not valid; expected true or false")
