@@ -64,7 +64,9 @@ def test_bad_options_name_the_choices(teacher):
     with pytest.raises(InputError, match=r"objective='kl' is not valid"):
         distill_run([f"run_dir={teacher}", "objective=kl"])
     with pytest.raises(InputError, match=r"epochs='two' is not valid; expected an integer"):
-        distill_run([f"run_dir={teacher}", "epochs=two"])
+        distill_run([str(teacher), "epochs=two"])  # the run directory as the first argument
+    with pytest.raises(InputError, match=r"run's directory is required, first or as run_dir="):
+        distill_run(["objective=mean", str(teacher)])
     with pytest.raises(InputError, match=r"student=lora_ensemble has 3 members"):
         distill_run([f"run_dir={teacher}", "student=lora_ensemble", "ensemble_size=3"])
 

@@ -1,5 +1,6 @@
 """``sve-distill run_dir=<trained ensemble run> [objective=mean|dirichlet] [student=svf] [key=value ...]``: one
-network trained to answer as a trained ensemble does, then evaluated as every run is.
+network trained to answer as a trained ensemble does, then evaluated as every run is (the run directory may
+also come first without ``run_dir=``).
 
 The teacher is the run's trained model (rebuilt and loaded as ``sve-eval`` does). The student is the same
 backbone with a one-member method (``student``: an option of ``configs/method``, ``svf`` by default; any
@@ -42,7 +43,7 @@ from torch import Tensor, nn
 from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError
 from sve.members import to_device
-from sve.runs.evaluate import ON_THE_CPU, apply_overrides, load_run
+from sve.runs.evaluate import ON_THE_CPU, apply_overrides, command_options, load_run
 from sve.runs.evaluation import evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
@@ -82,15 +83,10 @@ class DirichletStudent(nn.Module):
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
-    options, overrides = dict(OPTIONS), []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if key in OPTIONS and eq:
-            options[key] = value
-        else:
-            overrides.append(arg)
+    options, overrides = command_options(argv, OPTIONS)
     if not options["run_dir"]:
-        raise InputError("run_dir=<a trained ensemble run's directory> is required (sve-distill --help)")
+        raise InputError("a trained ensemble run's directory is required, first or as run_dir=<run dir> "
+                         "(sve-distill --help)")
     check_objective(options["objective"])
     for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float), ("unlabeled", int)):
         if options[key] is not None:

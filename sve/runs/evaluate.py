@@ -356,17 +356,24 @@ def summary(record: dict, run_dir: Path, update_results: bool) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    """``evaluate.py``'s command line: its own options (``OPTIONS``) and the overrides of the run's config."""
-    options, overrides = dict(OPTIONS), []
+def command_options(argv: list[str], defaults: dict) -> tuple[dict, list[str]]:
+    """A run command's own ``key=value`` options (the keys of ``defaults``) and the config overrides; a first
+    argument without ``=`` is the run directory (``sve-eval <run dir> ...``, as people type it)."""
+    options, overrides = dict(defaults), []
     for i, arg in enumerate(argv):
-        key = arg.split("=", 1)[0]
-        if key in OPTIONS and "=" in arg:
-            options[key] = arg.split("=", 1)[1]
-        elif i == 0 and "=" not in arg and not arg.startswith(("~", "-")):  # `sve-eval <run dir> ...`, as typed
+        key, eq, value = arg.partition("=")
+        if key in defaults and eq:
+            options[key] = value
+        elif i == 0 and not eq and not arg.startswith(("~", "-", "+")):
             options["run_dir"] = arg
         else:
             overrides.append(arg)
+    return options, overrides
+
+
+def main(argv: list[str]) -> int:
+    """``evaluate.py``'s command line: its own options (``OPTIONS``) and the overrides of the run's config."""
+    options, overrides = command_options(argv, OPTIONS)
     if not options["run_dir"]:
         print(__doc__.split("\n\n")[1])
         if argv:  # arguments, but none says which run: name the one that was needed
