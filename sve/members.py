@@ -69,10 +69,16 @@ def split_members(x: Tensor, ensemble_size: int, who: str = "split_members") -> 
     return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])
 
 
-def repeat_batch(batch: Mapping[str, Tensor], ensemble_size: int, skip: tuple[str, ...] = ("labels",)) -> dict:
-    """Applies ``repeat_members`` to every tensor of a batch dict except the targets."""
+def repeat_batch(batch: Mapping[str, Tensor], ensemble_size: int, skip: tuple[str, ...] = ("labels",),
+                 batch_size: int | None = None) -> dict:
+    """Applies ``repeat_members`` to every tensor of a batch dict whose leading dimension is the batch's
+    (``batch_size``), except the targets. Other tensors (a 0-d scale, a vector or mask that every example
+    shares: arguments of a user's model) are the same for every member and pass as they are."""
+    def per_example(v: Tensor) -> bool:
+        return batch_size is None or (v.dim() > 0 and v.shape[0] == batch_size)
+
     return {
-        k: repeat_members(v, ensemble_size) if isinstance(v, Tensor) and k not in skip else v
+        k: repeat_members(v, ensemble_size) if isinstance(v, Tensor) and k not in skip and per_example(v) else v
         for k, v in batch.items()
     }
 

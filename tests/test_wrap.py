@@ -171,6 +171,35 @@ def test_a_model_ending_in_a_softmax_is_told_which_layer_is_its_head(caplog):
     members_equal_the_model(kept, logits, x)  # the head's logits, before the softmax
 
 
+class WithSharedArguments(nn.Module):
+    """A forward with arguments every example shares: a vector (not batch-first) and a 0-d scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, x, offset, scale):
+        return self.head(torch.relu(self.a(x) + offset)) * scale
+
+
+def test_arguments_the_examples_share_are_not_stacked_per_member():
+    def model():
+        torch.manual_seed(0)
+        return WithSharedArguments().eval()
+
+    x, offset, scale = torch.randn(5, 4), torch.randn(8), torch.tensor(2.0)
+    with torch.no_grad():
+        logits = model().head(torch.relu(model().a(x) + offset))
+    # The output is head(...) * scale, so no layer's output is the model's. The head's own output is freed
+    # before the model's is made; the probe must not take the new tensor for it (a reused id made the first
+    # layer the head, before).
+    with pytest.raises(ValueError, match="its head is likely its last layer 'head'"):
+        sve.wrap(model(), "sve", ensemble_size=3, example_input=(x, offset, scale))
+    kept = sve.wrap(model(), "sve", ensemble_size=3, sigma_init=0.0, head="head", example_input=(x, offset, scale))
+    members_equal_the_model(kept, logits, x, offset, scale)  # the offset is added, not stacked 3 times
+    assert kept.predict(x[:1], offset, scale).probs.shape == (1, 3)
+
+
 class SharedLayer(nn.Module):
     """One linear registered under two names and applied twice (a weight-shared block, as in ALBERT-like nets)."""
 

@@ -102,7 +102,12 @@ def described_input(model: nn.Module) -> dict | None:
 
 
 def first_example(batch: dict) -> dict:
-    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in batch.items()}
+    """The batch's first example: every tensor whose leading dimension is the batch's (the first tensor's)
+    cut to one row; tensors the examples share (a mask, a 0-d scale) as they are."""
+    tensors = [v for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0]
+    rows = tensors[0].shape[0] if tensors else None
+    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == rows else v
+            for k, v in batch.items()}
 
 
 class ModuleBackbone(Backbone):
@@ -185,12 +190,14 @@ class ModuleBackbone(Backbone):
                 log.info("%s has %d heads (%s) whose outputs it combines; the features are the input of %r",
                          type(self.model).__name__, len(several), ", ".join(several), several[0])
                 return several[0]
-        outputs: dict[int, str] = {}
+        # Each output is held (not only its id) until the probe ends: a freed output's id can be reused by a
+        # later tensor, the model's output included, which would name a layer the output does not come from.
+        outputs: dict[int, tuple[str, Tensor]] = {}
         shapes: list[tuple[str, torch.Size]] = []  # every call, in order: for the hint below
 
         def record(name: str):
             def hook(_module, _inputs, out) -> None:  # returns None: the output stays the layer's
-                outputs[id(out)] = name
+                outputs[id(out)] = (name, out)
                 shapes.append((name, out.shape))
             return hook
 
@@ -208,7 +215,9 @@ class ModuleBackbone(Backbone):
                 h.remove()
             for module, mode in modes.items():
                 module.training = mode
-        name = outputs.get(id(out)) if out is not None else None
+        name, held = outputs.get(id(out), (None, None)) if out is not None else (None, None)
+        name = name if held is out else None
+        outputs.clear()
         if name is None:
             self.head_hint = selecting_head(shapes, out)
             # With a hint the output is most likely a classifier's, not features: say so louder.

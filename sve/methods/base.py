@@ -225,7 +225,7 @@ class EnsembleMethod(nn.Module):
         """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
         K, B = len(members), batch_size(batch)
         with self.select(members), member_rows(K * B):
-            return split_members(self.backbone(repeat_batch(batch, K)), K)
+            return split_members(self.backbone(repeat_batch(batch, K, batch_size=B)), K)
 
     def member_logits(self, batch: dict, members: list[int]) -> Tensor:
         return self.heads(self.member_features(batch, members), members)  # (K, B, C)
@@ -347,7 +347,7 @@ class EnsembleMethod(nn.Module):
 def batch_size(batch: dict) -> int:
     if "labels" in batch:
         return batch["labels"].shape[0]
-    return next(v.shape[0] for v in batch.values() if isinstance(v, Tensor))
+    return next(v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0)  # not a 0-d scale
 
 
 def mask_choices(logits: Tensor, batch: dict) -> Tensor:
