@@ -231,6 +231,22 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
                       test_split="dev_test").check_data()  # fmt: skip
 
 
+def test_a_saved_datasets_directory_is_read_as_a_root(tmp_path):
+    # datasets' save_to_disk layout (dataset_dict.json + arrow shards), with its ClassLabel names kept.
+    import datasets
+
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": ["good", "bad", "fine", "awful"], "label": [1, 0, 1, 0]},
+                                            features=features),
+        "test": datasets.Dataset.from_dict({"text": ["meh"], "label": [0]}, features=features),
+    }).save_to_disk(str(tmp_path / "saved"))  # fmt: skip
+    data = TextTableData(root=str(tmp_path / "saved"), val_holdout=1)
+    assert data.num_classes == 2 and data.class_names() == ["neg", "pos"] and data.parsed["test"] == [("meh", 0)]
+    with pytest.raises(InputError, match=r"saved has no split 'dev'; its splits are \['train', 'test'\]"):
+        TextTableData(root=str(tmp_path / "saved"), test_split="dev").check_data()
+
+
 def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_its_read(tmp_path):
     from hydra import compose, initialize_config_dir
 

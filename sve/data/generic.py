@@ -274,6 +274,16 @@ class TextTableData(TextClassificationData):
         """Each split's rows (dicts of the used columns) and where they come from."""
         used = [*self.text_columns, self.label_column]
         out = {}
+        saved = Path(self.root).expanduser() if self.root is not None else None
+        if saved is not None and (saved / "dataset_dict.json").is_file():  # datasets' save_to_disk directory
+            import datasets
+
+            try:
+                ds = datasets.load_from_disk(str(saved))
+            except Exception as err:
+                raise InputError(f"{self.what}: {saved} cannot be read as a saved datasets.DatasetDict "
+                                 f"({one_line(err)})") from None  # fmt: skip
+            return self.split_tables(ds, str(saved))
         if self.root is not None:
             for split, path in self.local_files().items():
                 frame = read_table(path, self.encoding)
@@ -284,7 +294,12 @@ class TextTableData(TextClassificationData):
                 out[split] = (frame[used].to_dict("records"), str(path))
             return out
         instead = "set dataset.root to a directory with train.csv and test.csv"
-        ds = load_hub_dataset(self.hub_name, self.hub_config, self.what, instead)
+        return self.split_tables(load_hub_dataset(self.hub_name, self.hub_config, self.what, instead), self.hub_name)
+
+    def split_tables(self, ds, source: str) -> dict[str, tuple[list[dict], str]]:
+        """``tables`` of a ``datasets.DatasetDict`` (from the hub or ``save_to_disk``), ``source`` naming it."""
+        used = [*self.text_columns, self.label_column]
+        out = {}
         names = getattr(ds["train"].features.get(self.label_column), "names", None) if "train" in ds else None
         self.hub_label_names = list(names) if names else None
         val = next((name for name in TEXT_SPLITS["val"] if name in ds), None)
@@ -293,12 +308,12 @@ class TextTableData(TextClassificationData):
             if name is None:
                 continue
             if name not in ds:
-                raise InputError(f"{self.what}: {self.hub_name} has no split {name!r}; its splits are {list(ds)}")
+                raise InputError(f"{self.what}: {source} has no split {name!r}; its splits are {list(ds)}")
             absent = [c for c in used if c not in ds[name].column_names]
             if absent:
-                raise InputError(f"{self.what}: {self.hub_name} {name} has no column {absent}; its columns are "
+                raise InputError(f"{self.what}: {source} {name} has no column {absent}; its columns are "
                                  f"{ds[name].column_names}")  # fmt: skip
-            out[split] = (ds[name].select_columns(used).to_list(), f"{self.hub_name} {name}")
+            out[split] = (ds[name].select_columns(used).to_list(), f"{source} {name}")
         return out
 
     def examples(self, rows: list[dict], source: str, index: dict) -> list[tuple]:
