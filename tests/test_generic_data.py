@@ -247,6 +247,56 @@ def test_a_saved_datasets_directory_is_read_as_a_root(tmp_path):
         TextTableData(root=str(tmp_path / "saved"), test_split="dev").check_data()
 
 
+def image_dataset(labels: dict[str, list], names: list[str] | None = None):
+    """A datasets.DatasetDict of 8x8 images whose colour encodes (split, row), with a ClassLabel when named."""
+    import datasets
+
+    label = datasets.ClassLabel(names=names) if names else datasets.Value("string")
+    features = datasets.Features({"img": datasets.Image(), "y": label})
+    return datasets.DatasetDict({split: datasets.Dataset.from_dict({
+        "img": [Image.new("L" if i % 2 else "RGB", (8, 8), (s * 40 + i) if i % 2 else (s * 40 + i, 0, 0))
+                for i in range(len(ys))], "y": ys}, features=features)
+        for s, (split, ys) in enumerate(labels.items())})  # fmt: skip
+
+
+def test_a_hub_or_saved_image_dataset_reads_its_splits_labels_and_images(tmp_path, monkeypatch):
+    hub = image_dataset({"train": [1, 0, 2, 1, 0, 2], "validation": [2], "test": [0, 1]}, ["cat", "dog", "eel"])
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: hub)
+    data = ImageFolderData(hub_name="someone/pets", image_column="img", label_column="y")
+    assert data.num_classes == 3 and data.class_names() == ["cat", "dog", "eel"]  # the ClassLabel's names
+    assert labels_of(data.parsed["test"]) == [0, 1] and labels_of(data.parsed["val"]) == [2]
+    image, label = data.parsed["train"][1]
+    assert image.mode == "RGB" and image.getpixel((0, 0)) == (1, 1, 1) and label == 0  # grey row 1 as RGB
+    # The same splits saved to disk, with string labels (numbered in sorted order) and no validation split.
+    image_dataset({"train": ["b", "a", "b", "a"], "test": ["a"]}).save_to_disk(str(tmp_path / "saved"))
+    saved = ImageFolderData(root=str(tmp_path / "saved"), image_column="img", label_column="y", val_holdout=1)
+    assert saved.num_classes == 2 and saved.class_names() == ["a", "b"] and labels_of(saved.parsed["test"]) == [0]
+    assert len(saved.parsed["train"]) == 3 and len(saved.parsed["val"]) == 1
+
+
+@pytest.mark.parametrize("labels, options, message", [
+    ({"train": ["a", "b"], "test": ["a"]}, {}, r"has no column \['image', 'label'\]; its columns are \['img', 'y'\]"),
+    ({"train": ["a", "b"], "valid": ["a"]}, {"image_column": "img", "label_column": "y"},
+     r"has no split 'test'; its splits are \['train', 'valid'\] \(dataset.test_split names the tested one\)"),
+    ({"train": ["a", "b"], "test": ["c"]}, {"image_column": "img", "label_column": "y"},
+     r"test, row 1: label 'c' is not one of the training split's labels \['a', 'b'\]"),
+    ({"train": ["a", "a"], "test": ["a"]}, {"image_column": "img", "label_column": "y"},
+     r"train has 1 distinct label\(s\) in column 'y'"),
+])  # fmt: skip
+def test_a_bad_image_dataset_is_one_error_naming_what_is_wrong(monkeypatch, labels, options, message):
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: image_dataset(labels))
+    with pytest.raises(InputError, match=message):
+        ImageFolderData(hub_name="someone/pets", val_holdout=1, **options).check_data()
+
+
+def test_a_saved_image_dataset_trains_end_to_end(tmp_path):
+    image_dataset({"train": ["b", "a"] * 6, "test": ["a", "b", "b"]}).save_to_disk(str(tmp_path / "saved"))
+    done = run(compose_cfg(["dataset=image_folder", f"dataset.root={tmp_path / 'saved'}", "dataset.image_column=img",
+                            "dataset.label_column=y", "backbone=tiny_vit", "method=sve", "ensemble_size=2",
+                            "trainer.max_epochs=1", "dataset.batch_size=4"], tmp_path / "run"))  # fmt: skip
+    assert done["num_classes"] == 2 and done["class_names"] == ["a", "b"] and done["metrics"]["test/examples"] == 3
+
+
 def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_its_read(tmp_path):
     from hydra import compose, initialize_config_dir
 

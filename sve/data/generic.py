@@ -1,5 +1,6 @@
-"""Your own data, with no code: any image folder tree (``dataset=image_folder``) and any table of texts
-(``dataset=text_table``: local CSV, TSV, JSON lines or Parquet files, or a Hugging Face hub dataset).
+"""Your own data, with no code: any image folder tree or ``datasets`` image dataset (``dataset=image_folder``)
+and any table of texts (``dataset=text_table``: local CSV, TSV, JSON lines or Parquet files, or a Hugging Face
+hub dataset). Both also read a ``datasets`` ``save_to_disk`` directory given as ``root``.
 
 Both read their classes from the data, so ``num_classes`` is whatever the training split holds:
 
@@ -8,7 +9,9 @@ Both read their classes from the data, so ``num_classes`` is whatever the traini
   ``val_holdout`` training images are held out. The classes are the training split's class folders in sorted
   order; validation and test may lack a class (a small test set), never have one that training lacks, and
   every split keeps the training split's numbering (ImageFolder alone numbers the folders each split has, so
-  a test set without one class would shift every label after it).
+  a test set without one class would shift every label after it). With ``hub_name`` (or a saved
+  ``datasets`` directory as ``root``) the images come from ``image_column``, the classes from
+  ``label_column``: a ``ClassLabel``'s names, or the training split's values in sorted order.
 - ``TextTableData``: ``root/train.<ext>`` and ``root/test.<ext>`` (and ``validation``/``val``/``dev``), or
   the splits of ``hub_name``/``hub_config``; ``text_column`` names the text (two columns: a sentence pair,
   tokenised as a pair), ``label_column`` the label. The labels, integers or strings, are numbered in sorted
@@ -19,12 +22,14 @@ Both read their classes from the data, so ``num_classes`` is whatever the traini
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torchvision import datasets as tvd
 
 from sve.data.base import TextClassificationData
@@ -97,23 +102,33 @@ def class_folders(folder: Path) -> list[str]:
 
 
 class ImageFolderData(VisionData):
-    """Any image classification data in ImageFolder layout (module docstring).
+    """Any image classification data in ImageFolder layout, or a ``datasets`` image dataset (module docstring).
 
     Args:
-        root: the directory holding ``train/`` and ``test/`` (and optionally ``val/``).
+        root: the directory holding ``train/`` and ``test/`` (and optionally ``val/``), or a ``datasets``
+            ``save_to_disk`` directory.
         val_holdout: training images held out for validation when there is no ``val/``; null: a tenth.
+        hub_name, hub_config: a Hugging Face hub image dataset (``beans``, ``food101``, ...) instead of a root.
+        test_split: the split tested on (a hub or saved dataset's; ``validation`` where there is no test split).
+        image_column, label_column: the columns of a hub or saved dataset.
     """
 
     name = "image_folder"
     downloadable = False
     LAYOUT = ("train/<class>/<image> and test/<class>/<image>, and optionally val/<class>/<image> (torchvision's "
-              "ImageFolder layout; without val/, dataset.val_holdout training images are held out)")  # fmt: skip
+              "ImageFolder layout; without val/, dataset.val_holdout training images are held out), or a datasets "
+              "save_to_disk directory; or set dataset.hub_name= a hub image dataset")  # fmt: skip
 
     def __init__(self, root: str | None = None, val_holdout: int | None = None, num_classes: int | None = None,
-                 **kwargs):  # fmt: skip
+                 hub_name: str | None = None, hub_config: str | None = None, test_split: str = "test",
+                 image_column: str = "image", label_column: str = "label", **kwargs):  # fmt: skip
         super().__init__(root=root, download=False, val_holdout=val_holdout, **kwargs)
         self.classes: list[str] | None = None
         self.declared_classes = declared(num_classes)
+        if root is not None and hub_name:
+            raise InputError(f"dataset.root={root} and dataset.hub_name={hub_name} both name the data; set one")
+        self.hub_name, self.hub_config, self.test_split = hub_name, hub_config, test_split
+        self.image_column, self.label_column = image_column, label_column
 
     @property
     def num_classes(self) -> int:
@@ -125,7 +140,7 @@ class ImageFolderData(VisionData):
         return list(self.classes) if self.classes is not None else None
 
     def required(self, root):
-        return ["train/", "test/"]
+        return [] if self.hub_name or saved_datasets(root) else ["train/", "test/"]
 
     def read_split(self, folder: Path, classes: list[str], allow_empty: bool) -> ClassFolder:
         try:
@@ -140,6 +155,8 @@ class ImageFolderData(VisionData):
         return split
 
     def read_raw(self, root):
+        if self.hub_name or saved_datasets(root):
+            return self.read_datasets(root)
         classes = class_folders(root / "train")
         if len(classes) < 2:
             raise InputError(f"{self.what}: {root / 'train'} has {len(classes)} class folder(s) {classes}; "
@@ -159,6 +176,85 @@ class ImageFolderData(VisionData):
         if splits["val"] is None and self.val_holdout is None:
             self.val_holdout = default_holdout(len(splits["train"]))
         return splits
+
+    def read_datasets(self, root: Path) -> dict:
+        """The splits of a hub image dataset or a ``save_to_disk`` directory, numbered by the training split's
+        labels: a ``ClassLabel``'s names in its order, other labels in sorted order (as ``text_table``)."""
+        if self.hub_name:
+            instead = "set dataset.root to an image tree (train/<class>/<image>) or a save_to_disk directory"
+            ds, source = load_hub_dataset(self.hub_name, self.hub_config, self.what, instead), self.hub_name
+        else:
+            ds, source = load_saved(root, self.what), str(root)
+        val = next((name for name in TEXT_SPLITS["val"] if name in ds and name != self.test_split), None)
+        for name in ("train", self.test_split):
+            if name not in ds:
+                raise InputError(f"{self.what}: {source} has no split {name!r}; its splits are {list(ds)} "
+                                 "(dataset.test_split names the tested one)")  # fmt: skip
+        for name in ("train", self.test_split, val):
+            absent = [c for c in (self.image_column, self.label_column) if name and c not in ds[name].column_names]
+            if absent:
+                raise InputError(f"{self.what}: {source} {name} has no column {absent}; its columns are "
+                                 f"{ds[name].column_names} (set dataset.image_column and dataset.label_column)")
+        names = getattr(ds["train"].features.get(self.label_column), "names", None)
+        train_labels = [label_value(v) for v in ds["train"][self.label_column]]
+        try:
+            values = list(range(len(names))) if names else sorted(set(train_labels))
+        except TypeError:  # integers and strings mixed
+            raise InputError(f"{self.what}: {source} train: column {self.label_column!r} mixes label types "
+                             f"({sorted({type(v).__name__ for v in train_labels})})") from None  # fmt: skip
+        if len(values) < 2:
+            raise InputError(f"{self.what}: {source} train has {len(values)} distinct label(s) in column "
+                             f"{self.label_column!r}; a classification needs at least 2")  # fmt: skip
+        check_declared(self.declared_classes, len(values), f"{source} train has {len(values)} labels")
+        self.classes = [str(n) for n in names] if names else [str(v) for v in values]
+        index = {v: i for i, v in enumerate(values)}
+        splits = {"val": None}
+        for split, name in (("train", "train"), ("val", val), ("test", self.test_split)):
+            if name is None:
+                continue
+            labels = train_labels if name == "train" else [label_value(v) for v in ds[name][self.label_column]]
+            unknown = next(((i, v) for i, v in enumerate(labels) if v not in index), None)
+            if unknown is not None:
+                raise InputError(f"{self.what}: {source} {name}, row {unknown[0] + 1}: label {unknown[1]!r} is not "
+                                 f"one of the training split's labels {values[:10]}")  # fmt: skip
+            splits[split] = ImageRows(ds[name].select_columns([self.image_column]), self.image_column,
+                                      [index[v] for v in labels])
+        if splits["val"] is None and self.val_holdout is None:
+            self.val_holdout = default_holdout(len(splits["train"]))
+        return splits
+
+
+def saved_datasets(root: Path | None) -> bool:
+    """Whether ``root`` is a ``datasets`` ``save_to_disk`` directory of splits."""
+    return root is not None and (Path(root) / "dataset_dict.json").is_file()
+
+
+def load_saved(root: Path, what: str):
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(root))
+    except Exception as err:
+        raise InputError(f"{what}: {root} cannot be read as a saved datasets.DatasetDict ({one_line(err)})") from None
+
+
+class ImageRows(torch.utils.data.Dataset):
+    """(RGB PIL image, label) rows of a ``datasets`` split whose image column holds decoded images, file paths
+    or ``{"bytes", "path"}`` records."""
+
+    def __init__(self, rows, column: str, labels: list[int]):
+        self.rows, self.column, self.labels = rows, column, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        image = self.rows[i][self.column]
+        if isinstance(image, dict):  # an undecoded Image feature: its bytes, else its file
+            image = io.BytesIO(image["bytes"]) if image.get("bytes") else image.get("path")
+        if not isinstance(image, Image.Image):
+            image = Image.open(image)
+        return image.convert("RGB"), self.labels[i]
 
 
 # --- text tables --------------------------------------------------------------------------------------------
@@ -275,15 +371,8 @@ class TextTableData(TextClassificationData):
         used = [*self.text_columns, self.label_column]
         out = {}
         saved = Path(self.root).expanduser() if self.root is not None else None
-        if saved is not None and (saved / "dataset_dict.json").is_file():  # datasets' save_to_disk directory
-            import datasets
-
-            try:
-                ds = datasets.load_from_disk(str(saved))
-            except Exception as err:
-                raise InputError(f"{self.what}: {saved} cannot be read as a saved datasets.DatasetDict "
-                                 f"({one_line(err)})") from None  # fmt: skip
-            return self.split_tables(ds, str(saved))
+        if saved_datasets(saved):  # datasets' save_to_disk directory
+            return self.split_tables(load_saved(saved, self.what), str(saved))
         if self.root is not None:
             for split, path in self.local_files().items():
                 frame = read_table(path, self.encoding)
