@@ -11,6 +11,7 @@ import pytest
 import timm
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
@@ -21,6 +22,7 @@ from transformers import (
 
 import sve
 from sve.api.wrap import method_names
+from sve.errors import InputError
 from sve.layers.member import MemberLayer
 
 torch.set_num_threads(1)
@@ -366,6 +368,30 @@ def test_every_method_trains_and_predicts_through_wrap(method):
     torch.testing.assert_close(prediction.probs.sum(-1), torch.ones(16, dtype=torch.float64))
     assert prediction.member_probs.shape[1:] == (16, 3)
     assert (prediction.mutual_information >= -1e-12).all()
+
+
+def test_a_loader_is_predicted_and_scored_as_its_examples_are_together():
+    torch.manual_seed(0)
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=3, num_classes=3, example_input=x)  # noise: members differ
+    whole = ensemble.predict(x)
+    ensemble.train()  # each call evaluates and gives the mode back
+    loaders = {"tensors": [x[:4], x[4:]], "1-tuples": [(x[:4],), (x[4:],)],
+               "pairs": DataLoader(TensorDataset(x, y), batch_size=4), "dicts": [{"input": x[:6]}, {"input": x[6:]}]}
+    for form, loader in loaders.items():
+        got = ensemble.predict_loader(loader, progress=False)
+        for field in ("probs", "member_probs", "mutual_information", "disagreement"):
+            torch.testing.assert_close(getattr(got, field), getattr(whole, field), atol=1e-6, rtol=1e-6, msg=form)
+    assert ensemble.training
+    metrics = ensemble.evaluate(DataLoader(TensorDataset(x, y), batch_size=3), progress=False)
+    probs = whole.probs  # the predictive's accuracy and NLL, computed here by hand
+    assert metrics["acc"] == pytest.approx(float((probs.argmax(-1) == y).double().mean()))
+    assert metrics["nll"] == pytest.approx(float(-probs[torch.arange(10), y].log().mean()), rel=1e-5)
+    assert len(metrics["member_acc"]) == 3 and 0 <= metrics["ece"] <= 1
+    with pytest.raises(InputError, match="evaluate needs labelled batches"):
+        ensemble.evaluate([x[:4]], progress=False)
+    with pytest.raises(InputError, match=r"a batch of tuple of 3 is not one of the forms taken"):
+        ensemble.predict_loader([(x, y, y)], progress=False)
 
 
 def test_unknown_options_and_methods_name_the_valid_choices():

@@ -28,12 +28,14 @@ import operator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
 from sve.api.module_backbone import ModuleBackbone, to_batch
 from sve.backbones.base import Backbone
+from sve.errors import InputError
 from sve.layers.member import MemberLayer
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
@@ -218,6 +220,50 @@ class Ensemble(nn.Module):
         """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored)."""
         return self.method.predict(to_batch(args, kwargs), aggregate)
 
+    def predict_loader(self, loader, aggregate: str = "probs", progress: bool = True):
+        """``predict`` over every batch of ``loader``: one ``sve.Prediction`` for all its examples, in order.
+        Batches are bare inputs, (inputs, labels) pairs or dicts (``as_batch``); they go to the ensemble's
+        device."""
+        from sve.metrics.scores import uncertainty
+
+        logits, _ = self.member_logits_of(loader, progress, "predicting")
+        return uncertainty(logits, aggregate)
+
+    def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True) -> dict:
+        """The metrics ``train.py`` reports, of the ensemble on a labelled ``loader``: the predictive's ``acc``,
+        ``ece``, ``nll``, ``brier``, each member's (``member_acc``, ...), ``disagreement``,
+        ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``)."""
+        from sve.metrics.scores import score
+
+        logits, labels = self.member_logits_of(loader, progress, "evaluating")
+        if labels is None:
+            raise InputError("evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
+                             "predict_loader takes unlabelled ones")  # fmt: skip
+        return score(logits, labels, aggregate, n_bins)
+
+    def member_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
+        """Member logits (M, N, C) of every example of ``loader`` (on the CPU, float32), and its labels (or
+        None when a batch has none), in evaluation mode; the mode is restored."""
+        from tqdm.auto import tqdm
+
+        from sve.members import to_device
+
+        device = next((p.device for p in self.parameters()), torch.device("cpu"))
+        was_training, logits, labels = self.training, [], []
+        self.eval()
+        try:
+            with torch.no_grad():
+                for raw in tqdm(loader, desc=f"sve: {doing}", disable=not progress, leave=False):
+                    batch = to_device(as_batch(raw, labelled=False), device)
+                    labels.append(batch.pop("labels", None))
+                    logits.append(self.method(batch).float().cpu())
+        finally:
+            self.train(was_training)
+        if not logits:
+            raise InputError("the loader gave no batches")
+        known = None if any(y is None for y in labels) else torch.cat([y.cpu() for y in labels])
+        return torch.cat(logits, 1), known
+
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
 
@@ -278,10 +324,20 @@ class Batches:
         return len(self.loader)
 
 
-def as_batch(batch) -> dict:
-    """A loader's batch as the framework's dict: (inputs, labels), ((args...), labels), or a dict."""
+def as_batch(batch, labelled: bool = True) -> dict:
+    """A loader's batch as the framework's dict: (inputs, labels), ((args...), labels), or a dict (labels under
+    ``labels``); with ``labelled=False`` also bare inputs (a tensor, or a 1-tuple as a TensorDataset gives)."""
     if isinstance(batch, dict):
-        return batch
+        return dict(batch)
+    if not labelled and isinstance(batch, Tensor):
+        return to_batch((batch,), {})
+    if not labelled and isinstance(batch, (tuple, list)) and len(batch) == 1:
+        return to_batch(tuple(batch), {})
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        size = f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+        raise InputError(f"a batch of {type(batch).__name__}{size} is not one of the forms taken: (inputs, labels), "
+                         "((args...), labels), a dict of the model's keyword arguments (labels under 'labels')"
+                         + ("" if labelled else ", or bare inputs"))  # fmt: skip
     inputs, labels = batch
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return {**to_batch(args, {}), "labels": labels}
