@@ -1,11 +1,14 @@
-"""SVConv2d: exact algebra of the kernel-as-matrix decomposition, and SVE on a CNN (beyond the paper)."""
+"""SVConv: exact algebra of the kernel-as-matrix decomposition, and SVE on a CNN (beyond the paper); the same
+for 1-D and 3-D convolutions and every layer that adapts one."""
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
 from sve.backbones.resnet_cifar import ResNetCIFARBackbone
-from sve.layers import SVConv2d, SVLinear
+from sve.layers import SVConv, SVConv2d, SVLinear
 from sve.members import repeat_members
 from sve.methods.sve import SVE, SVF
 
@@ -92,3 +95,69 @@ def test_sve_on_a_cnn_trains_only_singular_values_biases_and_heads():
 def test_svf_applies_to_convs():
     method = SVF(_resnet(), ensemble_size=1, num_classes=10)
     assert all(layer.ensemble_size == 1 for layer in method.sv_layers())
+
+
+# --- convolutions of 1 and 3 spatial dimensions: the same reading of the kernel ---------------------------------
+
+CONVS = {1: nn.Conv1d, 3: nn.Conv3d}
+SIZES = {1: (11,), 3: (5, 6, 4)}
+
+
+def member_layer(kind: str, conv: nn.Module, members: int):
+    from sve.layers import BatchEnsembleLayer, LoRALayer
+    from sve.layers.sv_lora import SVLoRAConv
+    from sve.layers.sv_top import SVTopConv
+
+    if kind == "sve":
+        return SVConv.from_conv(conv, ensemble_size=members, sigma_init=0.2)
+    if kind == "sve_top":
+        return SVTopConv.from_conv_top(conv, rank=3, ensemble_size=members, sigma_init=0.2)
+    if kind.startswith("sve_lora"):
+        layer = SVLoRAConv.from_conv(conv, ensemble_size=members, sigma_init=0.2)
+        layer.add_lora(rank=2, alpha=2.0, space=kind.rpartition("_")[2])
+        with torch.no_grad():
+            layer.lora_B.normal_()  # a non-zero update, so that it is tested
+        return layer
+    if kind == "lora":
+        layer = LoRALayer(conv, ensemble_size=members, rank=2)
+        with torch.no_grad():
+            layer.lora_B.normal_()
+        return layer
+    return BatchEnsembleLayer(conv, ensemble_size=members, init_std=0.3)
+
+
+@pytest.mark.parametrize("dims", [1, 3])
+@pytest.mark.parametrize("kind", ["sve", "sve_top", "sve_lora_weight", "sve_lora_basis", "lora", "batch_ensemble"])
+def test_1d_and_3d_convolutions_are_member_layers_whose_members_are_their_merged_convolutions(dims, kind):
+    torch.manual_seed(0)
+    conv = CONVS[dims](4, 6, 3, stride=2, padding=1, dilation=1 if dims == 3 else 2)
+    x = torch.randn(2, 4, *SIZES[dims])
+    with torch.no_grad():
+        expected = conv(x)
+    layer = member_layer(kind, copy.deepcopy(conv), members=3)
+    assert layer.kind == "conv" and layer.conv_dims == dims
+    with torch.no_grad():
+        train = layer.train()(repeat_members(x, 3)).reshape(3, *expected.shape)  # the factored path
+        merged = layer.eval()(repeat_members(x, 3)).reshape(3, *expected.shape)  # merged kernels (SV layers)
+        for m in range(3):
+            plain = layer.merge(m)
+            assert type(plain) is CONVS[dims]
+            torch.testing.assert_close(train[m], plain(x), atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(merged[m], plain(x), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(train[0], train[1])  # the members differ
+
+
+@pytest.mark.parametrize("dims", [1, 3])
+def test_sve_on_a_1d_or_3d_cnn_keeps_its_output_at_init(dims):
+    import sve
+
+    torch.manual_seed(0)
+    model = nn.Sequential(CONVS[dims](2, 8, 3, padding=1), nn.ReLU(), CONVS[dims](8, 8, 3, stride=2), nn.ReLU(),
+                          nn.Flatten(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(8, 3)).eval()  # fmt: skip
+    x = torch.randn(4, 2, *SIZES[dims])
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0, example_input=x).eval()
+    assert ensemble.method.wrapped == ["0", "2"]  # both convolutions, by default
+    with torch.no_grad():
+        torch.testing.assert_close(ensemble(x), expected.expand(2, -1, -1), atol=1e-5, rtol=1e-4)

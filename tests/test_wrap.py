@@ -424,7 +424,9 @@ def test_a_model_with_no_adaptable_layer_names_its_layers_and_what_can_be_adapte
     class Recurrent(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.rnn, self.fc = nn.Conv1d(4, 8, 3), nn.GRU(8, 16, batch_first=True), nn.Linear(16, 5)
+            # a grouped convolution (4 groups) and a GRU: neither is a layer the methods adapt
+            self.conv, self.rnn = nn.Conv1d(4, 8, 3, groups=4), nn.GRU(8, 16, batch_first=True)
+            self.fc = nn.Linear(16, 5)
 
         def forward(self, x):
             out, _ = self.rnn(self.conv(x).transpose(1, 2))

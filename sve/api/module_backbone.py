@@ -279,7 +279,7 @@ class ModuleBackbone(Backbone):
                       if n and not list(m.children()) and n != self.head_name]  # fmt: skip
             raise ValueError(
                 f"{type(self.model).__name__} has no layer the methods can adapt on the way to its features: they "
-                "adapt nn.Linear (and Hugging Face's Conv1D) and nn.Conv2d with groups = 1 and zero padding; its "
+                "adapt nn.Linear (and Hugging Face's Conv1D) and nn.Conv1d/2d/3d with groups = 1 and zero padding; its "
                 + (f"layers are {', '.join(layers[:12])}{' ...' if len(layers) > 12 else ''}" if layers
                    else f"only layer is its head {self.head_name!r}"))
         return found

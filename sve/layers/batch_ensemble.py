@@ -9,7 +9,7 @@ and its own bias b_m. For a linear layer this is computed without forming W_m:
 r_m and s_m start at one and b_m at the pretrained bias, so every member equals the pretrained layer at init;
 ``init_std`` > 0 draws each entry of r_m and s_m from N(1, init_std^2) instead, so that members differ from
 the start (needed when nothing else tells them apart, e.g. a pretrained head shared by all).
-For a Conv2d the kernel is read as an (out, in*k*k) matrix (``sve.layers.member.weight_matrix``), r_m has
+For a convolution the kernel is read as an (out, in*k*k) matrix (``sve.layers.member.weight_matrix``), r_m has
 in*k*k entries, and the K member kernels run as one grouped convolution; with r_m constant over the k*k taps
 this is Wen et al.'s per-channel convolution.
 """
@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.errors import InputError
-from sve.layers.adapter import member_conv2d
+from sve.layers.adapter import member_conv
 from sve.layers.member import MemberLayer, weight_matrix
 
 
 class BatchEnsembleLayer(MemberLayer):
     """Args:
-    base: the layer (nn.Linear, HF Conv1D or nn.Conv2d); its weight becomes the shared weight (trainable or
+    base: the layer (nn.Linear, HF Conv1D or nn.Conv1d/2d/3d); its weight becomes the shared weight (trainable or
         not, as the method decides) and its bias becomes one bias per member (``biases``).
     ensemble_size: number of members M.
     init_std: standard deviation of the fast weights around one at init (0: exactly one).
@@ -55,11 +55,12 @@ class BatchEnsembleLayer(MemberLayer):
         W = weight_matrix(self.base)
         r, s = self.pick("r", members).to(x.dtype), self.pick("s", members).to(x.dtype)  # (K, in'), (K, out)
         b = self.pick("biases", members).to(x.dtype) if self.biases is not None else None  # (K, out)
-        if self.kind == "conv2d":
+        if self.kind == "conv":
+            d = self.conv_dims
             kernels = (s[:, :, None] * W.unsqueeze(0) * r[:, None, :])  # (K, out, in')
-            y = member_conv2d(x, kernels.reshape(K, *self.base.weight.shape), self.base)  # (K*B, out, H', W')
+            y = member_conv(x, kernels.reshape(K, *self.base.weight.shape), self.base)  # (K*B, out, *S')
             if b is not None:
-                y = (y.reshape(K, -1, *y.shape[-3:]) + b[:, None, :, None, None]).reshape(y.shape)
+                y = (y.reshape(K, -1, *y.shape[-(d + 1):]) + b.reshape(K, 1, -1, *([1] * d))).reshape(y.shape)
             return y
         lead = x.shape[:-1]
         xs = x.reshape(K, -1, self.in_features)  # (K, N*T, in)

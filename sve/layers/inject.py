@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from torch import nn
 
 from sve.errors import InputError
-from sve.layers.member import ADAPTABLE_TYPES, Conv1D, MemberLayer
+from sve.layers.member import ADAPTABLE_TYPES, CONV_TYPES, Conv1D, MemberLayer
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,13 @@ def as_patterns(value) -> list[str] | None:
 
 
 def adaptable(module: nn.Module) -> bool:
-    """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv2d`` with
-    groups = 1 and zero numeric padding (depthwise and padding-in-forward convolutions are not)."""
+    """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv1d``, ``Conv2d``
+    or ``Conv3d`` with groups = 1 and zero numeric padding (depthwise and padding-in-forward convolutions are
+    not)."""
     if isinstance(module, MemberLayer) or not isinstance(module, ADAPTABLE_TYPES):
         return False
-    if isinstance(module, nn.Conv2d):
-        own_forward = type(module).forward is not nn.Conv2d.forward
+    if isinstance(module, CONV_TYPES):
+        own_forward = type(module).forward not in {conv.forward for conv in CONV_TYPES}
         return (module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
                 and not own_forward)
     return True

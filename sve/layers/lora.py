@@ -14,7 +14,7 @@ layer trains (a method keeping it on at evaluation puts the layer in training mo
 the default, leaves the layer as it was.
 
 All selected members run in one batched forward: the base layer sees the whole (K*B, ...) input once, and
-the low-rank path is a batched matmul over members (or, for a Conv2d, a grouped convolution: A_m as r
+the low-rank path is a batched matmul over members (or, for a convolution, a grouped convolution: A_m as r
 filters of the full kernel size, B_m as a 1x1 convolution; see ``sve.layers.adapter``). Posterior samples
 and checkpoints run through the same path as a bank of (A, B) pairs (``MemberLayer.use_bank``).
 """
@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.errors import InputError
-from sve.layers.adapter import member_conv2d
+from sve.layers.adapter import member_conv, pointwise
 from sve.layers.member import MemberLayer, weight_matrix
 
 
 class LoRALayer(MemberLayer):
     """Args:
-    base: the layer to adapt (nn.Linear, HF Conv1D or nn.Conv2d); held, frozen.
+    base: the layer to adapt (nn.Linear, HF Conv1D or nn.Conv1d/2d/3d); held, frozen.
     ensemble_size: number of members M (1: plain LoRA).
     rank: r.
     alpha: scaling numerator; the update is scaled by alpha / r (C.3: r = alpha = 8, i.e. scale 1).
@@ -79,9 +79,9 @@ class LoRALayer(MemberLayer):
         """(alpha / r) B_k A_k x for block k of x; A (K, r, in'), B (K, out, r)."""
         K = A.shape[0]
         x = x.to(A.dtype)
-        if self.kind == "conv2d":
-            h = member_conv2d(x, A.reshape(K, self.rank, *self.base.weight.shape[1:]), self.base)  # (K*N, r, H', W')
-            return self.scaling * member_conv2d(h, B[..., None, None])  # (K*N, out, H', W')
+        if self.kind == "conv":
+            h = member_conv(x, A.reshape(K, self.rank, *self.base.weight.shape[1:]), self.base)  # (K*N, r, *S')
+            return self.scaling * member_conv(h, pointwise(B, self.conv_dims))  # (K*N, out, *S')
         lead = x.shape[:-1]
         xs = x.reshape(K, -1, self.in_features)  # (K, N*T, in)
         h = xs @ A.transpose(1, 2)  # (K, N*T, r)

@@ -46,30 +46,34 @@ def running_layers() -> list[MemberLayer]:
     return list(_RUNNING)
 
 
-ADAPTABLE_TYPES: tuple[type, ...] = (nn.Linear, nn.Conv2d) + ((Conv1D,) if Conv1D else ())
+# Convolutions of 1, 2 and 3 dimensions (audio and sequence CNNs, image CNNs, volume and video CNNs), read the
+# same way: the kernel as one (out, in * prod(kernel_size)) matrix. Index d - 1 is the d-dimensional one.
+CONV_TYPES: tuple[type, ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+ADAPTABLE_TYPES: tuple[type, ...] = (nn.Linear, *CONV_TYPES) + ((Conv1D,) if Conv1D else ())
 
 
 def weight_matrix(layer: nn.Module) -> Tensor:
     """The weight as an (out, in') matrix, a view (gradients reach the parameter): (out, in) for nn.Linear
-    and Hugging Face Conv1D (stored transposed), (out, in*kh*kw) for nn.Conv2d (PyTorch's kernel order)."""
+    and Hugging Face Conv1D (stored transposed), (out, in*k1*...*kd) for a convolution (PyTorch's kernel
+    order)."""
     if isinstance(layer, nn.Linear):
         return layer.weight
     if Conv1D and isinstance(layer, Conv1D):
         return layer.weight.t()
-    if isinstance(layer, nn.Conv2d):
+    if isinstance(layer, CONV_TYPES):
         return layer.weight.flatten(1)
-    raise TypeError(f"expected nn.Linear, nn.Conv2d or transformers Conv1D, got {type(layer).__name__}")
+    raise TypeError(f"expected nn.Linear, nn.Conv1d/2d/3d or transformers Conv1D, got {type(layer).__name__}")
 
 
 def check_layer(layer: nn.Module) -> None:
     """Rejects layers the adapters cannot read as one weight matrix."""
     if not isinstance(layer, ADAPTABLE_TYPES):
         raise TypeError(f"expected one of {[t.__name__ for t in ADAPTABLE_TYPES]}, got {type(layer).__name__}")
-    if isinstance(layer, nn.Conv2d):
+    if isinstance(layer, CONV_TYPES):
         if layer.groups != 1 or layer.padding_mode != "zeros" or isinstance(layer.padding, str):
             raise InputError(
-                f"Conv2d adapters need groups=1, padding_mode='zeros' and numeric padding (got groups="
-                f"{layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
+                f"{type(layer).__name__} adapters need groups=1, padding_mode='zeros' and numeric padding (got "
+                f"groups={layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
             )
 
 
@@ -88,11 +92,14 @@ class MemberLayer(nn.Module):
             raise InputError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
         self.ensemble_size = ensemble_size
         self.out_features, self.in_features = weight_matrix(base).shape
-        self.kind = ("conv2d" if isinstance(base, nn.Conv2d) else
-                     "conv1d" if not isinstance(base, nn.Linear) else "linear")
-        if self.kind == "conv2d":
+        # "conv": nn.Conv1d/2d/3d (``conv_dims`` spatial axes); "transposed": Hugging Face's Conv1D, a linear
+        # stored (in, out).
+        self.kind = ("conv" if isinstance(base, CONV_TYPES) else
+                     "transposed" if not isinstance(base, nn.Linear) else "linear")
+        if self.kind == "conv":
             self.in_channels, self.kernel_size = base.in_channels, base.kernel_size
             self.stride, self.padding, self.dilation = base.stride, base.padding, base.dilation
+            self.conv_dims = len(base.kernel_size)
         self.module_name = type(self).__name__  # replaced by the injected path, for error messages
         self._selected: list[int] | None = None
         self._bank: dict[str, Tensor] | None = None
@@ -218,9 +225,9 @@ class MemberLayer(nn.Module):
     def weight(self) -> Tensor:
         """The selected member's merged weight in the base layer's layout and dtype."""
         W = self.member_weight(self._only_member("weight")).to(self.base_dtype)
-        if self.kind == "conv2d":
+        if self.kind == "conv":
             return W.reshape(self.out_features, self.in_channels, *self.kernel_size)
-        return W.t() if self.kind == "conv1d" else W
+        return W.t() if self.kind == "transposed" else W
 
     @property
     def bias(self) -> Tensor | None:
@@ -233,14 +240,14 @@ class MemberLayer(nn.Module):
 
     @torch.no_grad()
     def merge(self, member: int) -> nn.Module:
-        """A plain layer computing member ``member`` of the current set (nn.Conv2d for a convolution, else
+        """A plain layer computing member ``member`` of the current set (nn.Conv1d/2d/3d for a convolution, else
         nn.Linear, also for a Hugging Face Conv1D), for export or single-member inference."""
         if not 0 <= member < self.num_members():
             raise IndexError(f"member {member} out of range for {self.num_members()} members")
         W, b = self.member_weight(member), self.member_bias(member)
-        if self.kind == "conv2d":
-            layer = nn.Conv2d(self.in_channels, self.out_features, self.kernel_size, self.stride, self.padding,
-                              self.dilation, bias=b is not None)
+        if self.kind == "conv":
+            layer = CONV_TYPES[self.conv_dims - 1](self.in_channels, self.out_features, self.kernel_size, self.stride,
+                                                   self.padding, self.dilation, bias=b is not None)
             layer.weight.copy_(W.reshape_as(layer.weight))
         else:
             layer = nn.Linear(self.in_features, self.out_features, bias=b is not None)
@@ -254,4 +261,5 @@ def member_layers(module: nn.Module) -> list[MemberLayer]:
     return [m for m in module.modules() if isinstance(m, MemberLayer)]
 
 
-__all__ = ["MemberLayer", "MemberLayoutError", "member_layers", "weight_matrix", "check_layer", "ADAPTABLE_TYPES"]
+__all__ = ["MemberLayer", "MemberLayoutError", "member_layers", "weight_matrix", "check_layer", "ADAPTABLE_TYPES",
+           "CONV_TYPES"]

@@ -1,7 +1,7 @@
 """``singular_values.npz``: each SV layer's pretrained and trained per-member singular values (Appendix B).
 
 One file per run, in the run directory, written after training. For every module with the attributes
-``pretrained_singular_values`` (r,) and ``singular_values`` (M, r) (``sve.layers.SVLinear``, ``SVConv2d``),
+``pretrained_singular_values`` (r,) and ``singular_values`` (M, r) (``sve.layers.SVLinear``, ``SVConv``),
 two arrays keyed by the module's dotted name:
 
 - ``<name>.pretrained``: (r,) float32, the singular values of the pretrained weight, descending;

@@ -9,7 +9,7 @@ recorded) the merged weight is cheaper per token: N tokens of one member cost
     merged     N in' out  +  out r in'      (the second term: merging, once per member)
 
 so an SV layer can run its K members as one batched matmul over K merged weights (``torch.baddbmm``; a
-grouped convolution for ``SVConv2d``), exactly as K dense layers would. ``inference`` chooses:
+grouped convolution for ``SVConv``), exactly as K dense layers would. ``inference`` chooses:
 
 - ``factored``: the training path, always.
 - ``cached``: the merged weights of all M members are computed once and kept until the singular values (or

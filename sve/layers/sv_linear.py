@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from sve.errors import InputError
-from sve.layers.member import MemberLayer, weight_matrix
+from sve.layers.member import CONV_TYPES, MemberLayer, weight_matrix
 from sve.layers.sv_inference import check_inference, member_slice, merge_members, merged_is_faster, tensor_key
 from sve.layers.svd_cache import SVDCache, has_bytes, weight_key
 
@@ -154,8 +154,8 @@ class SVLinear(MemberLayer):
     ) -> SVLinear:
         """Decomposes an nn.Linear (or HF Conv1D) weight with a thin SVD computed in ``svd_dtype`` (or read
         from ``cache``)."""
-        if isinstance(layer, nn.Conv2d):
-            raise TypeError("use SVConv2d.from_conv for an nn.Conv2d")
+        if isinstance(layer, CONV_TYPES):
+            raise TypeError(f"use SVConv.from_conv for an nn.{type(layer).__name__}")
         U, s, Vh, source = decompose_with_source(layer, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in)
         return cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
 

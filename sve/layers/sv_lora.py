@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.errors import InputError
-from sve.layers.adapter import member_conv2d
-from sve.layers.sv_conv import SVConv2d
+from sve.layers.adapter import CONVOLVE, member_conv, pointwise
+from sve.layers.sv_conv import SVConv
 from sve.layers.sv_linear import SVLinear
 
 SPACES = ("weight", "basis")
@@ -38,7 +37,7 @@ OWNERS = ("per_member", "shared")
 
 
 class LoRATerm:
-    """What the SV-LoRA layers add to an SV layer (``SVLinear`` or ``SVConv2d``): the update's tensors, their
+    """What the SV-LoRA layers add to an SV layer (``SVLinear`` or ``SVConv``): the update's tensors, their
     per-member view, and the update inside the merged weights. Mixed in before the SV layer class."""
 
     def add_lora(self, rank: int, alpha: float, space: str = "weight", members: str = "per_member") -> None:
@@ -104,30 +103,33 @@ class SVLoRALinear(LoRATerm, SVLinear):
         return super().extra_repr() + self.lora_repr()
 
 
-class SVLoRAConv2d(LoRATerm, SVConv2d):
-    """``SVConv2d`` plus the update: in ``weight`` space A_m is q filters of the full kernel and B_m a 1x1
+class SVLoRAConv(LoRATerm, SVConv):
+    """``SVConv`` plus the update: in ``weight`` space A_m is q filters of the full kernel and B_m a pointwise
     convolution (as ``LoRALayer`` reads a kernel); in ``basis`` space both mix the r singular channels."""
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
         A, B = self.lora_pair(members)
-        K = len(members)
+        K, d = len(members), self.conv_dims
+        axes = {1: "l", 2: "hw", 3: "dhw"}[d]  # the spatial axes, by letter, for the einsums
         kernel = self.Vh.reshape(self.rank, self.in_channels, *self.kernel_size).to(x.dtype)
-        h = F.conv2d(x, kernel, None, self.stride, self.padding, self.dilation)  # (K*B, r, H', W')
-        h = h.reshape(K, -1, *h.shape[-3:])  # (K, B, r, H', W')
-        core = h * self.pick("singular_values", members).to(h.dtype)[:, None, :, None, None]
+        h = CONVOLVE[d](x, kernel, None, self.stride, self.padding, self.dilation)  # (K*B, r, *S')
+        h = h.reshape(K, -1, *h.shape[-(d + 1):])  # (K, B, r, *S')
+        core = h * pointwise(self.pick("singular_values", members).to(h.dtype)[:, None, :], d)
         if self.lora_space == "basis":
-            low = torch.einsum("kbrhw,kqr->kbqhw", h, A.to(h.dtype))
-            core = core + self.lora_scaling * torch.einsum("kbqhw,koq->kbohw", low, B.to(h.dtype))
-        y = F.conv2d(core.flatten(0, 1), self.U.to(x.dtype)[:, :, None, None])  # (K*B, out, H', W')
+            low = torch.einsum(f"kbr{axes},kqr->kbq{axes}", h, A.to(h.dtype))
+            core = core + self.lora_scaling * torch.einsum(f"kbq{axes},koq->kbo{axes}", low, B.to(h.dtype))
+        y = CONVOLVE[d](core.flatten(0, 1), pointwise(self.U.to(x.dtype), d))  # (K*B, out, *S')
         if self.lora_space == "weight":
             filters = A.to(x.dtype).reshape(K, self.lora_rank, self.in_channels, *self.kernel_size)
-            low = member_conv2d(x if x.dim() == 4 else x.unsqueeze(0), filters, self)  # (K*B, q, H', W')
-            y = y + self.lora_scaling * member_conv2d(low, B.to(x.dtype)[..., None, None]).reshape(y.shape)
-        y = self.add_bias(y.reshape(K, -1, *y.shape[-3:]), members, channel_dim=-3)
-        return y.reshape(*x.shape[:-3], *y.shape[-3:])  # unbatched (C, H, W) inputs keep their shape
+            low = member_conv(x if x.dim() == d + 2 else x.unsqueeze(0), filters, self)  # (K*B, q, *S')
+            y = y + self.lora_scaling * member_conv(low, pointwise(B.to(x.dtype), d)).reshape(y.shape)
+        y = self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1):]), members, channel_dim=-(d + 1))
+        return y.reshape(*x.shape[:-(d + 1)], *y.shape[-(d + 1):])  # unbatched (C, *S) inputs keep their shape
 
     def extra_repr(self) -> str:
         return super().extra_repr() + self.lora_repr()
 
 
-__all__ = ["SVLoRALinear", "SVLoRAConv2d", "SPACES", "OWNERS"]
+SVLoRAConv2d = SVLoRAConv  # its name before it took 1-D and 3-D convolutions
+
+__all__ = ["SVLoRALinear", "SVLoRAConv", "SVLoRAConv2d", "SPACES", "OWNERS"]

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sve.errors import InputError
+from sve.layers.adapter import CONVOLVE
 from sve.layers.member import check_layer, weight_matrix
-from sve.layers.sv_conv import SVConv2d
+from sve.layers.sv_conv import SVConv
 from sve.layers.sv_linear import SVLinear, decompose_with_source
 from sve.layers.svd_cache import SVDCache
 
@@ -75,13 +76,13 @@ class SVTopLinear(TopRankTerm, SVLinear):
         return F.linear(x, self.residual.to(x.dtype)) + super().factored(x, members)
 
 
-class SVTopConv2d(TopRankTerm, SVConv2d):
-    """``SVConv2d`` on the top r directions plus the frozen residual kernel; build with ``from_conv_top``."""
+class SVTopConv(TopRankTerm, SVConv):
+    """``SVConv`` on the top r directions plus the frozen residual kernel; build with ``from_conv_top``."""
 
     @classmethod
-    def from_conv_top(cls, conv: nn.Conv2d, rank: int, ensemble_size: int, sigma_init: float = 0.0,
+    def from_conv_top(cls, conv: nn.Module, rank: int, ensemble_size: int, sigma_init: float = 0.0,
                       member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
-                      factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv2d:
+                      factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv:
         check_layer(conv)  # groups=1, zero padding, numeric padding
         U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
@@ -90,8 +91,10 @@ class SVTopConv2d(TopRankTerm, SVConv2d):
 
     def factored(self, x: Tensor, members: list[int]) -> Tensor:
         kernel = self.residual.reshape(self.out_features, self.in_channels, *self.kernel_size).to(x.dtype)
-        shared = F.conv2d(x, kernel, None, self.stride, self.padding, self.dilation)
+        shared = CONVOLVE[self.conv_dims](x, kernel, None, self.stride, self.padding, self.dilation)
         return shared + super().factored(x, members)
 
 
-__all__ = ["SVTopLinear", "SVTopConv2d", "split_top"]
+SVTopConv2d = SVTopConv  # its name before it took 1-D and 3-D convolutions
+
+__all__ = ["SVTopLinear", "SVTopConv", "SVTopConv2d", "split_top"]

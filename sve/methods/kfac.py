@@ -45,7 +45,7 @@ class LoRAKFAC(CurvatureInterface):
         params = self._layers()
         layers = list(dict.fromkeys(layer for layer, _ in params))
         for layer in layers:
-            if isinstance(layer.base, torch.nn.Conv2d) or layer.ensemble_size != 1:
+            if layer.kind == "conv" or layer.ensemble_size != 1:
                 raise NotImplementedError("LoRAKFAC supports single-member linear LoRA layers")
             layer.record = []
         try:

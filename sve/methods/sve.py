@@ -4,8 +4,9 @@ Every target linear of the backbone becomes an ``SVLinear``: frozen U and V, M t
 singular values initialised s * (1 + eps), eps ~ N(0, sigma_init^2) (Eq. 5). All other backbone weights are
 frozen; each member has its own head. The loss is the mean member cross-entropy (Eq. 6).
 
-Beyond the paper, a target ``nn.Conv2d`` becomes an ``SVConv2d`` (the kernel as an (out, in*kh*kw) matrix;
-see ``sve.layers.sv_conv``), so SVE and SVF also apply to CNNs such as the CIFAR ResNets.
+Beyond the paper, a target convolution (``nn.Conv1d``, ``Conv2d`` or ``Conv3d``) becomes an ``SVConv`` (the
+kernel as an (out, in*k1*...*kd) matrix; see ``sve.layers.sv_conv``), so SVE and SVF also apply to CNNs such
+as the CIFAR ResNets, and to audio and volume CNNs.
 
 Evaluation runs the members with merged weights where that is faster (``inference``, see
 ``sve.layers.sv_inference``). With ``auto``, the method decides each time it enters evaluation whether the
@@ -25,8 +26,9 @@ import time
 import torch
 from torch import nn
 
+from sve.layers.member import CONV_TYPES
 from sve.layers.singular_values import movement
-from sve.layers.sv_conv import SVConv2d
+from sve.layers.sv_conv import SVConv
 from sve.layers.sv_inference import check_inference
 from sve.layers.sv_linear import SVLinear
 from sve.layers.svd_cache import SVDCache
@@ -78,7 +80,7 @@ class SVE(EnsembleMethod):
                      st["read_seconds"], st["misses"], st["compute_seconds"])
 
     def make_layer(self, layer: nn.Module) -> SVLinear:
-        convert = SVConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLinear.from_linear
+        convert = SVConv.from_conv if isinstance(layer, CONV_TYPES) else SVLinear.from_linear
         return convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
                        member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
                        cache=self.svd_cache)

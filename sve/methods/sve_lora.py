@@ -10,7 +10,8 @@ from __future__ import annotations
 from torch import nn
 
 from sve.errors import InputError
-from sve.layers.sv_lora import LoRATerm, SVLoRAConv2d, SVLoRALinear
+from sve.layers.member import CONV_TYPES
+from sve.layers.sv_lora import LoRATerm, SVLoRAConv, SVLoRALinear
 from sve.methods.sve import SVE
 
 
@@ -45,7 +46,7 @@ class SVELoRA(SVE):
         return [{"params": values, "lr": self.sv_lr}, {"params": rest}]
 
     def make_layer(self, layer: nn.Module) -> SVLoRALinear:
-        convert = SVLoRAConv2d.from_conv if isinstance(layer, nn.Conv2d) else SVLoRALinear.from_linear
+        convert = SVLoRAConv.from_conv if isinstance(layer, CONV_TYPES) else SVLoRALinear.from_linear
         sv = convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
                      member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
                      cache=self.svd_cache)  # fmt: skip

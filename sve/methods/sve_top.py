@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from sve.layers.sv_top import SVTopConv2d, SVTopLinear
+from sve.layers.member import CONV_TYPES
+from sve.layers.sv_top import SVTopConv, SVTopLinear
 from sve.methods.sve import SVE
 
 
@@ -20,7 +21,7 @@ class SVETop(SVE):
         super().__init__(backbone, ensemble_size, num_classes, **kwargs)
 
     def make_layer(self, layer: nn.Module) -> SVTopLinear:
-        convert = SVTopConv2d.from_conv_top if isinstance(layer, nn.Conv2d) else SVTopLinear.from_linear_top
+        convert = SVTopConv.from_conv_top if isinstance(layer, CONV_TYPES) else SVTopLinear.from_linear_top
         return convert(layer, self.top_rank, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
                        member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
                        cache=self.svd_cache)  # fmt: skip
