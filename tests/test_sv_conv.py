@@ -161,3 +161,24 @@ def test_sve_on_a_1d_or_3d_cnn_keeps_its_output_at_init(dims):
     assert ensemble.method.wrapped == ["0", "2"]  # both convolutions, by default
     with torch.no_grad():
         torch.testing.assert_close(ensemble(x), expected.expand(2, -1, -1), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["sve", "sve_lora_weight", "lora", "batch_ensemble"])
+def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
+    from sve.layers.inject import adaptable
+
+    torch.manual_seed(0)
+    for conv, x in ((nn.Conv1d(3, 5, 5, padding="same", dilation=2), torch.randn(2, 3, 13)),
+                    (nn.Conv2d(3, 5, 3, padding="valid"), torch.randn(2, 3, 7, 7))):  # fmt: skip
+        assert adaptable(conv)
+        with torch.no_grad():
+            expected = conv(x)
+        layer = member_layer(kind, copy.deepcopy(conv), members=2)
+        with torch.no_grad():
+            out = layer.train()(repeat_members(x, 2)).reshape(2, *expected.shape)
+            for m in range(2):
+                torch.testing.assert_close(out[m], layer.merge(m)(x), atol=1e-5, rtol=1e-4)
+    uneven = nn.Conv1d(3, 5, 4, padding="same")  # PyTorch pads 1 on the left, 2 on the right
+    assert not adaptable(uneven)
+    with pytest.raises(ValueError, match="the same padding on both sides"):
+        SVConv.from_conv(uneven, ensemble_size=2)

@@ -65,15 +65,26 @@ def weight_matrix(layer: nn.Module) -> Tensor:
     raise TypeError(f"expected nn.Linear, nn.Conv1d/2d/3d or transformers Conv1D, got {type(layer).__name__}")
 
 
+def numeric_padding(conv: nn.Module) -> tuple[int, ...] | None:
+    """A convolution's zero padding per spatial axis, ``padding="same"`` and ``"valid"`` resolved as PyTorch
+    pads; None where "same" pads one side more than the other (an even effective kernel size), which one
+    number per axis cannot say."""
+    if not isinstance(conv.padding, str):
+        return tuple(conv.padding)
+    twice = conv._reversed_padding_repeated_twice  # (left, right) per axis, last axis first
+    pairs = [(twice[i], twice[i + 1]) for i in range(0, len(twice), 2)][::-1]
+    return None if any(left != right for left, right in pairs) else tuple(left for left, _ in pairs)
+
+
 def check_layer(layer: nn.Module) -> None:
     """Rejects layers the adapters cannot read as one weight matrix."""
     if not isinstance(layer, ADAPTABLE_TYPES):
         raise TypeError(f"expected one of {[t.__name__ for t in ADAPTABLE_TYPES]}, got {type(layer).__name__}")
     if isinstance(layer, CONV_TYPES):
-        if layer.groups != 1 or layer.padding_mode != "zeros" or isinstance(layer.padding, str):
+        if layer.groups != 1 or layer.padding_mode != "zeros" or numeric_padding(layer) is None:
             raise InputError(
-                f"{type(layer).__name__} adapters need groups=1, padding_mode='zeros' and numeric padding (got "
-                f"groups={layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
+                f"{type(layer).__name__} adapters need groups=1, padding_mode='zeros' and the same padding on both "
+                f"sides (got groups={layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
             )
 
 
@@ -98,7 +109,7 @@ class MemberLayer(nn.Module):
                      "transposed" if not isinstance(base, nn.Linear) else "linear")
         if self.kind == "conv":
             self.in_channels, self.kernel_size = base.in_channels, base.kernel_size
-            self.stride, self.padding, self.dilation = base.stride, base.padding, base.dilation
+            self.stride, self.padding, self.dilation = base.stride, numeric_padding(base), base.dilation
             self.conv_dims = len(base.kernel_size)
         self.module_name = type(self).__name__  # replaced by the injected path, for error messages
         self._selected: list[int] | None = None
