@@ -153,6 +153,8 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="sigma_init"):
         SVLinear.from_linear(_linear(), ensemble_size=2, sigma_init=-1)
     with pytest.raises(TypeError, match="nn.Linear"):
+        SVLinear.from_linear(nn.Embedding(3, 4), ensemble_size=2)
+    with pytest.raises(TypeError, match="use SVConv.from_conv for an nn.Conv1d"):
         SVLinear.from_linear(nn.Conv1d(3, 4, 3), ensemble_size=2)
 
 
