@@ -394,6 +394,25 @@ def test_a_loader_is_predicted_and_scored_as_its_examples_are_together():
         ensemble.predict_loader([(x, y, y)], progress=False)
 
 
+def test_default_targets_are_the_layers_of_the_methods_types(tmp_path):
+    # A CNN with a linear bottleneck: SVE takes the convolution and the linear, Bayes-LoRA (LA) (linears only)
+    # takes the linear, instead of refusing the default targets for holding a convolution.
+    def cnn():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))  # fmt: skip
+
+    x = torch.randn(2, 3, 8, 8)
+    assert sve.wrap(cnn(), "sve", ensemble_size=2, example_input=x).method.wrapped == ["0", "4"]
+    laplace = sve.wrap(cnn(), "bayes_lora_la", ensemble_size=2, example_input=x)
+    assert laplace.method.wrapped == ["4"] and laplace.config["target_modules"] == ["^4"]
+    laplace.save_pretrained(tmp_path)  # the resolved targets are recorded, so the adapter loads again
+    assert sve.from_pretrained(cnn(), tmp_path).method.wrapped == ["4"]
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    with pytest.raises(ValueError, match=r"Sequential has no layer of the types this method adapts \(\['Linear'"):
+        sve.wrap(plain, "bayes_lora_la", ensemble_size=2, example_input=x)
+
+
 def test_unknown_options_and_methods_name_the_valid_choices():
     with pytest.raises(ValueError, match=r"method='sv' is not valid; choose one of \[.*'sve'"):
         sve.wrap(mlp(), "sv", example_input=torch.randn(1, 6))

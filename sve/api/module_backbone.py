@@ -161,7 +161,8 @@ class ModuleBackbone(Backbone):
             self.eval()
             self.feature_dim = int(self(self.probe_batch()).shape[-1])
             self.train(was)
-        if not self.target_modules:
+        self.targets_by_default = not self.target_modules  # the method resolves them for its types (``adapt``)
+        if self.targets_by_default:
             self.target_modules = self.default_targets()
 
     # ----- the head ---------------------------------------------------------------------------------------------

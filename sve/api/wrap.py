@@ -188,7 +188,7 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
     task = "its own head" if getattr(backbone, "keep_head", False) else None  # recorded in head_init
     built = cls(backbone, ensemble_size=int(ensemble_size), num_classes=int(num_classes), task=task, **settings)
     config = {"method": method, "ensemble_size": int(ensemble_size), "num_classes": int(num_classes),
-              "target_modules": list(backbone.target_modules if target_modules is None else target_modules),
+              "target_modules": list(built.target_modules if target_modules is None else target_modules),
               "head": getattr(backbone, "head_name", None), "pooling": pooling,
               "keep_head": bool(getattr(backbone, "keep_head", False)),
               "options": {k: v for k, v in settings.items() if k != "target_modules"}}

@@ -65,8 +65,9 @@ def every_layer(model: nn.Module, types: tuple[type, ...], outside: Collection[s
     names = [n for n, m in model.named_modules()
              if n and isinstance(m, types) and adaptable(m) and not is_head(n, outside)]  # fmt: skip
     if not names:
-        raise InputError(f"target_modules=all: {type(model).__name__} has no layer of the types this method adapts "
-                         f"({[t.__name__ for t in types]}) on the way to its features")  # fmt: skip
+        raise InputError(f"{type(model).__name__} has no layer of the types this method adapts "
+                         f"({[t.__name__ for t in types]}) on the way to its features (target_modules=all, or "
+                         "sve.wrap's default targets); choose a method that adapts the layers it has")  # fmt: skip
     return [f"^{re.escape(n)}" for n in names]
 
 

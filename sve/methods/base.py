@@ -194,14 +194,20 @@ class EnsembleMethod(nn.Module):
                 p.requires_grad_(False)
             self.unused_parameter_count = sum(p.numel() for p in usage.unused_parameters)
         if type(self).make_layer is not EnsembleMethod.make_layer:
-            every = self.target_modules == [ALL]
+            # A model wrapped without target patterns (sve.wrap) has the backbone's defaults: every adaptable layer
+            # on the feature path, of any type. They are resolved as ``all`` is, for this method's layer types, so
+            # a method that adapts linears only (Bayes-LoRA (LA)) takes the linears of a CNN, not its convolutions.
+            default = (getattr(self.backbone, "targets_by_default", False)
+                       and self.target_modules == list(self.backbone.target_modules))  # fmt: skip
+            every = self.target_modules == [ALL] or default
             if every:  # every layer this method adapts, as exact names
                 self.target_modules = every_layer(self.backbone.model, self.layer_types,
                                                   usage.unused_modules if usage is not None else None)
             self.wrapped = inject(self.backbone.model, self.target_modules, self.make_layer, types=self.layer_types,
                                   outside=usage.unused_modules if usage is not None else None)
             if every:
-                log.info("%s: target_modules=all takes %d layers: %s", type(self).__name__, len(self.wrapped),
+                log.info("%s: %s takes %d layers: %s", type(self).__name__,
+                         "the default target_modules" if default else "target_modules=all", len(self.wrapped),
                          ", ".join(self.wrapped))  # fmt: skip
         self.log_summary()
 
