@@ -53,6 +53,11 @@ HF = {
              [r"(q|k|v|out)_proj", "fc1", "fc2"], "last"),
     "hf_vit": (HFBackbone, dict(model_type="vit", hidden_size=32, intermediate_size=64, image_size=32, patch_size=8,
                                 **SIZES), [r"(q|k|v|o)_proj", "fc1", "fc2"], "cls"),
+    # CNNs: (N, C, H, W) maps, read through the pooled output their own classifiers take
+    "hf_convnext": (HFBackbone, dict(model_type="convnext", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                                     image_size=32), ["pwconv1", "pwconv2"], "cls"),
+    "hf_resnet": (HFBackbone, dict(model_type="resnet", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                                   embedding_size=8, layer_type="basic", image_size=32), [r"convolution"], "cls"),
 }
 TINY_VIT = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2)
 TIMM = {
@@ -169,3 +174,16 @@ def test_an_encoder_only_checkpoint_of_an_encoder_decoder_family_loads_as_itself
         states = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         mask = batch["attention_mask"][..., None].float()
         torch.testing.assert_close(backbone(batch), (states * mask).sum(1) / mask.sum(1))
+
+
+@pytest.mark.parametrize("name", ["hf_convnext", "hf_resnet"])
+def test_a_hugging_face_cnn_gives_the_pooled_features_its_classifier_reads(name):
+    # Its last hidden state is a (N, C, H, W) map, which no token pooling reads: the features are its pooler
+    # output, the vector its own ...ForImageClassification head takes.
+    torch.manual_seed(0)
+    backbone = hf_backbone(name).eval()
+    batch = batch_for(backbone)
+    with torch.no_grad():
+        pooled = backbone.model(pixel_values=batch["pixel_values"]).pooler_output.flatten(1)
+        torch.testing.assert_close(backbone(batch), pooled)
+    assert backbone.feature_dim == 64

@@ -196,10 +196,8 @@ class HFBackbone(Backbone):
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def hidden_states(self, batch: dict) -> Tensor:
-        """(N, T, D) last hidden states of the base model (the decoder's for an encoder-decoder)."""
+        """(N, T, D) last hidden states of a text model (the decoder's for an encoder-decoder)."""
         base = self.model.base_model
-        if self.modality == "image":
-            return base(pixel_values=batch["pixel_values"].to(self.model.dtype)).last_hidden_state
         ids, mask = batch["input_ids"], batch.get("attention_mask")
         # No key-value cache: features need one pass, and a decoder's cache would hold every layer's keys and
         # values for the whole batch (4 GiB for LLaMA-2-7B's evaluation at M = 16, length 512; sve-train plan=true).
@@ -212,10 +210,16 @@ class HFBackbone(Backbone):
         return out.last_hidden_state
 
     def forward(self, batch: dict) -> Tensor:
-        hidden = self.hidden_states(batch)
-        if self.modality == "image" and self.pooling == "mean":
-            return hidden[:, 1:].mean(1)  # patch tokens, CLS left out
-        return pool(hidden, batch.get("attention_mask"), self.pooling)
+        if self.modality == "image":
+            out = self.model.base_model(pixel_values=batch["pixel_values"].to(self.model.dtype))
+            hidden = out.last_hidden_state
+            if hidden.dim() == 4:  # a CNN (ConvNeXt, ResNet, RegNet, ...): (N, C, H, W), no tokens to pool
+                pooled = getattr(out, "pooler_output", None)  # what the model's own classifier reads
+                return pooled.flatten(1) if pooled is not None else hidden.mean((2, 3))
+            if self.pooling == "mean":
+                return hidden[:, 1:].mean(1)  # patch tokens, CLS left out
+            return pool(hidden, None, self.pooling)
+        return pool(self.hidden_states(batch), batch.get("attention_mask"), self.pooling)
 
 
 class HFEncoderBackbone(HFBackbone):
