@@ -187,3 +187,32 @@ def test_a_hugging_face_cnn_gives_the_pooled_features_its_classifier_reads(name)
         pooled = backbone.model(pixel_values=batch["pixel_values"]).pooler_output.flatten(1)
         torch.testing.assert_close(backbone(batch), pooled)
     assert backbone.feature_dim == 64
+
+
+def test_an_image_model_is_normalised_with_its_own_processors_mean_and_std(tmp_path, monkeypatch):
+    # Google's ViTs use 0.5, not ImageNet's statistics: a local directory's preprocessor_config.json, and a Hub
+    # id's (downloaded or cached; here the Hub is replaced by a file), give the mean and std.
+    import json
+
+    import transformers.utils
+
+    from sve.backbones import hf
+
+    config = dict(HF["hf_vit"][1])
+    settings = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    hub_file = tmp_path / "hub" / "preprocessor_config.json"
+    hub_file.parent.mkdir()
+    hub_file.write_text(json.dumps(settings))
+    asked = []
+    monkeypatch.setattr(transformers.utils, "cached_file", lambda repo, name, **_: asked.append((repo, name)) or
+                        str(hub_file))  # fmt: skip
+    monkeypatch.setattr(hf, "hub_reachable", lambda: False)
+    assert hf.preprocessor_config("google/vit-base-patch16-224") == settings
+    assert asked == [("google/vit-base-patch16-224", "preprocessor_config.json")]
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "preprocessor_config.json").write_text(json.dumps({**settings, "image_mean": [0.4, 0.4, 0.4]}))
+    backbone = HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(local))
+    assert backbone.mean == (0.4, 0.4, 0.4) and backbone.std == (0.5, 0.5, 0.5)
+    (tmp_path / "no-processor-here").mkdir()
+    assert hf.preprocessor_config(str(tmp_path / "no-processor-here")) is None  # a directory without one

@@ -13,6 +13,8 @@ transformer uses its CLS token (``cls``) or the mean of its patch tokens (``mean
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import torch
@@ -25,6 +27,8 @@ from sve.backbones.tokenizers import char_tokenizer
 from sve.errors import InputError, OfflineError
 from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
 from sve.runs.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
+
+log = logging.getLogger(__name__)
 
 POOLINGS = ("cls", "mean", "last")
 PROBE_TEXT = "a short probe sentence"
@@ -182,12 +186,13 @@ class HFBackbone(Backbone):
         size = image_size or getattr(cfg, "image_size", 224)
         self.image_size = size[0] if isinstance(size, (list, tuple)) else int(size)
         self.mean, self.std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet, unless the processor says
-        if source and Path(source).is_dir() and (Path(source) / "preprocessor_config.json").exists():
-            import json
-
-            proc = json.loads((Path(source) / "preprocessor_config.json").read_text())
-            self.mean = tuple(proc.get("image_mean", self.mean))
-            self.std = tuple(proc.get("image_std", self.std))
+        processor = preprocessor_config(source)
+        if processor is None:
+            log.info("%s has no preprocessor_config.json here: images are normalised with ImageNet's mean and std",
+                     source)
+            return
+        self.mean = tuple(processor.get("image_mean", self.mean))
+        self.std = tuple(processor.get("image_std", self.std))
 
     def probe_batch(self) -> dict:
         if self.modality == "image":
@@ -220,6 +225,27 @@ class HFBackbone(Backbone):
                 return hidden[:, 1:].mean(1)  # patch tokens, CLS left out
             return pool(hidden, None, self.pooling)
         return pool(self.hidden_states(batch), batch.get("attention_mask"), self.pooling)
+
+
+def preprocessor_config(source: str | None) -> dict | None:
+    """The image processor's settings (``preprocessor_config.json``) of a local model directory or a Hub model
+    (downloaded, or from the cache without network); None where there is none. A Hub model's own mean and std
+    matter: many are not ImageNet's (Google's ViTs use 0.5)."""
+    if not source:
+        return None
+    local = Path(source).expanduser() / "preprocessor_config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    if Path(source).expanduser().exists():
+        return None
+    try:
+        from transformers.utils import cached_file
+
+        with hub_offline(not hub_reachable()):
+            path = cached_file(source, "preprocessor_config.json", _raise_exceptions_for_missing_entries=False)
+    except (OSError, ValueError):  # not on the Hub (or no valid repo id), or not cached without network
+        return None
+    return json.loads(Path(path).read_text()) if path else None
 
 
 class HFEncoderBackbone(HFBackbone):
