@@ -302,3 +302,20 @@ def test_imagenet_weights_load_strictly_and_classify():
     backbone = instantiate(compose_cfg(["backbone=efficientnet_lite0", "backbone.image_size=64"]).backbone)
     assert backbone.feature_dim == 1280 and backbone.mean == (0.5, 0.5, 0.5)
     torch.testing.assert_close(backbone.model.conv_stem.conv.weight, model.conv_stem.weight)
+
+
+def test_a_normalisation_other_than_the_weights_own_is_warned_of(tmp_path, caplog):
+    # efficientnet_lite0.yaml's 0.5/0.5 kept for another model_name (the docs' "a timm CNN" example) would feed
+    # an ImageNet-normalised ResNet the wrong inputs without a word.
+    torch.save(timm.create_model("resnet10t", pretrained=False).state_dict(), tmp_path / "resnet.pth")
+    with caplog.at_level("WARNING"):
+        backbone = TimmCNNBackbone("resnet10t", ["conv2"], checkpoint_path=str(tmp_path / "resnet.pth"),
+                                   image_size=32, mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])  # fmt: skip
+    assert backbone.mean == (0.5, 0.5, 0.5)  # as asked
+    assert "backbone.mean=[0.5, 0.5, 0.5] is not resnet10t's own ([0.485, 0.456, 0.406])" in caplog.text
+    caplog.clear()
+    torch.save(timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict(), tmp_path / "lite0.pth")
+    with caplog.at_level("WARNING"):  # the architecture's own: nothing to say
+        TimmCNNBackbone("tf_efficientnet_lite0", TARGETS, checkpoint_path=str(tmp_path / "lite0.pth"), image_size=32,
+                        mean=[0.5] * 3, std=[0.5] * 3)  # fmt: skip
+    assert "is not" not in caplog.text

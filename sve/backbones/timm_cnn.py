@@ -30,6 +30,7 @@ Three things differ from the vision transformers of ``TimmBackbone``:
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,8 @@ from torch import Tensor, nn
 from sve.backbones.base import keep_batchnorm_statistics
 from sve.backbones.timm_vit import TimmBackbone, create_timm
 from sve.errors import InputError
+
+log = logging.getLogger(__name__)
 
 PKG_SCHEME = "pkg://"
 # Training augmentation (sve.data.vision): ImageNet's random resized crop, or the CIFAR recipe (pad by an
@@ -264,7 +267,14 @@ class TimmCNNBackbone(TimmBackbone):
             if value is not None:
                 if len(value) != 3:
                     raise InputError(f"backbone.{key}={list(value)} is not valid; give 3 values (one per RGB channel)")
-                setattr(self, key, tuple(float(v) for v in value))
+                own = getattr(self, key)  # the architecture's (timm's pretrained_cfg), set by TimmBackbone
+                given = tuple(float(v) for v in value)
+                if pretrained and any(abs(a - b) > 1e-3 for a, b in zip(given, own)):
+                    # A config written for one architecture (0.5 for the TF EfficientNets) given another model_name.
+                    log.warning("backbone.%s=%s is not %s's own (%s), with which its weights were trained; "
+                                "backbone.%s=null takes the model's", key, list(given), model_name,
+                                [round(v, 4) for v in own], key)  # fmt: skip
+                setattr(self, key, given)
         self.train(self.model.training)
 
     def create_model(self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int,
