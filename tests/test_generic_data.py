@@ -297,6 +297,20 @@ def test_a_saved_image_dataset_trains_end_to_end(tmp_path):
     assert done["num_classes"] == 2 and done["class_names"] == ["a", "b"] and done["metrics"]["test/examples"] == 3
 
 
+def test_a_max_length_beyond_the_models_position_table_is_refused_before_training(tmp_path):
+    # tiny_bert has 256 learned positions: a longer max_length failed inside the model at the first long batch.
+    long = " ".join(["word"] * 400)
+    write_csv(tmp_path / "train.csv", [(long, "a"), ("short", "b"), (long, "a"), ("short", "b")])
+    write_csv(tmp_path / "test.csv", [(long, "a"), ("short", "b")])
+    base = ["dataset=text_table", f"dataset.root={tmp_path}", "dataset.val_holdout=1", "backbone=tiny_bert",
+            "method=sve", "ensemble_size=2", "trainer.max_epochs=1", "dataset.batch_size=2"]  # fmt: skip
+    with pytest.raises(InputError, match=r"dataset.max_length=1000 is more than the 256 positions of the backbone's "
+                                         r"learned position embeddings; set dataset.max_length to at most 256"):
+        run(compose_cfg([*base, "dataset.max_length=1000"], tmp_path / "too_long"))
+    done = run(compose_cfg([*base, "dataset.max_length=null"], tmp_path / "as_long_as_it_can"))  # cut at 256
+    assert done["metrics"]["test/examples"] == 2
+
+
 def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_its_read(tmp_path):
     from hydra import compose, initialize_config_dir
 

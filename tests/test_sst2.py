@@ -33,7 +33,7 @@ def test_missing_files_error_names_key_and_layout(tmp_path):
 def test_dynamic_padding_pads_to_longest_in_batch(tmp_path):
     _write_sst2(tmp_path)
     backbone = instantiate(compose_cfg(["backbone=tiny_bert"]).backbone)
-    data = SST2Data(root=str(tmp_path), val_holdout=5, batch_size=2, max_length=512)
+    data = SST2Data(root=str(tmp_path), val_holdout=5, batch_size=2, max_length=256)  # tiny_bert has 256 positions
     data.attach(backbone)
     batch = data.collate([("ab", 0), ("abcdef", 1)])
     assert batch["input_ids"].shape == (2, 8)  # [CLS] + 6 characters + [SEP]

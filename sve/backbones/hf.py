@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import torch
 import transformers
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from sve.backbones.base import Backbone
@@ -138,6 +139,7 @@ class HFBackbone(Backbone):
         self.modality = "image" if is_image else "text"
         self.pooling = pooling
         self.max_length = max_length
+        self.max_positions = position_limit(model)  # the longest text the model can read (None: no table)
         if self.modality == "image":
             self._init_image(cfg, image_size, tokenizer or name_or_path)
         else:
@@ -225,6 +227,18 @@ class HFBackbone(Backbone):
                 return hidden[:, 1:].mean(1)  # patch tokens, CLS left out
             return pool(hidden, None, self.pooling)
         return pool(self.hidden_states(batch), batch.get("attention_mask"), self.pooling)
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """Tokens a text model can read: the rows of its learned position table (``position_embeddings``, GPT-2's
+    ``wpe``, OPT's and BART's ``embed_positions``), less the rows its positions skip (RoBERTa counts from its
+    padding index + 1, OPT and BART from ``offset``); None for models without one (rotary, relative)."""
+    limits = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and re.search(r"(^|\.)(position_embeddings|wpe|embed_positions)$", name):
+            skipped = getattr(module, "offset", 0) or (module.padding_idx + 1 if module.padding_idx is not None else 0)
+            limits.append(module.num_embeddings - skipped)
+    return min(limits) if limits else None
 
 
 def preprocessor_config(source: str | None) -> dict | None:

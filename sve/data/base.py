@@ -291,6 +291,20 @@ class TextClassificationData(ClassificationData):
         super().__init__(**kwargs)
         self.max_length = max_length
 
+    def attach(self, backbone) -> None:
+        super().attach(backbone)
+        # A model with a learned position table (BERT, RoBERTa, GPT-2, OPT, ...) cannot read past its last row:
+        # a longer max_length fails inside the model at the first long batch, with an error about tensor sizes.
+        limit = getattr(backbone, "max_positions", None)
+        if limit is None:
+            return
+        if self.max_length is None:  # "as long as the text": as long as the model can read
+            self.max_length = limit
+        elif self.max_length > limit:
+            raise InputError(f"{self.key}.max_length={self.max_length} is more than the {limit} positions of the "
+                             f"backbone's learned position embeddings; set {self.key}.max_length to at most "
+                             f"{limit}")  # fmt: skip
+
     def collate(self, examples: list[tuple[str, int]]) -> dict:
         texts, labels = zip(*examples)
         enc = self.backbone.tokenizer(
