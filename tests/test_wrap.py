@@ -413,6 +413,17 @@ def test_default_targets_are_the_layers_of_the_methods_types(tmp_path):
         sve.wrap(plain, "bayes_lora_la", ensemble_size=2, example_input=x)
 
 
+def test_a_one_output_head_is_refused_not_read_as_a_certain_classifier():
+    # One logit (a regression, or a binary classifier read with a sigmoid): a softmax over it is 1 everywhere.
+    x = torch.randn(4, 6)
+    one = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.raises(InputError, match=r"head '2' has 1 output: a regression or a one-logit binary classifier"):
+        sve.wrap(one, "sve", ensemble_size=2, example_input=x)
+    with pytest.raises(InputError, match=r"num_classes=1 is not valid: .* a binary task is num_classes=2"):
+        sve.wrap(one, "sve", ensemble_size=2, example_input=x, num_classes=1)
+    assert sve.wrap(one, "sve", ensemble_size=2, example_input=x, num_classes=2)(x).shape == (2, 4, 2)
+
+
 def test_unknown_options_and_methods_name_the_valid_choices():
     with pytest.raises(ValueError, match=r"method='sv' is not valid; choose one of \[.*'sve'"):
         sve.wrap(mlp(), "sv", example_input=torch.randn(1, 6))

@@ -121,6 +121,9 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
         if not positive_integer(value):
             raise ValueError(f"{name}={value!r} is not valid; expected a positive integer"
                              + (" or None (keep the model's own head)" if optional else ""))  # fmt: skip
+    if num_classes is not None and operator.index(num_classes) < 2:
+        raise InputError(f"num_classes={num_classes} is not valid: the members are classifiers with a softmax over "
+                         "at least 2 classes; a binary task is num_classes=2")  # fmt: skip
     wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
     if wrapped is not None:  # wrap works in place: a second wrap would stack members on members
         raise ValueError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): wrap "
@@ -180,6 +183,10 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
             raise ValueError("num_classes=None keeps the model's own head, but this model has no linear head "
                              f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes"
                              + (f", or: {hint}" if hint else ""))  # fmt: skip
+        if backbone.head_weights[0].shape[0] < 2:  # a regression, or one binary logit read with a sigmoid
+            raise InputError(f"the model's head {backbone.head_name!r} has 1 output: a regression or a one-logit "
+                             "binary classifier, which the softmax of the members cannot read (every prediction "
+                             "would be certain); give num_classes=2 for fresh two-class heads")  # fmt: skip
         backbone.keep_head = True
         num_classes = backbone.head_weights[0].shape[0]
     settings = {**defaults, **options, "target_modules": list(target_modules) if target_modules else None}

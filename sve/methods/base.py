@@ -145,6 +145,9 @@ class EnsembleMethod(nn.Module):
                 stacklevel=2,
             )
             ensemble_size = self.fixed_ensemble_size
+        if isinstance(num_classes, bool) or not hasattr(type(num_classes), "__index__") or num_classes < 2:
+            raise InputError(f"num_classes={num_classes!r} is not valid: the members are classifiers with a softmax "
+                             "over at least 2 classes")  # fmt: skip
         self.backbone = backbone
         self.ensemble_size = ensemble_size
         self.num_classes = num_classes
