@@ -216,3 +216,23 @@ def test_an_image_model_is_normalised_with_its_own_processors_mean_and_std(tmp_p
     assert backbone.mean == (0.4, 0.4, 0.4) and backbone.std == (0.5, 0.5, 0.5)
     (tmp_path / "no-processor-here").mkdir()
     assert hf.preprocessor_config(str(tmp_path / "no-processor-here")) is None  # a directory without one
+
+
+def test_cls_pooling_on_a_tokenizer_without_a_summary_token_is_warned_of(tmp_path, caplog):
+    # T5's and most sentence encoders' tokenizers put no [CLS] first: "cls" would read the first word.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "a": 2, "good": 3, "movie": 4}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(tmp_path)
+    config = dict(model_type="bert", vocab_size=V, hidden_size=16, intermediate_size=32, **SIZES)
+    with caplog.at_level("WARNING"):
+        HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(tmp_path), pooling="cls")
+    assert f"the tokenizer of '{tmp_path}' starts a text with no [CLS]-like token (it starts with 'a'); " \
+           "backbone.pooling=mean" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(tmp_path), pooling="mean")
+        HFBackbone(["query"], pretrained=False, config=config, tokenizer="char", pooling="cls")  # [CLS] first
+    assert "CLS" not in caplog.text

@@ -39,17 +39,21 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return None if name in (None, "auto") else getattr(torch, name)
 
 
-def local_or_hub(name_or_path: str | None) -> str | None:
-    """Expands ``~``; a path that looks local (``/``, ``.``, ``~``) must exist and hold config.json."""
+def local_or_hub(name_or_path: str | None, key: str = "backbone.name_or_path", model: bool = True) -> str | None:
+    """Expands ``~``; a path that looks local (``/``, ``.``, ``~``) must exist, and a model's hold config.json
+    (a tokenizer's directory need not: ``key`` names the setting in the error)."""
     if not name_or_path:
         return name_or_path
     if name_or_path.startswith(("~", "/", ".")):
         path = Path(name_or_path).expanduser()
-        if not (path / "config.json").exists():
+        if model and not (path / "config.json").exists():
             raise FileNotFoundError(
-                f"backbone.name_or_path={name_or_path}: no config.json in {path}; expected a save_pretrained "
+                f"{key}={name_or_path}: no config.json in {path}; expected a save_pretrained "
                 "directory (config.json, weights, tokenizer files)"
             )
+        if not path.exists():
+            raise FileNotFoundError(f"{key}={name_or_path}: {path} does not exist; expected a directory with "
+                                    "tokenizer files (tokenizer.json, or a vocabulary)")  # fmt: skip
         return str(path)
     return name_or_path
 
@@ -164,7 +168,7 @@ class HFBackbone(Backbone):
         if tokenizer == "char":
             self.tokenizer = char_tokenizer()
         else:
-            source = local_or_hub(tokenizer) or name_or_path
+            source = local_or_hub(tokenizer, "backbone.tokenizer", model=False) or name_or_path
             try:
                 with hub_offline(not (Path(source).exists() or hub_reachable())):
                     self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -183,6 +187,13 @@ class HFBackbone(Backbone):
                 f"the tokenizer of backbone '{name_or_path}' turns text into no usable tokens ({probe}); check its "
                 "tokenizer files or set backbone.tokenizer"
             )
+        starts = getattr(self.tokenizer, "cls_token_id", None) or getattr(self.tokenizer, "bos_token_id", None)
+        if self.pooling == "cls" and (starts is None or probe[0] != starts):
+            # T5's and sentence encoders' tokenizers put no summary token first: "cls" reads the first word.
+            log.warning("backbone.pooling=cls reads the first token, but the tokenizer of '%s' starts a text with "
+                        "no [CLS]-like token (it starts with %r); backbone.pooling=mean is the usual choice for "
+                        "such models", tokenizer if tokenizer and tokenizer != "char" else name_or_path,
+                        self.tokenizer.convert_ids_to_tokens(probe[:1])[0])
 
     def _init_image(self, cfg, image_size: int | None, source: str | None) -> None:
         size = image_size or getattr(cfg, "image_size", 224)
