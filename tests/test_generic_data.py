@@ -68,6 +68,22 @@ def test_an_image_folder_reads_gifs_skips_hidden_files_and_names_the_files_it_do
     assert re.search(r"2 file\(s\) in .*train are not read as images \(1 \.cr2, 1 \.txt\)", caplog.text)
 
 
+def test_deep_grey_images_are_scaled_to_8_bits_not_clipped_to_white(tmp_path):
+    # 16-bit PNGs (scans, microscopy): PIL's convert("RGB") clips every value above 255, so 99.6% of a 0-65535
+    # ramp came out white.
+    root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "test": {"a": 1}})
+    ramp = np.linspace(0, 65535, 64 * 64).reshape(64, 64).astype(np.uint16)
+    Image.fromarray(ramp).save(root / "train" / "a" / "deep.png")
+    assert Image.open(root / "train" / "a" / "deep.png").mode == "I;16"
+    split = ClassFolder(root / "train", ["a", "b"], allow_empty=False)
+    image, _ = split[[Path(p).name for p, _ in split.samples].index("deep.png")]
+    pixels = np.asarray(image)
+    assert image.mode == "RGB" and pixels.min() == 0 and pixels.max() == 255
+    np.testing.assert_allclose(pixels[..., 0], ramp / 257, atol=0.51)  # 65535 -> 255, linearly
+    grey = np.asarray(split[0][0])  # 8-bit images are read as before
+    assert grey.dtype == np.uint8 and grey.shape == (8, 8, 3)
+
+
 @pytest.mark.parametrize("splits, message", [
     ({"train": {"a": 2, "b": 2}, "test": {"a": 1, "fox": 1}},
      r"test has class folders that .*train lacks: \['fox'\]; every class must have training images"),

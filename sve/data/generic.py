@@ -34,7 +34,7 @@ from torchvision import datasets as tvd
 
 from sve.data.base import TextClassificationData
 from sve.data.checks import check_count, load_hub_dataset, one_line
-from sve.data.vision import VisionData, hold_out
+from sve.data.vision import VisionData, hold_out, load_rgb, rgb
 from sve.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class ClassFolder(tvd.ImageFolder):
 
     def __init__(self, root: Path, classes: list[str], allow_empty: bool):
         self.fixed_classes = list(classes)
-        super().__init__(str(root), allow_empty=allow_empty, is_valid_file=is_image_file)
+        super().__init__(str(root), loader=load_rgb, allow_empty=allow_empty, is_valid_file=is_image_file)
 
     def find_classes(self, directory):
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
@@ -254,7 +254,7 @@ class ImageRows(torch.utils.data.Dataset):
             image = io.BytesIO(image["bytes"]) if image.get("bytes") else image.get("path")
         if not isinstance(image, Image.Image):
             image = Image.open(image)
-        return image.convert("RGB"), self.labels[i]
+        return rgb(image), self.labels[i]
 
 
 # --- text tables --------------------------------------------------------------------------------------------

@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tvd
 from torchvision import transforms as T
-from torchvision.datasets.folder import default_loader
 
 from sve.data.base import ImageClassificationData
 from sve.data.checks import decode_images, is_int, one_line
@@ -74,6 +74,33 @@ class Transformed(Dataset):
         return self.transform(image), int(label)
 
 
+# PIL modes of grey images deeper than 8 bits (16-bit PNG and TIFF: medical scans, microscopy, depth maps).
+DEEP_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def rgb(image: Image.Image) -> Image.Image:
+    """An image as 8-bit RGB. A grey image deeper than 8 bits is scaled to 8 bits over the range of its values'
+    type (16-bit: 65535; a 32-bit one whose values fit 8 or 16 bits: that range; floats: [0, 1] or their
+    maximum): PIL's own conversion clips every value above 255 to white."""
+    if image.mode in DEEP_GREY:
+        values = np.asarray(image, dtype=np.float64)
+        top = float(values.max(initial=0.0))
+        if image.mode.startswith("I;16"):
+            top = 65535.0
+        elif image.mode == "I":
+            top = 255.0 if top <= 255 else 65535.0 if top <= 65535 else top
+        else:  # "F"
+            top = 1.0 if top <= 1 else top
+        image = Image.fromarray(np.clip(values / max(top, 1e-12) * 255, 0, 255).round().astype(np.uint8))
+    return image.convert("RGB")
+
+
+def load_rgb(path) -> Image.Image:
+    """The image file at ``path`` as 8-bit RGB (``rgb``); the loader of every image file read here."""
+    with open(path, "rb") as f:
+        return rgb(Image.open(f))
+
+
 class ImageFiles(Dataset):
     """(PIL image, label) from a list of image files, read as torchvision's dataset classes read them."""
 
@@ -84,7 +111,7 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int):
-        return default_loader(self.files[i]), self.labels[i]
+        return load_rgb(self.files[i]), self.labels[i]
 
 
 def image_files(dataset: Dataset, indices: list[int] | None = None) -> list[Path]:
