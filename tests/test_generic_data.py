@@ -68,7 +68,7 @@ def test_an_image_folder_reads_gifs_skips_hidden_files_and_names_the_files_it_do
     assert re.search(r"2 file\(s\) in .*train are not read as images \(1 \.cr2, 1 \.txt\)", caplog.text)
 
 
-def test_deep_grey_images_are_scaled_to_8_bits_not_clipped_to_white(tmp_path):
+def test_deep_grey_and_rotated_images_are_read_as_they_look(tmp_path):
     # 16-bit PNGs (scans, microscopy): PIL's convert("RGB") clips every value above 255, so 99.6% of a 0-65535
     # ramp came out white.
     root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "test": {"a": 1}})
@@ -82,6 +82,14 @@ def test_deep_grey_images_are_scaled_to_8_bits_not_clipped_to_white(tmp_path):
     np.testing.assert_allclose(pixels[..., 0], ramp / 257, atol=0.51)  # 65535 -> 255, linearly
     grey = np.asarray(split[0][0])  # 8-bit images are read as before
     assert grey.dtype == np.uint8 and grey.shape == (8, 8, 3)
+    # A phone photo stored landscape with "rotate 90" in its EXIF is read upright, as a viewer shows it.
+    photo = Image.new("RGB", (12, 6), (200, 10, 10))
+    exif = photo.getexif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    photo.save(root / "train" / "b" / "photo.jpg", exif=exif)
+    split = ClassFolder(root / "train", ["a", "b"], allow_empty=False)
+    upright, _ = split[[Path(p).name for p, _ in split.samples].index("photo.jpg")]
+    assert upright.size == (6, 12)
 
 
 @pytest.mark.parametrize("splits, message", [

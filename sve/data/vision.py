@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tvd
 from torchvision import transforms as T
@@ -79,9 +79,10 @@ DEEP_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def rgb(image: Image.Image) -> Image.Image:
-    """An image as 8-bit RGB. A grey image deeper than 8 bits is scaled to 8 bits over the range of its values'
-    type (16-bit: 65535; a 32-bit one whose values fit 8 or 16 bits: that range; floats: [0, 1] or their
-    maximum): PIL's own conversion clips every value above 255 to white."""
+    """An image as 8-bit RGB, upright (its EXIF orientation applied). A grey image deeper than 8 bits is scaled
+    to 8 bits over the range of its values' type (16-bit: 65535; a 32-bit one whose values fit 8 or 16 bits:
+    that range; floats: [0, 1] or their maximum): PIL's own conversion clips every value above 255 to white."""
+    image = ImageOps.exif_transpose(image)  # a phone photo's EXIF orientation, as a viewer shows it
     if image.mode in DEEP_GREY:
         values = np.asarray(image, dtype=np.float64)
         top = float(values.max(initial=0.0))
