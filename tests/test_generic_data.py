@@ -169,6 +169,17 @@ def test_a_bad_text_table_is_one_error_naming_what_is_wrong(tmp_path, files, opt
         TextTableData(root=str(tmp_path), val_holdout=1, **options).check_data()
 
 
+def test_a_semicolon_csv_is_read_by_its_columns(tmp_path):
+    # Excel in European locales: "CSV" with ';' between columns and ',' inside texts.
+    (tmp_path / "train.csv").write_text("text;label\nwell, fine, good;pos\nbad, really;neg\n", encoding="utf-8-sig")
+    (tmp_path / "test.csv").write_text("text;label\nok, then;pos\n")
+    data = TextTableData(root=str(tmp_path), val_holdout=1)
+    data.check_data()
+    assert data.label_names == ["neg", "pos"] and data.parsed["test"] == [("ok, then", 1)]
+    texts = sorted(text for text, _ in [*data.parsed["train"], *data.parsed["val"]])
+    assert texts == ["bad, really", "well, fine, good"]
+
+
 def test_a_text_table_reads_excel_utf8_csv_and_other_encodings(tmp_path):
     # Excel's "CSV UTF-8" starts with a byte-order mark, which would otherwise become part of the first column's name.
     (tmp_path / "train.csv").write_text("text,label\nna\u00efve caf\u00e9,x\nb,y\n", encoding="utf-8-sig")

@@ -286,6 +286,14 @@ def read_table(path: Path, encoding: str = "utf-8"):
     try:
         if kind in ("csv", "tsv"):
             sep, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
+            if kind == "csv":
+                with open(path, encoding=codec) as f:
+                    header = f.readline()
+                if ";" in header and "," not in header:
+                    # Excel in many European locales writes "CSV" with semicolons (the comma is the decimal mark).
+                    log.info("%s: its header %r has ';' and no ',': read with ';' as the separator", path,
+                             header.strip())
+                    sep = ";"
             return pd.read_csv(path, sep=sep, quoting=quoting, keep_default_na=False, dtype=str, encoding=codec)
         if kind == "json":
             return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding=codec)
