@@ -45,6 +45,13 @@ def test_an_image_folder_numbers_every_split_by_the_training_classes(tmp_path):
     assert len(data.parsed["val"]) == 1 and len(data.parsed["train"]) == 11  # a tenth of 12 held out
 
 
+def test_class_folders_named_by_integers_are_numbered_in_numeric_order(tmp_path):
+    root = image_tree(tmp_path, {"train": {"10": 2, "2": 2, "1": 2}, "test": {"2": 1, "10": 1}})
+    data = ImageFolderData(root=str(root), val_holdout=1)
+    data.check_data()
+    assert data.class_names() == ["1", "2", "10"] and sorted(labels_of(data.parsed["test"])) == [1, 2]
+
+
 def test_an_image_folder_uses_its_own_validation_split(tmp_path):
     root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "val": {"b": 1}, "test": {"a": 1, "b": 1}})
     data = ImageFolderData(root=str(root))

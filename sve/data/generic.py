@@ -97,8 +97,11 @@ def skipped_files(folder: Path, classes: list[str]) -> dict[str, int]:
 
 
 def class_folders(folder: Path) -> list[str]:
-    """The class folders of a split, hidden ones (``.ipynb_checkpoints``, say) left out."""
-    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+    """The class folders of a split, hidden ones (``.ipynb_checkpoints``, say) left out, in sorted order; folders
+    all named by integers in numeric order (``2`` before ``10``, as ``text_table`` numbers integer labels)."""
+    names = [entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith(".")]
+    numeric = bool(names) and all(name.isdigit() for name in names)
+    return sorted(names, key=int if numeric else None)
 
 
 class ImageFolderData(VisionData):
