@@ -267,6 +267,12 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
     monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: labelled)
     named = TextTableData(hub_name="imdb", val_holdout=1)
     assert named.num_classes == 2 and named.class_names() == ["neg", "pos"]  # the hub's ClassLabel names
+    glue = datasets.DatasetDict({"train": labelled["train"], "test": datasets.Dataset.from_dict(
+        {"text": ["c"], "label": [-1]})})  # fmt: skip
+    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: glue)
+    with pytest.raises(InputError, match=r"label -1 is not .*; -1 marks an unlabelled example .* "
+                                         r"dataset.test_split=validation"):  # fmt: skip
+        TextTableData(hub_name="glue", hub_config="sst2", val_holdout=1).check_data()
     monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: hub)
     with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
         TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",

@@ -219,12 +219,20 @@ class ImageFolderData(VisionData):
             unknown = next(((i, v) for i, v in enumerate(labels) if v not in index), None)
             if unknown is not None:
                 raise InputError(f"{self.what}: {source} {name}, row {unknown[0] + 1}: label {unknown[1]!r} is not "
-                                 f"one of the training split's labels {values[:10]}")  # fmt: skip
+                                 f"one of the training split's labels {values[:10]}{unlabelled(unknown[1])}")
             splits[split] = ImageRows(ds[name].select_columns([self.image_column]), self.image_column,
                                       [index[v] for v in labels])
         if splits["val"] is None and self.val_holdout is None:
             self.val_holdout = default_holdout(len(splits["train"]))
         return splits
+
+
+def unlabelled(label) -> str:
+    """The hint for label -1: how the hub marks an example without a label (GLUE's and others' test splits)."""
+    if label != -1:
+        return ""
+    return ("; -1 marks an unlabelled example (the test splits of GLUE and other benchmarks hide their labels): "
+            "test on a labelled split instead, e.g. dataset.test_split=validation")
 
 
 def saved_datasets(root: Path | None) -> bool:
@@ -427,7 +435,7 @@ class TextTableData(TextClassificationData):
                 empty.append(i + 1)
             if label not in index:
                 raise InputError(f"{source}, row {i + 1}: label {label!r} is not one of the training split's labels "
-                                 f"{self.label_names}")  # fmt: skip
+                                 f"{self.label_names}{unlabelled(label)}")  # fmt: skip
             texts = tuple("" if missing(row[c]) else str(row[c]) for c in self.text_columns)
             out.append((texts[0] if len(texts) == 1 else texts, index[label]))
         if empty:  # a warning, not an error: hub datasets have the odd empty text, and it still tokenises
