@@ -424,6 +424,15 @@ def test_a_one_output_head_is_refused_not_read_as_a_certain_classifier():
     assert sve.wrap(one, "sve", ensemble_size=2, example_input=x, num_classes=2)(x).shape == (2, 4, 2)
 
 
+def test_mc_dropout_says_when_it_changes_the_models_dropout_rate(caplog):
+    x = torch.randn(4, 6)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3))
+    with caplog.at_level("INFO", logger="sve.methods.mc_dropout"):
+        sve.wrap(model, "mc_dropout", example_input=x, num_classes=3)
+    assert model[2].p == 0.05  # the method's rate (C.3), not the model's
+    assert "1 dropout site(s) set to method.dropout=0.05 (the model had 0.5)" in caplog.text
+
+
 def test_unknown_options_and_methods_name_the_valid_choices():
     with pytest.raises(ValueError, match=r"method='sv' is not valid; choose one of \[.*'sve'"):
         sve.wrap(mlp(), "sv", example_input=torch.randn(1, 6))

@@ -21,6 +21,8 @@ dropout (``method=single_lora method.dropout=0.1``), step for step.
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -28,17 +30,25 @@ from sve.errors import InputError
 from sve.methods.base import EnsembleMethod
 from sve.methods.lora import SingleLoRA
 
+log = logging.getLogger(__name__)
+
 
 def set_dropout(model: nn.Module, rate: float) -> int:
-    """Sets every dropout site of ``model`` to ``rate``; returns the number of sites."""
-    sites = 0
+    """Sets every dropout site of ``model`` to ``rate``; returns the number of sites. The rates the model had
+    are logged where they differ: a model built with dropout 0.5 samples at ``method.dropout`` from here on."""
+    sites, before = 0, set()
     for module in model.modules():
         if isinstance(module, nn.Dropout):
+            before.add(module.p)
             module.p = rate
             sites += 1
         elif isinstance(getattr(module, "attention_dropout", None), float):
+            before.add(module.attention_dropout)
             module.attention_dropout = rate
             sites += 1
+    if before - {rate}:
+        log.info("MC dropout: %d dropout site(s) set to method.dropout=%s (the model had %s)", sites, rate,
+                 ", ".join(str(r) for r in sorted(before)))
     return sites
 
 
