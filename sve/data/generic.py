@@ -70,7 +70,18 @@ class ClassFolder(tvd.ImageFolder):
 
     def __init__(self, root: Path, classes: list[str], allow_empty: bool):
         self.fixed_classes = list(classes)
-        super().__init__(str(root), loader=load_rgb, allow_empty=allow_empty, is_valid_file=is_image_file)
+        self.skipped: dict[str, int] = {}  # files that are not images (hidden ones aside), by extension
+        super().__init__(str(root), loader=load_rgb, allow_empty=allow_empty, is_valid_file=self.is_valid)
+
+    def is_valid(self, path: str) -> bool:
+        """``is_image_file``, counting the other files as ImageFolder's walk meets them."""
+        if is_image_file(path):
+            return True
+        name = os.path.basename(path)
+        if not name.startswith("."):
+            suffix = Path(name).suffix.lower() or "(none)"
+            self.skipped[suffix] = self.skipped.get(suffix, 0) + 1
+        return False
 
     def find_classes(self, directory):
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
@@ -81,19 +92,6 @@ def is_image_file(path: str) -> bool:
     images that hold no image."""
     name = os.path.basename(path)
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
-
-
-def skipped_files(folder: Path, classes: list[str]) -> dict[str, int]:
-    """Files under the class folders of ``folder`` that are not read as images, counted by extension; hidden
-    files (``.DS_Store``, ...) are not counted."""
-    counts: dict[str, int] = {}
-    for name in classes:
-        for _directory, _dirs, files in os.walk(folder / name, followlinks=True):  # ImageFolder's own walk
-            for file in files:
-                suffix = Path(file).suffix.lower()
-                if not file.startswith(".") and not is_image_file(file):
-                    counts[suffix or "(none)"] = counts.get(suffix or "(none)", 0) + 1
-    return counts
 
 
 def class_folders(folder: Path) -> list[str]:
@@ -150,7 +148,7 @@ class ImageFolderData(VisionData):
             split = ClassFolder(folder, classes, allow_empty)
         except Exception as err:  # a class folder without image files, an unreadable directory
             raise InputError(f"{self.what}: cannot read the image tree {folder} ({one_line(err)})") from None
-        skipped = skipped_files(folder, classes)
+        skipped = split.skipped
         if skipped:  # a warning: notes and thumbnails beside the images are common; an unread format is not
             log.warning("%s: %d file(s) in %s are not read as images (%s); the readable extensions are %s",
                         self.what, sum(skipped.values()), folder,
@@ -200,14 +198,8 @@ class ImageFolderData(VisionData):
                                  f"{ds[name].column_names} (set dataset.image_column and dataset.label_column)")
         names = getattr(ds["train"].features.get(self.label_column), "names", None)
         train_labels = [label_value(v) for v in ds["train"][self.label_column]]
-        try:
-            values = list(range(len(names))) if names else sorted(set(train_labels))
-        except TypeError:  # integers and strings mixed
-            raise InputError(f"{self.what}: {source} train: column {self.label_column!r} mixes label types "
-                             f"({sorted({type(v).__name__ for v in train_labels})})") from None  # fmt: skip
-        if len(values) < 2:
-            raise InputError(f"{self.what}: {source} train has {len(values)} distinct label(s) in column "
-                             f"{self.label_column!r}; a classification needs at least 2")  # fmt: skip
+        values = (list(range(len(names))) if names else
+                  distinct_labels(train_labels, self.what, f"{source} train", self.label_column))  # fmt: skip
         check_declared(self.declared_classes, len(values), f"{source} train has {len(values)} labels")
         self.classes = [str(n) for n in names] if names else [str(v) for v in values]
         index = {v: i for i, v in enumerate(values)}
@@ -218,13 +210,31 @@ class ImageFolderData(VisionData):
             labels = train_labels if name == "train" else [label_value(v) for v in ds[name][self.label_column]]
             unknown = next(((i, v) for i, v in enumerate(labels) if v not in index), None)
             if unknown is not None:
-                raise InputError(f"{self.what}: {source} {name}, row {unknown[0] + 1}: label {unknown[1]!r} is not "
-                                 f"one of the training split's labels {values[:10]}{unlabelled(unknown[1])}")
+                raise unknown_label(f"{self.what}: {source} {name}, row {unknown[0] + 1}", unknown[1], values)
             splits[split] = ImageRows(ds[name].select_columns([self.image_column]), self.image_column,
                                       [index[v] for v in labels])
         if splits["val"] is None and self.val_holdout is None:
             self.val_holdout = default_holdout(len(splits["train"]))
         return splits
+
+
+def distinct_labels(labels, what: str, source: str, column: str) -> list:
+    """The training split's distinct labels in sorted order (empty cells left out): at least 2, of one type."""
+    distinct = {label for label in labels if not missing(label)}
+    if len(distinct) < 2:
+        raise InputError(f"{what}: {source} has {len(distinct)} distinct label(s) in column {column!r}; a "
+                         "classification needs at least 2")  # fmt: skip
+    try:
+        return sorted(distinct)
+    except TypeError:  # integers and strings mixed
+        raise InputError(f"{what}: {source}: column {column!r} mixes label types "
+                         f"({sorted({type(v).__name__ for v in distinct})})") from None  # fmt: skip
+
+
+def unknown_label(where: str, label, known: list) -> InputError:
+    """The error for a validation or test label that the training split lacks; ``where`` names the row."""
+    return InputError(f"{where}: label {label!r} is not one of the training split's labels {known[:10]}"
+                      f"{unlabelled(label)}")
 
 
 def unlabelled(label) -> str:
@@ -434,8 +444,7 @@ class TextTableData(TextClassificationData):
             if any(missing(row[c]) for c in self.text_columns):
                 empty.append(i + 1)
             if label not in index:
-                raise InputError(f"{source}, row {i + 1}: label {label!r} is not one of the training split's labels "
-                                 f"{self.label_names}{unlabelled(label)}")  # fmt: skip
+                raise unknown_label(f"{source}, row {i + 1}", label, self.label_names)
             texts = tuple("" if missing(row[c]) else str(row[c]) for c in self.text_columns)
             out.append((texts[0] if len(texts) == 1 else texts, index[label]))
         if empty:  # a warning, not an error: hub datasets have the odd empty text, and it still tokenises
@@ -449,15 +458,8 @@ class TextTableData(TextClassificationData):
             for row in rows:
                 row[self.label_column] = label_value(row[self.label_column])
         train_rows, train_source = tables["train"]
-        distinct = {row[self.label_column] for row in train_rows if not missing(row[self.label_column])}
-        if len(distinct) < 2:
-            raise InputError(f"{self.what}: {train_source} has {len(distinct)} distinct label(s) in column "
-                             f"{self.label_column!r}; a classification needs at least 2")  # fmt: skip
-        try:
-            self.label_names = sorted(distinct)
-        except TypeError:  # integers and strings mixed
-            raise InputError(f"{self.what}: {train_source}: column {self.label_column!r} mixes label types "
-                             f"({sorted({type(v).__name__ for v in distinct})})") from None  # fmt: skip
+        self.label_names = distinct_labels([row[self.label_column] for row in train_rows], self.what, train_source,
+                                           self.label_column)  # fmt: skip
         check_declared(self.declared_classes, len(self.label_names),
                        f"{train_source} has {len(self.label_names)} distinct labels")  # fmt: skip
         index = {label: i for i, label in enumerate(self.label_names)}
