@@ -89,8 +89,23 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
     if over > 1.1:
         lines[-1] += (f" That is {over:.1f} times the target of about {TARGET_HOURS:.0f} h for the whole of "
                       "`make mini`; `budget.md` splits it into tuning and seeds, and says what the seeds alone "
-                      "would cost.")
+                      "would cost" + fitting_subsets(root) + ".")
     return "\n".join(lines)
+
+
+def fitting_subsets(root: Path | None) -> str:
+    """What ``budget.json`` (``make mini-budget``) says the target would take: the largest fraction of today's
+    training subsets at which the same rows, seeds, grids and evaluation fit it."""
+    budget = root / "budget.json" if root is not None else None
+    if budget is None or not budget.exists():
+        return ""
+    fraction = read_json(budget, "make mini-budget writes it again").get("fraction_to_fit", "absent")
+    if fraction == "absent":  # a budget.json written before it said so
+        return ""
+    if fraction is None:
+        return " and that evaluation alone exceeds the target, so fitting it needs fewer rows, seeds or test examples"
+    return (f" and that the same rows, seeds, grids and evaluation would fit it only with training subsets of at "
+            f"most {100 * fraction:.0f}% of today's")
 
 
 def learning_rates(root: Path, experiment: str) -> list[str]:

@@ -189,6 +189,13 @@ def test_time_section_reports_the_measured_wall_time_of_overlapping_sweeps(tmp_p
     assert "Measured wall time: 8.00 h during which at least one run was training" in text
     assert "2 runs by 2 sweep processes" in text
     assert "1.3 times the target of about 6 h" in text
+    assert "training subsets" not in text  # no budget.json: nothing said about what would fit
+    (tmp_path / "budget.json").write_text(json.dumps({"fraction_to_fit": 0.25}))
+    text = mini_report.times_section(mini_report.all_results(tmp_path), tmp_path)
+    assert "would fit it only with training subsets of at most 25% of today's." in text
+    (tmp_path / "budget.json").write_text(json.dumps({"fraction_to_fit": None}))
+    assert "evaluation alone exceeds the target" in mini_report.times_section(mini_report.all_results(tmp_path),
+                                                                              tmp_path)
 
 
 def test_the_singular_values_section_averages_each_sve_row_over_its_seeds(tmp_path):

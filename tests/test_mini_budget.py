@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sve.paper.budget import convergence, curve_share, mean_points, report
+from sve.paper.budget import convergence, curve_share, evaluation_seconds, mean_points, report, training_fraction_to_fit
 from sve.paper.report import run_dir
 
 
@@ -60,5 +60,20 @@ def test_report_counts_every_run_once_and_reads_the_tuned_rows(tmp_path):
     assert record["tuning_core_hours"] == pytest.approx(6 / 60)
     assert record["seeds_only_core_hours"] == pytest.approx(2 * 3 * 7 / 5 / 60)
     assert "the seeds alone would take about 0.1 h of runs (0.1 h of wall time" in text and "within the budget" in text
-    assert "fewer rows" in report(tmp_path, ["mini_table2"], budget_hours=0.05)[0]  # 0.07 h of wall time
+    over, over_record = report(tmp_path, ["mini_table2"], budget_hours=0.05)  # 0.12 h of wall time
+    assert "fewer rows" in over
+    # No evaluation was timed, so 0.05 h x 2 workers = 6 of the 14 run minutes fit: subsets at 6/14 of today's.
+    assert over_record["fraction_to_fit"] == pytest.approx(6 / 14) and "at most 43% of today's" in over
+    assert "training subsets" not in text  # within the budget: nothing to cut
     assert "| `mini_sst2_minilm` | SV-Ensemble (M=4) | 5 | 1.4 | – | 0.001 (edge: upper) | 0.700 → 0.400 (20)" in text
+
+
+def test_the_fraction_that_fits_scales_training_only():
+    # 100 run minutes of which 20 evaluate: 60 minutes of budget leave 40 for training, which took 80.
+    assert training_fraction_to_fit(100, 20, 60) == pytest.approx(0.5)
+    assert training_fraction_to_fit(100, 20, 200) == 1.0  # already fits
+    assert training_fraction_to_fit(100, 70, 60) is None  # evaluation alone is over the budget
+    results = {"wall_time_s": 100.0, "metrics": {"test/seconds": 10.0, "test/examples": 1000},
+               "curve": {"points": [{"step": 0, "examples": 500}]}}
+    assert evaluation_seconds(results) == pytest.approx(10 + 5)  # the test split, and the curve at its throughput
+    assert evaluation_seconds({"wall_time_s": 5.0, "metrics": {}}) == 0.0

@@ -79,6 +79,25 @@ def curve_share(results: dict) -> float | None:
     return scored * float(seconds) / float(examples) / float(wall)
 
 
+def evaluation_seconds(results: dict) -> float:
+    """The run's measured evaluation time: its test split (``test/seconds``) and its curve's points at the same
+    throughput. A lower bound: the validation, OOD and corruption passes are not timed apart from training."""
+    seconds = float((results.get("metrics") or {}).get("test/seconds") or 0.0)
+    share = curve_share(results)
+    return seconds + (share * float(results["wall_time_s"]) if share else 0.0)
+
+
+def training_fraction_to_fit(minutes: float, evaluation_minutes: float, budget_minutes: float) -> float | None:
+    """The largest fraction of today's training subsets at which the same runs fit ``budget_minutes`` (run
+    minutes, all workers together), the paper's epoch count kept: training time scales with the subset,
+    evaluation does not. None when evaluation alone exceeds the budget. An upper bound, as the evaluation
+    it subtracts is."""
+    training = minutes - evaluation_minutes
+    if budget_minutes <= evaluation_minutes or training <= 0:
+        return None
+    return min(1.0, (budget_minutes - evaluation_minutes) / training)
+
+
 def all_runs(root: Path) -> list[tuple[Path, dict]]:
     """(results.json path, results) of every finished run under ``root/runs``: tuning runs included, copies
     of a tuning run left out (their time is the tuning run's). A file that is not valid JSON is an error
@@ -118,7 +137,8 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
     for path in Path(root, "runs").rglob("REUSED.txt"):
         if (path.parent / "results.json").exists():
             loaded.setdefault(path.parent, read_results(path.parent / "results.json"))
-    total_minutes = tuning_minutes = seeds_only_minutes = 0.0
+    total_minutes = tuning_minutes = seeds_only_minutes = evaluation_minutes = 0.0
+    train_sizes: dict[str, set[int]] = defaultdict(set)  # experiment -> the training subsets its runs used
     seen_runs: set[Path] = set()
     for name in tables:
         spec = load_spec(name)
@@ -140,6 +160,10 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
                 seen_runs.update(fresh)
                 spent = {d: float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh}
                 total_minutes += sum(spent.values())
+                evaluation_minutes += sum(evaluation_seconds(trained[d]) / 60 for d in fresh if spent[d])
+                for d in fresh:
+                    if size := ((trained[d].get("config") or {}).get("dataset") or {}).get("train_size"):
+                        train_sizes[experiment].add(int(size))
                 tuning_minutes += sum(m for d, m in spent.items() if d.relative_to(row_dir).parts[0] == "tune")
                 per_run = statistics.fmean(minutes[key]) if minutes[key] else None
                 # At the row's first table: what its seeds alone cost, had no rate been tuned.
@@ -183,6 +207,22 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
               f"of wall time; the tables' seeds times each row's measured minutes per run): "
               + ("more than the budget, so fitting it takes cheaper runs or fewer rows, not only less tuning."
                  if over else "within the budget."), ""]  # fmt: skip
+    # What "cheaper runs" means in numbers: the training subsets at which these runs would fit the budget.
+    fraction = training_fraction_to_fit(total_minutes, evaluation_minutes, budget_hours * 60 * workers)
+    record.update(evaluation_core_hours=evaluation_minutes / 60, fraction_to_fit=fraction)
+    if hours / workers > budget_hours:
+        sizes = ", ".join(f"`{e}` {'/'.join(str(n) for n in sorted(ns))} → "
+                          f"{'/'.join(str(int(n * fraction)) for n in sorted(ns))}"
+                          for e, ns in sorted(train_sizes.items())) if fraction else ""
+        lines += [f"Evaluation (the test split and the curves, timed; validation, OOD and corruption passes are "
+                  f"not timed apart) took at least {evaluation_minutes / 60:.2f} h of these runs. "
+                  + (f"With the same rows, seeds, grids and evaluation, fitting {budget_hours:g} h of wall time "
+                     f"needs training subsets of at most {100 * fraction:.0f}% of today's (training examples"
+                     + (f": {sizes}" if sizes else "") + ")."
+                     if fraction else f"Evaluation alone exceeds {budget_hours:g} h of wall time at {workers} runs "
+                     "at a time: fitting the budget needs fewer rows, seeds or evaluation examples.")
+                  + " The times are the runs' own, measured while they ran, at times beside other work on the same "
+                  "cores: on an otherwise idle machine a run takes less, and the fraction is larger.", ""]  # fmt: skip
     return "\n".join(lines), record
 
 
