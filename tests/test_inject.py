@@ -231,3 +231,14 @@ def test_target_modules_all_takes_every_layer_on_the_feature_path_and_equals_the
     with torch.no_grad():
         wrapped = split_members(method.backbone(repeat_batch(batch, 2)), 2)
     torch.testing.assert_close(wrapped[1], base, atol=1e-4, rtol=1e-4)
+
+
+def test_the_wrapped_modules_log_groups_names_by_block_index():
+    from sve.methods.base import grouped_names
+
+    names = [f"model.layers.{i}.attn.{x}" for i in range(32) for x in ("q", "k")] + ["head", "b.0.c", "b.2.c"]
+    assert grouped_names(names) == ("model.layers.{0..31}.attn.q (32), model.layers.{0..31}.attn.k (32), head, "
+                                    "b.{0,2}.c (2)")
+    # Two numeric parts: each part's values, and the count of modules, so nothing is hidden.
+    assert grouped_names(["s.0.b.1.c", "s.1.b.0.c", "s.1.b.1.c"]) == "s.{0..1}.b.{0..1}.c (3)"
+    assert grouped_names(["encoder.layer.3.output.dense"]) == "encoder.layer.3.output.dense"

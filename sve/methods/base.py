@@ -348,9 +348,37 @@ class EnsembleMethod(nn.Module):
         counts = self.parameter_counts()
         base = self.base_parameter_count
         if self.wrapped:
-            log.info("%s wrapped %d modules: %s", type(self).__name__, len(self.wrapped), ", ".join(self.wrapped))
+            # Grouped by block index: a 7B model's 224 names on one line read as noise (the full list is at debug).
+            log.info("%s wrapped %d modules: %s", type(self).__name__, len(self.wrapped), grouped_names(self.wrapped))
+            log.debug("wrapped modules: %s", ", ".join(self.wrapped))
         log.info("%s: %s trainable parameters (%.2f%% of the backbone's %s)", type(self).__name__,
                  f"{counts['trainable']:,}", 100 * counts["trainable"] / max(base, 1), f"{base:,}")
+
+
+def grouped_names(names: list[str]) -> str:
+    """Module names with their numeric path parts collapsed, in first-seen order: ``layers.0.q``,
+    ``layers.1.q`` become ``layers.{0..1}.q (2)``; a name with no sibling stays as it is."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name in names:
+        groups.setdefault(tuple("*" if p.isdigit() else p for p in name.split(".")), []).append(name)
+    out = []
+    for shape, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        columns = iter(zip(*([int(p) for p in m.split(".") if p.isdigit()] for m in members)))  # per numeric part
+        parts = [p if p != "*" else index_set(sorted(set(next(columns)))) for p in shape]
+        out.append(f"{'.'.join(parts)} ({len(members)})")
+    return ", ".join(out)
+
+
+def index_set(values: list[int]) -> str:
+    """``{0..31}`` for a run of consecutive indices, ``{0,2,5}`` otherwise, the index itself when one."""
+    if len(values) == 1:
+        return str(values[0])
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"{{{values[0]}..{values[-1]}}}"
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def batch_size(batch: dict) -> int:
