@@ -2,9 +2,9 @@
 
 The budget rule. A budget chosen on one method favours it (methods that train fewer parameters may need more
 steps), so the miniature does not choose its budget on any method: every experiment trains for the paper's
-epoch count (Table 7: 3 on SST-2, 10 on the vision tasks, 5 on ARC-Easy) on the largest training subset that
-the time budget of ``make mini`` allows. This module is the measurement behind both halves of the rule, read
-from the runs of a result store (tuning runs included):
+epoch count (Table 7: 3 on SST-2, 10 on the vision tasks, 5 on ARC-Easy) on one training subset per
+experiment, sized for the time budget of ``make mini`` before any method ran. This module is the measurement
+behind both halves of the rule, read from the runs of a result store (tuning runs included):
 
 - **time**: minutes per run by experiment and method (``wall_time_s``), how many runs each table needs
   (its rows x seeds plus the tuning runs its grid grew to), and the total against the time budget;
@@ -129,8 +129,9 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
             shares[key].append(share)
     lines = ["# The miniature's budget, measured for every method", "",
              "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
-             "experiment trains for the paper's epoch count (Table 7) on the largest training subset that the "
-             "time budget allows; no method chooses it.", ""]  # fmt: skip
+             "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
+             "method ran and sized for the time budget; no method chooses it. The end of this file says how the "
+             "runs measured against the budget.", ""]  # fmt: skip
     record: dict = {"tables": {}, "budget_hours": budget_hours, "workers": workers}
     trained = {path.parent: results for path, results in runs}  # each run once: its time counts
     loaded = dict(trained)  # and the seed copies of tuning runs, whose curves count for their seed
