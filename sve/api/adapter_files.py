@@ -7,7 +7,8 @@ A directory holds:
 - ``extra_state.pt`` (only for methods that have one): what ``after_fit`` built (a Laplace posterior, a
   checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
 - ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
-  of the example input, and ``base_fingerprint``: a hash of the frozen base (below).
+  of the example input (with the values of its integer tensors, the token ids: a probe of zeros is not valid for
+  every model), and ``base_fingerprint``: a hash of the frozen base (below).
 
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
@@ -142,17 +143,34 @@ def locate(name_or_path: str | Path) -> Path:
 
 
 # ----- the ensemble of ``sve.wrap`` ----------------------------------------------------------------------------------
+# Integer example tensors up to this size keep their values in the config (below); larger ones only their shape.
+MAX_RECORDED_VALUES = 4096
+
+
 def example_spec(batch: dict) -> dict:
-    """The shapes and dtypes of the example input, to rebuild one of zeros."""
-    return {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
-            for k, v in batch.items() if isinstance(v, Tensor)}
+    """The shapes and dtypes of the example input, to rebuild one; integer tensors (token ids, masks) also keep
+    their values. Zeros are not a valid input for every model: all-zero token ids hold no end-of-sequence token,
+    which BART's and T5's classifiers read the features at, so a probe of zeros fails where the wrap's passed.
+    Floating-point inputs (pixels, audio) are taken as zeros: any values make a valid probe of them."""
+    spec = {}
+    for k, v in batch.items():
+        if isinstance(v, Tensor):
+            spec[k] = {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+            if not v.is_floating_point() and not v.is_complex() and v.numel() <= MAX_RECORDED_VALUES:
+                spec[k]["values"] = v.detach().cpu().flatten().tolist()
+    return spec
 
 
 def example_from_spec(spec: dict):
     from sve.api.module_backbone import from_batch
 
-    batch = {k: torch.zeros(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in spec.items()}
-    if "attention_mask" in batch:
+    batch = {}
+    for k, v in spec.items():
+        dtype = getattr(torch, v["dtype"])
+        values = v.get("values")
+        batch[k] = (torch.tensor(values, dtype=dtype).reshape(v["shape"]) if values is not None
+                    else torch.zeros(v["shape"], dtype=dtype))  # fmt: skip
+    if "attention_mask" in batch and "values" not in spec["attention_mask"]:  # a config written before the values
         batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
     args, kwargs = from_batch(batch)
     return kwargs if not args else (tuple(args) if len(args) > 1 else args[0])
