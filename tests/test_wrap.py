@@ -468,6 +468,36 @@ def test_mc_dropout_says_when_it_changes_the_models_dropout_rate(caplog):
     assert "1 dropout site(s) set to method.dropout=0.05 (the model had 0.5)" in caplog.text
 
 
+def swin_with_stochastic_depth() -> nn.Module:
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2],
+                           stochastic_depth_prob=0.5, num_classes=3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=3,
+                              drop_path_rate=0.5),  # timm's DropPath
+    swin_with_stochastic_depth,  # torchvision's StochasticDepth
+], ids=["timm_drop_path", "torchvision_stochastic_depth"])
+def test_mc_dropout_passes_draw_dropout_only_not_stochastic_depth(make):
+    # Stochastic depth skips whole residual branches in training mode; it is not a dropout site, so at
+    # method.dropout=0 every pass is the model itself, and with dropout the passes still differ.
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    off = sve.wrap(copy.deepcopy(model), "mc_dropout", ensemble_size=1, dropout=0.0, example_input=x[:1]).eval()
+    with torch.no_grad():
+        passes = off(x)
+    assert passes.shape == (10, 2, 3)
+    torch.testing.assert_close(passes, expected.expand_as(passes), atol=1e-5, rtol=1e-4)
+    on = sve.wrap(model, "mc_dropout", ensemble_size=1, dropout=0.3, example_input=x[:1]).eval()
+    with torch.no_grad():
+        passes = on(x)
+    assert not torch.allclose(passes[0], passes[1])
+
+
 def test_unknown_options_and_methods_name_the_valid_choices():
     with pytest.raises(ValueError, match=r"method='sv' is not valid; choose one of \[.*'sve'"):
         sve.wrap(mlp(), "sv", example_input=torch.randn(1, 6))
