@@ -7,8 +7,8 @@ A directory holds:
 - ``extra_state.pt`` (only for methods that have one): what ``after_fit`` built (a Laplace posterior, a
   checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
 - ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
-  of the example input (with the values of its integer tensors, the token ids: a probe of zeros is not valid for
-  every model), and ``base_fingerprint``: a hash of the frozen base (below).
+  of the example input (with its masks and the positions of its special tokens: a probe of zeros is not valid
+  for every model; never the text's own tokens), and ``base_fingerprint``: a hash of the frozen base (below).
 
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
@@ -143,21 +143,45 @@ def locate(name_or_path: str | Path) -> Path:
 
 
 # ----- the ensemble of ``sve.wrap`` ----------------------------------------------------------------------------------
-# Integer example tensors up to this size keep their values in the config (below); larger ones only their shape.
+# Integer example tensors up to this size keep their structure in the config (below); larger ones only their shape.
 MAX_RECORDED_VALUES = 4096
+SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "cls_token_id",
+                      "decoder_start_token_id")
 
 
-def example_spec(batch: dict) -> dict:
-    """The shapes and dtypes of the example input, to rebuild one; integer tensors (token ids, masks) also keep
-    their values. Zeros are not a valid input for every model: all-zero token ids hold no end-of-sequence token,
-    which BART's and T5's classifiers read the features at, so a probe of zeros fails where the wrap's passed.
-    Floating-point inputs (pixels, audio) are taken as zeros: any values make a valid probe of them."""
+def special_token_ids(model) -> set[int]:
+    """The token ids a Hugging Face model's config names as special (``SPECIAL_TOKEN_KEYS``; a list of end ids
+    counts each); empty for a model without such a config."""
+    config = getattr(model, "config", None)
+    ids: set[int] = set()
+    for key in SPECIAL_TOKEN_KEYS:
+        value = getattr(config, key, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool):
+                ids.add(v)
+    return ids
+
+
+def example_spec(batch: dict, model=None) -> dict:
+    """The shapes and dtypes of the example input, to rebuild a valid one. A probe of zeros is not valid for
+    every model: BART's and T5's classifiers read the features at the end-of-sequence token and refuse ids with
+    none. So integer tensors also keep their *structure*: masks and token types as they are, token ids with
+    every id the model's config names special (``special_token_ids``) in place and every other id replaced by
+    one filler id. The example is the user's data, and an adapter file is made to be shared: the text's own
+    tokens are never written. Floating-point inputs (pixels, audio) are taken as zeros: any values probe them."""
+    special = special_token_ids(model)
+    filler = min(set(range(len(special) + 1)) - special)  # the smallest id that is not special
     spec = {}
     for k, v in batch.items():
-        if isinstance(v, Tensor):
-            spec[k] = {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
-            if not v.is_floating_point() and not v.is_complex() and v.numel() <= MAX_RECORDED_VALUES:
-                spec[k]["values"] = v.detach().cpu().flatten().tolist()
+        if not isinstance(v, Tensor):
+            continue
+        spec[k] = {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+        if v.is_floating_point() or v.is_complex() or v.numel() > MAX_RECORDED_VALUES:
+            continue
+        values = v.detach().cpu().flatten().tolist()
+        if not (k.endswith("mask") or k == "token_type_ids"):  # ids: the special tokens' positions only
+            values = [x if x in special else filler for x in values]
+        spec[k]["values"] = values
     return spec
 
 
@@ -182,7 +206,8 @@ def save_adapter(ensemble, directory: str | Path, push_to_hub: bool = False, rep
 
     backbone = ensemble.method.backbone
     config = {**ensemble.config, "sve_version": __version__,
-              "example_input": example_spec(backbone.probe_batch()) if hasattr(backbone, "example") else None,
+              "example_input": (example_spec(backbone.probe_batch(), backbone.model) if hasattr(backbone, "example")
+                                else None),
               "backbone": type(backbone).__name__}
     directory = write_adapter(ensemble.method, directory, config)
     if push_to_hub:
