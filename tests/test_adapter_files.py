@@ -137,3 +137,29 @@ def test_the_hub_round_trip_goes_through_huggingface_hub(tmp_path, monkeypatch):
     ensemble.eval(), loaded.eval()
     with torch.no_grad():
         assert torch.equal(ensemble(x), loaded(x))
+
+
+def test_a_model_that_refuses_zero_token_ids_reloads_from_the_example_it_was_wrapped_with(tmp_path):
+    # BART's classifier reads the features at the end-of-sequence token and refuses ids without one: the probe
+    # of from_pretrained must use the wrap's example ids, not ids of zeros of their shape.
+    from transformers import BartConfig, BartForSequenceClassification
+
+    def bart() -> nn.Module:
+        torch.manual_seed(0)
+        config = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                            max_position_embeddings=32, num_labels=3)
+        return BartForSequenceClassification(config).eval()
+
+    ids = torch.tensor([[0, 7, 9, 11, 2], [0, 5, 6, 8, 2]])  # <s> ... </s>
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ensemble = sve.wrap(bart(), "sve", ensemble_size=2, example_input=batch)
+    ensemble.save_pretrained(tmp_path)
+    loaded = sve.from_pretrained(bart(), tmp_path)
+    ensemble.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(ensemble(**batch), loaded(**batch))
+    recorded = json.loads((tmp_path / adapter_files.CONFIG).read_text())["example_input"]["input_ids"]
+    # The first example's structure only: <s> (0) and </s> (2) where they were, every other token one filler (3,
+    # the smallest id BART does not name special): a shared adapter never holds the user's text.
+    assert recorded == {"shape": [1, 5], "dtype": "int64", "values": [0, 3, 3, 3, 2]}

@@ -136,6 +136,41 @@ def test_a_timm_vit_keeps_its_output():
     members_equal_the_model(ensemble, expected, x)
 
 
+def test_a_timm_model_built_at_another_size_is_probed_at_that_size():
+    # MaxViT and CoAtNet keep the size they were built at as their own img_size, not in patch_embed as a ViT does;
+    # their pretrained_cfg still says 224, on which a model built for 32 fails (its windows no longer fit).
+    from timm.models.maxxvit import MaxxVit, MaxxVitCfg, _rw_max_cfg
+
+    torch.manual_seed(0)
+    cfg = MaxxVitCfg(embed_dim=(8, 16), depths=(1, 1), block_type=("M", "M"), stem_width=8,
+                     **_rw_max_cfg(window_size=4, dim_head=8))
+    model = MaxxVit(cfg, img_size=32, num_classes=3).eval()
+    model.pretrained_cfg = {"input_size": (3, 224, 224)}  # as timm.create_model sets it
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0)  # no example_input
+    assert ensemble.method.backbone.example["_arg0"].shape == (1, 3, 32, 32)
+    members_equal_the_model(ensemble, expected, x)
+
+
+def test_a_model_that_fails_on_the_input_it_describes_is_told_to_give_one_and_is_left_as_it_was():
+    # LeViT built at 64 keeps no record of its size: the 224 of its pretrained_cfg fails deep inside attention.
+    torch.manual_seed(0)
+    model = timm.create_model("levit_128s", pretrained=False, img_size=64, num_classes=3, distilled=False).eval()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(InputError, match=r"fails on the input it describes \(input \(1, 3, 224, 224\).*example_input="):
+        sve.wrap(model, "sve", ensemble_size=2)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = model(x)
+    # What the error asks; the head is a BatchNorm and a linear, whose linear the members start from.
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, sigma_init=0.0, example_input=x[:1], head="head.linear")
+    members_equal_the_model(ensemble, expected, x)
+
+
 def test_a_model_that_combines_two_heads_reads_the_first_heads_input():
     # timm's distilled DeiT averages a class head (class token) and a distillation head (distillation token).
     def deit():
@@ -431,6 +466,36 @@ def test_mc_dropout_says_when_it_changes_the_models_dropout_rate(caplog):
         sve.wrap(model, "mc_dropout", example_input=x, num_classes=3)
     assert model[2].p == 0.05  # the method's rate (C.3), not the model's
     assert "1 dropout site(s) set to method.dropout=0.05 (the model had 0.5)" in caplog.text
+
+
+def swin_with_stochastic_depth() -> nn.Module:
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2],
+                           stochastic_depth_prob=0.5, num_classes=3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=3,
+                              drop_path_rate=0.5),  # timm's DropPath
+    swin_with_stochastic_depth,  # torchvision's StochasticDepth
+], ids=["timm_drop_path", "torchvision_stochastic_depth"])
+def test_mc_dropout_passes_draw_dropout_only_not_stochastic_depth(make):
+    # Stochastic depth skips whole residual branches in training mode; it is not a dropout site, so at
+    # method.dropout=0 every pass is the model itself, and with dropout the passes still differ.
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    off = sve.wrap(copy.deepcopy(model), "mc_dropout", ensemble_size=1, dropout=0.0, example_input=x[:1]).eval()
+    with torch.no_grad():
+        passes = off(x)
+    assert passes.shape == (10, 2, 3)
+    torch.testing.assert_close(passes, expected.expand_as(passes), atol=1e-5, rtol=1e-4)
+    on = sve.wrap(model, "mc_dropout", ensemble_size=1, dropout=0.3, example_input=x[:1]).eval()
+    with torch.no_grad():
+        passes = on(x)
+    assert not torch.allclose(passes[0], passes[1])
 
 
 def test_unknown_options_and_methods_name_the_valid_choices():

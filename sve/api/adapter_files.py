@@ -7,7 +7,8 @@ A directory holds:
 - ``extra_state.pt`` (only for methods that have one): what ``after_fit`` built (a Laplace posterior, a
   checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
 - ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
-  of the example input, and ``base_fingerprint``: a hash of the frozen base (below).
+  of the example input (with its masks and the positions of its special tokens: a probe of zeros is not valid
+  for every model; never the text's own tokens), and ``base_fingerprint``: a hash of the frozen base (below).
 
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
@@ -142,17 +143,58 @@ def locate(name_or_path: str | Path) -> Path:
 
 
 # ----- the ensemble of ``sve.wrap`` ----------------------------------------------------------------------------------
-def example_spec(batch: dict) -> dict:
-    """The shapes and dtypes of the example input, to rebuild one of zeros."""
-    return {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
-            for k, v in batch.items() if isinstance(v, Tensor)}
+# Integer example tensors up to this size keep their structure in the config (below); larger ones only their shape.
+MAX_RECORDED_VALUES = 4096
+SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "cls_token_id",
+                      "decoder_start_token_id")
+
+
+def special_token_ids(model) -> set[int]:
+    """The token ids a Hugging Face model's config names as special (``SPECIAL_TOKEN_KEYS``; a list of end ids
+    counts each); empty for a model without such a config."""
+    config = getattr(model, "config", None)
+    ids: set[int] = set()
+    for key in SPECIAL_TOKEN_KEYS:
+        value = getattr(config, key, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool):
+                ids.add(v)
+    return ids
+
+
+def example_spec(batch: dict, model=None) -> dict:
+    """The shapes and dtypes of the example input, to rebuild a valid one. A probe of zeros is not valid for
+    every model: BART's and T5's classifiers read the features at the end-of-sequence token and refuse ids with
+    none. So integer tensors also keep their *structure*: masks and token types as they are, token ids with
+    every id the model's config names special (``special_token_ids``) in place and every other id replaced by
+    one filler id. The example is the user's data, and an adapter file is made to be shared: the text's own
+    tokens are never written. Floating-point inputs (pixels, audio) are taken as zeros: any values probe them."""
+    special = special_token_ids(model)
+    filler = min(set(range(len(special) + 1)) - special)  # the smallest id that is not special
+    spec = {}
+    for k, v in batch.items():
+        if not isinstance(v, Tensor):
+            continue
+        spec[k] = {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+        if v.is_floating_point() or v.is_complex() or v.numel() > MAX_RECORDED_VALUES:
+            continue
+        values = v.detach().cpu().flatten().tolist()
+        if not (k.endswith("mask") or k == "token_type_ids"):  # ids: the special tokens' positions only
+            values = [x if x in special else filler for x in values]
+        spec[k]["values"] = values
+    return spec
 
 
 def example_from_spec(spec: dict):
     from sve.api.module_backbone import from_batch
 
-    batch = {k: torch.zeros(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in spec.items()}
-    if "attention_mask" in batch:
+    batch = {}
+    for k, v in spec.items():
+        dtype = getattr(torch, v["dtype"])
+        values = v.get("values")
+        batch[k] = (torch.tensor(values, dtype=dtype).reshape(v["shape"]) if values is not None
+                    else torch.zeros(v["shape"], dtype=dtype))  # fmt: skip
+    if "attention_mask" in batch and "values" not in spec["attention_mask"]:  # a config written before the values
         batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
     args, kwargs = from_batch(batch)
     return kwargs if not args else (tuple(args) if len(args) > 1 else args[0])
@@ -164,7 +206,8 @@ def save_adapter(ensemble, directory: str | Path, push_to_hub: bool = False, rep
 
     backbone = ensemble.method.backbone
     config = {**ensemble.config, "sve_version": __version__,
-              "example_input": example_spec(backbone.probe_batch()) if hasattr(backbone, "example") else None,
+              "example_input": (example_spec(backbone.probe_batch(), backbone.model) if hasattr(backbone, "example")
+                                else None),
               "backbone": type(backbone).__name__}
     directory = write_adapter(ensemble.method, directory, config)
     if push_to_hub:

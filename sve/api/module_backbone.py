@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from sve.backbones.base import Backbone, keep_batchnorm_statistics
 from sve.backbones.hf import POOLINGS, pool
+from sve.errors import InputError
 from sve.layers.inject import adaptable
 from sve.layers.member import ADAPTABLE_TYPES
 
@@ -76,14 +77,25 @@ def model_output(out) -> Tensor | None:
     return None
 
 
+def built_image_size(model: nn.Module) -> tuple[int, ...] | None:
+    """The image size a timm model was built at when it differs from its pretrained config's: a ViT's
+    ``patch_embed.img_size``, or the model's own ``img_size`` (MaxViT, CoAtNet); None when it keeps neither."""
+    for size in (getattr(getattr(model, "patch_embed", None), "img_size", None), getattr(model, "img_size", None)):
+        if isinstance(size, int) and not isinstance(size, bool):
+            return (size, size)
+        if isinstance(size, (tuple, list)) and size and all(isinstance(n, int) for n in size):
+            return tuple(size)
+    return None
+
+
 def described_input(model: nn.Module) -> dict | None:
-    """A one-example input for models that describe their own: timm's ``pretrained_cfg['input_size']`` (a ViT's
-    ``patch_embed.img_size`` first: it may be built at another size), a
+    """A one-example input for models that describe their own: timm's ``pretrained_cfg['input_size']`` (the
+    size the model was built at first, ``built_image_size``), a
     Hugging Face text model's vocabulary, a Hugging Face vision model's ``image_size``; None otherwise. Images
     take the dtype and device of the model's first floating-point parameter (a bf16 model refuses float32)."""
     floating = next((p for p in model.parameters() if p.is_floating_point()), None)
     like = {} if floating is None else {"dtype": floating.dtype, "device": floating.device}
-    size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # a timm ViT built at its own size
+    size = built_image_size(model)
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, dict) and cfg.get("input_size"):
         channels, *pixels = cfg["input_size"]
@@ -147,6 +159,7 @@ class ModuleBackbone(Backbone):
             args = example_input if isinstance(example_input, tuple) else (example_input,)
             self.example = to_batch(args, {})
         self.example = first_example(self.example)
+        self.probing_described = example_input is None  # until the model has run once on its described input
         explicit_same_padding(model)
         self.head_name = self.find_head(head)
         self.head_weights: tuple[Tensor, Tensor] | None = None
@@ -161,9 +174,25 @@ class ModuleBackbone(Backbone):
             self.eval()
             self.feature_dim = int(self(self.probe_batch()).shape[-1])
             self.train(was)
+        self.probing_described = False
         self.targets_by_default = not self.target_modules  # the method resolves them for its types (``adapt``)
         if self.targets_by_default:
             self.target_modules = self.default_targets()
+
+    def call_model(self, args: list, kwargs: dict):
+        """The model on its arguments. While the model's own description of its input is probed, a failure is
+        named as such: the model was most likely built for another input (a timm model built at another image
+        size that it does not record), and the shape error from deep inside it does not say so."""
+        if not self.probing_described:
+            return self.model(*args, **kwargs)
+        try:
+            return self.model(*args, **kwargs)
+        except (RuntimeError, ValueError, TypeError, AssertionError, IndexError) as err:
+            shapes = ", ".join(f"{'input' if k.startswith(ARG) else k} {tuple(v.shape)}"
+                               for k, v in self.example.items() if isinstance(v, Tensor))  # fmt: skip
+            raise InputError(f"{type(self.model).__name__} fails on the input it describes ({shapes}, from its own "
+                             f"config): {type(err).__name__}: {err}; pass example_input= one batch as the model "
+                             "takes it (a model built at another input size needs an input of that size)") from err
 
     # ----- the head ---------------------------------------------------------------------------------------------
     def find_head(self, head: str | None) -> str | None:
@@ -210,7 +239,7 @@ class ModuleBackbone(Backbone):
             args, kwargs = from_batch(self.example)
             self.model.eval()
             with torch.no_grad():
-                out = model_output(self.model(*args, **kwargs))
+                out = model_output(self.call_model(args, kwargs))
         finally:
             for h in hooks:
                 h.remove()
@@ -242,7 +271,7 @@ class ModuleBackbone(Backbone):
         if self.tap is not None:
             self.tap.features = None
         try:
-            out = self.model(*args, **kwargs)
+            out = self.call_model(args, kwargs)
         except Exception:
             if self.tap is None or self.tap.features is None:
                 raise

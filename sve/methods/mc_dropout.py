@@ -3,9 +3,10 @@ the members are ``num_samples`` stochastic passes (C.3: dropout 0.05, 10 passes,
 
 Dropout sites are the backbone's own: every ``nn.Dropout`` (timm, BERT) and every module with an
 ``attention_dropout`` rate (LLaMA, which has no dropout module). All get rate ``dropout``. At evaluation the
-backbone is kept in training mode except for layers with running statistics (BatchNorm), because HF and
-timm attention read the *attention module's* ``training`` flag to decide whether to drop attention
-probabilities; switching on only the ``nn.Dropout`` modules would leave that site off.
+backbone is kept in training mode except for layers with running statistics (BatchNorm) and stochastic depth
+(``is_drop_path``), because HF and timm attention read the *attention module's* ``training`` flag to decide
+whether to drop attention probabilities; switching on only the ``nn.Dropout`` modules would leave that site
+off.
 
 The passes are the members: the batch is stacked ``num_samples`` times member-major (or in chunks, with
 ``members_at_once``), so each row gets its own dropout masks, and the one head reads every pass; the output
@@ -52,6 +53,15 @@ def set_dropout(model: nn.Module, rate: float) -> int:
     return sites
 
 
+def is_drop_path(module: nn.Module) -> bool:
+    """Stochastic depth, which skips whole residual branches in training mode: timm's ``DropPath``, Hugging
+    Face's per-model copies of it (``SwinDropPath``, ``BeitDropPath``, ...) and torchvision's
+    ``StochasticDepth`` (on by default in its Swin, ConvNeXt and EfficientNet). It is not a dropout site (its
+    rate is not ``method.dropout``), so the passes at evaluation must not draw it: with it, a model built with
+    ``drop_path_rate`` 0.2 gave passes that differ even at ``method.dropout=0``."""
+    return type(module).__name__.endswith("DropPath") or type(module).__name__ == "StochasticDepth"
+
+
 class MCDropout(EnsembleMethod):
     """Args:
     dropout: rate at every dropout site (C.3: 0.05).
@@ -77,10 +87,10 @@ class MCDropout(EnsembleMethod):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if not mode:  # keep dropout sampling at test time, but not batch statistics
+        if not mode:  # keep dropout sampling at test time, but not batch statistics nor stochastic depth
             self.backbone.train()
             for module in self.backbone.modules():
-                if isinstance(module, _BatchNorm):
+                if isinstance(module, _BatchNorm) or is_drop_path(module):
                     module.eval()
         return self
 
