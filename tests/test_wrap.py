@@ -543,3 +543,45 @@ def test_a_model_with_no_adaptable_layer_names_its_layers_and_what_can_be_adapte
     with pytest.raises(ValueError, match=r"Sequential has no layer .* its only layer is its head '0'$"):
         sve.wrap(nn.Sequential(nn.Linear(8, 3)), "lora_ensemble", ensemble_size=2, num_classes=3,
                  example_input=torch.randn(1, 8))  # fmt: skip
+
+
+def bart_with_layerdrop() -> tuple[nn.Module, dict]:
+    from transformers import BartConfig, BartForSequenceClassification
+
+    config = BartConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                        num_labels=3, encoder_layerdrop=0.5, decoder_layerdrop=0.5, dropout=0.1)
+    ids = torch.tensor([[0, 7, 9, 11, 2], [0, 5, 6, 8, 2]])
+    return BartForSequenceClassification(config), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def wav2vec2_with_spec_augment() -> tuple[nn.Module, dict]:
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                            conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                            num_conv_pos_embedding_groups=2, num_labels=3, layerdrop=0.5, mask_time_prob=0.5,
+                            mask_time_length=2, mask_feature_prob=0.5, mask_feature_length=2)
+    return Wav2Vec2ForSequenceClassification(config), {"input_values": torch.randn(2, 400)}
+
+
+@pytest.mark.parametrize("make", [bart_with_layerdrop, wav2vec2_with_spec_augment], ids=["layerdrop", "spec_augment"])
+def test_mc_dropout_passes_draw_no_layerdrop_or_spec_augment(make):
+    # LayerDrop and SpecAugment act in training mode, like dropout, but are not dropout sites: at
+    # method.dropout=0 every pass must be the model itself, and training gets them back as the config set them.
+    torch.manual_seed(0)
+    model, batch = make()
+    model.eval()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    first = {k: v[:1] for k, v in batch.items()}
+    ensemble = sve.wrap(model, "mc_dropout", ensemble_size=1, dropout=0.0, example_input=first).eval()
+    with torch.no_grad():
+        passes = ensemble(**batch)
+    torch.testing.assert_close(passes, expected.expand_as(passes), atol=1e-5, rtol=1e-4)
+    ensemble.train()
+    keys = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "apply_spec_augment")
+    assert {k: getattr(model.config, k) for k in keys if hasattr(model.config, k)} == (
+        {"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5} if "input_ids" in batch
+        else {"layerdrop": 0.5, "apply_spec_augment": True})
+    assert {m.layerdrop for m in model.modules() if isinstance(getattr(m, "layerdrop", None), float)} <= {0.5}

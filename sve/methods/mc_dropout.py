@@ -1,8 +1,9 @@
 """MC dropout (Gal and Ghahramani, 2016): one fully fine-tuned model whose dropout stays on at test time;
 the members are ``num_samples`` stochastic passes (C.3: dropout 0.05, 10 passes, lr 1e-4).
 
-Dropout sites are the backbone's own: every ``nn.Dropout`` (timm, BERT) and every module with an
-``attention_dropout`` rate (LLaMA, which has no dropout module). All get rate ``dropout``. At evaluation the
+Dropout sites are the backbone's own: every ``nn.Dropout`` (timm, BERT) and every rate a functional dropout
+call reads (``RATE_ATTRIBUTES``: LLaMA's ``attention_dropout``, BART's and Whisper's ``dropout``). All get rate
+``dropout``. At evaluation the
 backbone is kept in training mode except for layers with running statistics (BatchNorm) and stochastic depth
 (``is_drop_path``), because HF and timm attention read the *attention module's* ``training`` flag to decide
 whether to drop attention probabilities; switching on only the ``nn.Dropout`` modules would leave that site
@@ -34,6 +35,11 @@ from sve.methods.lora import SingleLoRA
 log = logging.getLogger(__name__)
 
 
+# Float attributes that hold the rate of a functional dropout call (``F.dropout(x, p=self.dropout, ...)``): the
+# module has no nn.Dropout for the site, so only its rate names it.
+RATE_ATTRIBUTES = ("attention_dropout", "dropout", "activation_dropout")
+
+
 def set_dropout(model: nn.Module, rate: float) -> int:
     """Sets every dropout site of ``model`` to ``rate``; returns the number of sites. The rates the model had
     are logged where they differ: a model built with dropout 0.5 samples at ``method.dropout`` from here on."""
@@ -43,10 +49,12 @@ def set_dropout(model: nn.Module, rate: float) -> int:
             before.add(module.p)
             module.p = rate
             sites += 1
-        elif isinstance(getattr(module, "attention_dropout", None), float):
-            before.add(module.attention_dropout)
-            module.attention_dropout = rate
-            sites += 1
+            continue
+        for key in RATE_ATTRIBUTES:  # a rate a functional dropout call reads (LLaMA's attention, BART, Whisper)
+            if isinstance(getattr(module, key, None), float):
+                before.add(getattr(module, key))
+                setattr(module, key, rate)
+                sites += 1
     if before - {rate}:
         log.info("MC dropout: %d dropout site(s) set to method.dropout=%s (the model had %s)", sites, rate,
                  ", ".join(str(r) for r in sorted(before)))
@@ -60,6 +68,29 @@ def is_drop_path(module: nn.Module) -> bool:
     rate is not ``method.dropout``), so the passes at evaluation must not draw it: with it, a model built with
     ``drop_path_rate`` 0.2 gave passes that differ even at ``method.dropout=0``."""
     return type(module).__name__.endswith("DropPath") or type(module).__name__ == "StochasticDepth"
+
+
+# Hugging Face switches, read at call time, for regularisers that act only in training mode and are not
+# dropout sites: LayerDrop skips whole layers (a module's ``layerdrop`` or its config's, BART, Wav2Vec2), and
+# SpecAugment masks spans of the input features (``apply_spec_augment``, Wav2Vec2, HuBERT; drawn from numpy's
+# generator, so not even a torch seed repeats it). Their off values, while MC dropout's passes run.
+LAYERDROP_KEYS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
+
+def training_only_regularisers(model: nn.Module) -> list[tuple[object, str, object]]:
+    """(owner, attribute, value that switches it off) for each LayerDrop rate above 0 and SpecAugment switch
+    that is on, on the modules of ``model`` and their (shared) configs."""
+    found, seen = [], set()
+    for module in model.modules():
+        for owner in (module, getattr(module, "config", None)):
+            if owner is None or id(owner) in seen:
+                continue
+            seen.add(id(owner))
+            found += [(owner, key, 0.0) for key in LAYERDROP_KEYS
+                      if isinstance(getattr(owner, key, None), float) and getattr(owner, key) > 0]
+            if owner is not module and getattr(owner, "apply_spec_augment", False) is True:
+                found.append((owner, "apply_spec_augment", False))
+    return found
 
 
 class MCDropout(EnsembleMethod):
@@ -87,11 +118,22 @@ class MCDropout(EnsembleMethod):
 
     def train(self, mode: bool = True):
         super().train(mode)
+        switched = self.__dict__.setdefault("_switched_off", [])  # (owner, attribute, value before)
         if not mode:  # keep dropout sampling at test time, but not batch statistics nor stochastic depth
             self.backbone.train()
             for module in self.backbone.modules():
                 if isinstance(module, _BatchNorm) or is_drop_path(module):
                     module.eval()
+            # Nor LayerDrop or SpecAugment, which the training flag turns on too: the passes draw dropout only.
+            # Their settings come back for training, where they regularise as the model's config asks.
+            if not switched:
+                for owner, key, off in training_only_regularisers(self.backbone):
+                    switched.append((owner, key, getattr(owner, key)))
+                    setattr(owner, key, off)
+        else:
+            while switched:
+                owner, key, value = switched.pop()
+                setattr(owner, key, value)
         return self
 
     def num_members(self) -> int:
