@@ -54,7 +54,7 @@ def test_matrix_is_the_unfolded_kernel():
 
 
 def test_rejects_grouped_convolutions():
-    with pytest.raises(ValueError, match="groups=1"):
+    with pytest.raises(ValueError, match=r"cannot take this layer: groups=2 \(need 1\)"):
         SVConv2d.from_conv(nn.Conv2d(4, 4, 3, groups=2), ensemble_size=2)
 
 
@@ -180,5 +180,6 @@ def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
                 torch.testing.assert_close(out[m], layer.merge(m)(x), atol=1e-5, rtol=1e-4)
     uneven = nn.Conv1d(3, 5, 4, padding="same")  # PyTorch pads 1 on the left, 2 on the right
     assert not adaptable(uneven)
-    with pytest.raises(ValueError, match="the same padding on both sides"):
+    with pytest.raises(ValueError, match=r"padding='same' pads one side more than the other \(kernel \(4,\), "
+                                         r"dilation \(1,\)\); need the same padding on both sides"):
         SVConv.from_conv(uneven, ensemble_size=2)

@@ -81,11 +81,15 @@ def check_layer(layer: nn.Module) -> None:
     if not isinstance(layer, ADAPTABLE_TYPES):
         raise TypeError(f"expected one of {[t.__name__ for t in ADAPTABLE_TYPES]}, got {type(layer).__name__}")
     if isinstance(layer, CONV_TYPES):
-        if layer.groups != 1 or layer.padding_mode != "zeros" or numeric_padding(layer) is None:
-            raise InputError(
-                f"{type(layer).__name__} adapters need groups=1, padding_mode='zeros' and the same padding on both "
-                f"sides (got groups={layer.groups}, padding_mode={layer.padding_mode!r}, padding={layer.padding!r})"
-            )
+        reasons = [f"groups={layer.groups} (need 1)"] if layer.groups != 1 else []
+        if layer.padding_mode != "zeros":
+            reasons.append(f"padding_mode={layer.padding_mode!r} (need 'zeros')")
+        if numeric_padding(layer) is None:  # "same" with an even effective kernel pads one side one more
+            reasons.append(f"padding={layer.padding!r} pads one side more than the other (kernel "
+                           f"{tuple(layer.kernel_size)}, dilation {tuple(layer.dilation)}); need the same padding "
+                           "on both sides: an odd kernel, or explicit padding")
+        if reasons:
+            raise InputError(f"{type(layer).__name__} adapters cannot take this layer: {'; '.join(reasons)}")
 
 
 class MemberLayer(nn.Module):
