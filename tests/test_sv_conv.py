@@ -163,13 +163,16 @@ def test_sve_on_a_1d_or_3d_cnn_keeps_its_output_at_init(dims):
         torch.testing.assert_close(ensemble(x), expected.expand(2, -1, -1), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["sve", "sve_lora_weight", "lora", "batch_ensemble"])
+@pytest.mark.parametrize("kind", ["sve", "sve_top", "sve_lora_weight", "lora", "batch_ensemble"])
 def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
     from sve.layers.inject import adaptable
 
     torch.manual_seed(0)
     for conv, x in ((nn.Conv1d(3, 5, 5, padding="same", dilation=2), torch.randn(2, 3, 13)),
-                    (nn.Conv2d(3, 5, 3, padding="valid"), torch.randn(2, 3, 7, 7))):  # fmt: skip
+                    (nn.Conv2d(3, 5, 3, padding="valid"), torch.randn(2, 3, 7, 7)),
+                    # Even kernels: PyTorch pads one side more than the other (1 left, 2 right; per axis in 2-D).
+                    (nn.Conv1d(3, 5, 4, padding="same"), torch.randn(2, 3, 9)),
+                    (nn.Conv2d(3, 5, (2, 4), padding="same", dilation=(1, 2)), torch.randn(2, 3, 6, 7))):  # fmt: skip
         assert adaptable(conv)
         with torch.no_grad():
             expected = conv(x)
@@ -178,8 +181,12 @@ def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
             out = layer.train()(repeat_members(x, 2)).reshape(2, *expected.shape)
             for m in range(2):
                 torch.testing.assert_close(out[m], layer.merge(m)(x), atol=1e-5, rtol=1e-4)
-    uneven = nn.Conv1d(3, 5, 4, padding="same")  # PyTorch pads 1 on the left, 2 on the right
-    assert not adaptable(uneven)
-    with pytest.raises(ValueError, match=r"padding='same' pads one side more than the other \(kernel \(4,\), "
-                                         r"dilation \(1,\)\); need the same padding on both sides"):
-        SVConv.from_conv(uneven, ensemble_size=2)
+            if kind == "sve":  # every inference path computes the same members, and unperturbed ones are the layer
+                for inference in ("factored", "merged", "cached"):
+                    layer.inference = inference
+                    evaluated = layer.eval()(repeat_members(x, 2)).reshape(2, *expected.shape)
+                    torch.testing.assert_close(evaluated, out, atol=1e-5, rtol=1e-4)
+                plain = SVConv.from_conv(copy.deepcopy(conv), ensemble_size=2, sigma_init=0.0)
+                same = plain(repeat_members(x, 2)).reshape(2, *expected.shape)
+                torch.testing.assert_close(same, expected.expand_as(same), atol=1e-5, rtol=1e-4)
+

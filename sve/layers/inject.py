@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from torch import nn
 
 from sve.errors import InputError
-from sve.layers.member import ADAPTABLE_TYPES, CONV_TYPES, Conv1D, MemberLayer, numeric_padding
+from sve.layers.member import ADAPTABLE_TYPES, CONV_TYPES, Conv1D, MemberLayer
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,13 @@ def as_patterns(value) -> list[str] | None:
 
 def adaptable(module: nn.Module) -> bool:
     """A layer every member layer can stand in for: a linear (or HF Conv1D), or a plain ``nn.Conv1d``, ``Conv2d``
-    or ``Conv3d`` with groups = 1 and zero padding, the same on both sides (``padding="same"`` with an odd
-    effective kernel included; depthwise and padding-in-forward convolutions are not)."""
+    or ``Conv3d`` with groups = 1 and zero padding (``padding="same"`` and ``"valid"`` included; depthwise and
+    padding-in-forward convolutions are not)."""
     if isinstance(module, MemberLayer) or not isinstance(module, ADAPTABLE_TYPES):
         return False
     if isinstance(module, CONV_TYPES):
         own_forward = type(module).forward not in {conv.forward for conv in CONV_TYPES}
-        return (module.groups == 1 and module.padding_mode == "zeros" and numeric_padding(module) is not None
-                and not own_forward)
+        return module.groups == 1 and module.padding_mode == "zeros" and not own_forward
     return True
 
 

@@ -65,15 +65,16 @@ def weight_matrix(layer: nn.Module) -> Tensor:
     raise TypeError(f"expected nn.Linear, nn.Conv1d/2d/3d or transformers Conv1D, got {type(layer).__name__}")
 
 
-def numeric_padding(conv: nn.Module) -> tuple[int, ...] | None:
+def numeric_padding(conv: nn.Module) -> tuple[int, ...] | str:
     """A convolution's zero padding per spatial axis, ``padding="same"`` and ``"valid"`` resolved as PyTorch
-    pads; None where "same" pads one side more than the other (an even effective kernel size), which one
-    number per axis cannot say."""
+    pads. Where "same" pads one side more than the other (an even effective kernel size), which one number per
+    axis cannot say, it stays the string ``"same"``: PyTorch's functional convolutions take it as the layer does
+    (stride 1 only, as for the layer), grouped member convolutions included."""
     if not isinstance(conv.padding, str):
         return tuple(conv.padding)
     twice = conv._reversed_padding_repeated_twice  # (left, right) per axis, last axis first
     pairs = [(twice[i], twice[i + 1]) for i in range(0, len(twice), 2)][::-1]
-    return None if any(left != right for left, right in pairs) else tuple(left for left, _ in pairs)
+    return "same" if any(left != right for left, right in pairs) else tuple(left for left, _ in pairs)
 
 
 def check_layer(layer: nn.Module) -> None:
@@ -84,10 +85,6 @@ def check_layer(layer: nn.Module) -> None:
         reasons = [f"groups={layer.groups} (need 1)"] if layer.groups != 1 else []
         if layer.padding_mode != "zeros":
             reasons.append(f"padding_mode={layer.padding_mode!r} (need 'zeros')")
-        if numeric_padding(layer) is None:  # "same" with an even effective kernel pads one side one more
-            reasons.append(f"padding={layer.padding!r} pads one side more than the other (kernel "
-                           f"{tuple(layer.kernel_size)}, dilation {tuple(layer.dilation)}); need the same padding "
-                           "on both sides: an odd kernel, or explicit padding")
         if reasons:
             raise InputError(f"{type(layer).__name__} adapters cannot take this layer: {'; '.join(reasons)}")
 

@@ -16,6 +16,8 @@ positions per member). Groups > 1 and non-zero padding modes are not supported. 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -43,7 +45,7 @@ class SVConv(SVLinear):
         factor_dtype: torch.dtype | None = None,
         cache: SVDCache | None = None,
     ) -> SVConv:
-        check_layer(conv)  # groups=1, zero padding, numeric padding
+        check_layer(conv)  # groups=1, zero padding
         U, s, Vh, source = decompose_with_source(conv, svd_dtype, factor_dtype, cache)  # (out, r), (r,), (r, in*k...)
         return cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
 
@@ -69,10 +71,12 @@ class SVConv(SVLinear):
 
     def tokens_per_member(self, x: Tensor, K: int) -> float:
         """Output positions per member: the rows each member's (out x in*k1*...*kd) matrix is applied to."""
-        positions = 1
-        for size, k, s, p, d in zip(x.shape[-self.conv_dims:], self.kernel_size, self.stride, self.padding,
-                                    self.dilation):  # fmt: skip
-            positions *= max((size + 2 * p - d * (k - 1) - 1) // s + 1, 0)
+        positions, sizes = 1, x.shape[-self.conv_dims:]
+        if isinstance(self.padding, str):  # uneven "same" (stride 1): the output has the input's positions
+            positions = math.prod(sizes)
+        else:
+            for size, k, s, p, d in zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation):
+                positions *= max((size + 2 * p - d * (k - 1) - 1) // s + 1, 0)
         return (x.shape[0] / K if x.dim() == self.conv_dims + 2 else 1) * positions
 
     def extra_repr(self) -> str:

@@ -83,7 +83,7 @@ class SVTopConv(TopRankTerm, SVConv):
     def from_conv_top(cls, conv: nn.Module, rank: int, ensemble_size: int, sigma_init: float = 0.0,
                       member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
                       factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv:
-        check_layer(conv)  # groups=1, zero padding, numeric padding
+        check_layer(conv)  # groups=1, zero padding
         U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
         sv.set_residual(residual)
