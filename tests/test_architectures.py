@@ -236,3 +236,27 @@ def test_cls_pooling_on_a_tokenizer_without_a_summary_token_is_warned_of(tmp_pat
         HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(tmp_path), pooling="mean")
         HFBackbone(["query"], pretrained=False, config=config, tokenizer="char", pooling="cls")  # [CLS] first
     assert "CLS" not in caplog.text
+
+
+def test_a_stochastic_method_that_falls_back_draws_as_a_later_call_from_the_same_seed():
+    # BLoB samples its weights as it runs: the batched pass that fails on the time-major layout has drawn
+    # already, so the retry must start from the generator state the call began with.
+    from sve.methods.blob import BLoB
+
+    torch.manual_seed(0)
+    method = BLoB(TimeMajorEncoder(), ensemble_size=1, num_classes=2, init_std=0.5, num_samples=3).eval()
+    with torch.no_grad():  # LoRA's B starts at zero, where every sample is the same function
+        for name, p in method.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_()
+    x = {"pixel_values": torch.randn(3, 5, 16)}
+    with torch.no_grad(), pytest.warns(UserWarning, match="one member at a time"):
+        torch.manual_seed(7)
+        first = method(x)  # falls back
+    with torch.no_grad():
+        torch.manual_seed(7)
+        later = method(x)
+        torch.manual_seed(8)
+        other = method(x)
+    assert method.fallback and torch.equal(first, later)
+    assert not torch.equal(first, other)  # the method does draw: the equality is not trivial

@@ -264,19 +264,28 @@ class EnsembleMethod(nn.Module):
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
         chunk = self.members_per_pass(batch, len(members))
-        # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
-        shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
+        # A stochastic method (BLoB, MC dropout) draws as it runs: a batched pass that fails on the layout may
+        # have drawn already, so the retry starts from the generator state this call began with, and it runs
+        # here rather than through a subclass's forward, which would draw its samples again. Otherwise the call
+        # that falls back would draw other samples than any later call from the same seed.
+        generators = rng_states(batch) if chunk > 1 else None
         try:
-            with shared:
-                logits = torch.cat([self.member_logits(batch, members[i:i + chunk])
-                                    for i in range(0, len(members), chunk)])
+            logits = self.logits_in_passes(batch, members, chunk)
         except MemberLayoutError as err:
             if chunk == 1:
                 raise
             self.fallback = err.module or "a member layer"
             warnings.warn(f"{err}. Falling back to one member at a time for this run.", stacklevel=2)
-            return self.forward(batch)
+            restore_rng_states(generators)
+            logits = self.logits_in_passes(batch, members, 1)
         return check_member_logits(mask_choices(logits, batch), len(members))
+
+    def logits_in_passes(self, batch: dict, members: list[int], chunk: int) -> Tensor:
+        """Logits (K, B, C) of ``members``, ``chunk`` members per backbone pass."""
+        # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
+        shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
+        with shared:
+            return torch.cat([self.member_logits(batch, members[i:i + chunk]) for i in range(0, len(members), chunk)])
 
     @torch.no_grad()
     def predict(self, batch: dict, aggregate: str = "probs"):
@@ -379,6 +388,20 @@ def index_set(values: list[int]) -> str:
     if values == list(range(values[0], values[-1] + 1)):
         return f"{{{values[0]}..{values[-1]}}}"
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def rng_states(batch: dict) -> tuple[Tensor, Tensor | None, torch.device | None]:
+    """The default generators' states that a forward pass on ``batch`` draws from: the CPU's, and the CUDA
+    device's where the batch is."""
+    device = next((v.device for v in batch.values() if isinstance(v, Tensor) and v.is_cuda), None)
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device is not None else None), device
+
+
+def restore_rng_states(states: tuple[Tensor, Tensor | None, torch.device | None]) -> None:
+    cpu, cuda, device = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def batch_size(batch: dict) -> int:
