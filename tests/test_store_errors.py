@@ -157,6 +157,23 @@ def test_the_multirun_summary_names_unreadable_results_and_failure_records(tmp_p
     assert summary["not_finished"] == ["0_run", "1_run"]
 
 
+def test_a_finished_run_whose_rerun_was_refused_is_failed_in_the_multirun_summary(tmp_path):
+    # A sweep rerun in the same directory with other values (trainer.max_epochs=1 -> 2): each finished run is
+    # refused for its other config, and Hydra rewrites its .hydra/overrides.yaml with the new values. The old
+    # results.json must not be summarised as this sweep's run, under the new overrides.
+    run = tmp_path / "0_sve_m2_seed0"
+    (run / ".hydra").mkdir(parents=True)
+    write_json(run / "results.json", {"seed": 0, "metrics": {"test/acc": 0.5}})
+    (run / ".hydra" / "overrides.yaml").write_text("- trainer.max_epochs=2\n- seed=0\n")
+    multirun.record_failure(run, InputError("run directory was started with another config: trainer.max_epochs"))
+    summary = multirun.summarize(tmp_path)
+    assert summary["runs"][0]["state"] == "failed" and "another config" in summary["runs"][0]["error"]
+    assert summary["not_finished"] == ["0_sve_m2_seed0"] and summary["groups"] == []
+    # A failure record older than the results (that attempt failed, a later one finished) is not news.
+    os.utime(run / multirun.FAILED, ns=(1, 1))
+    assert multirun.summarize(tmp_path)["runs"][0]["state"] == "finished"
+
+
 # --- 2. a disk that fills while writing ---------------------------------------------------------------------
 
 

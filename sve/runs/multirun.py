@@ -61,12 +61,29 @@ def read_failure(run_dir: Path) -> str:
         return f"(failure record unreadable) {path} has no \"error\" key"
 
 
+def failed_after_finishing(run_dir: Path) -> bool:
+    """Whether ``failed.json`` was written after ``results.json``: a later attempt in a finished run's directory
+    failed. A rerun clears its failure record when it starts, so a record no older than the results is news."""
+    results, failure = run_dir / "results.json", run_dir / FAILED
+    try:
+        return failure.stat().st_mtime_ns >= results.stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+
+
 def summarize(sweep_dir: Path) -> dict:
     """Every run directory under ``sweep_dir`` with its state: finished, failed, unreadable (a results.json
     that is not valid JSON: the error says which and what to delete) or incomplete."""
     runs = []
     for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if (run_dir / "results.json").exists():
+        if failed_after_finishing(run_dir):
+            # The latest attempt failed (refused for another config, say) beside an earlier attempt's
+            # results.json: that file is not this sweep's run, and Hydra has already rewritten the directory's
+            # .hydra/overrides.yaml with the failed attempt's overrides, so counting it would file the old
+            # metrics under the new settings.
+            runs.append({"run": run_dir.name, "state": "failed", "error": read_failure(run_dir),
+                         "note": "results.json here is from an earlier attempt, not from this configuration"})
+        elif (run_dir / "results.json").exists():
             try:
                 results = read_results(run_dir / "results.json")
             except UnreadableFile as err:
