@@ -168,6 +168,39 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
     assert (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns == stamp
 
 
+def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_path, monkeypatch, capsys):
+    # A scheduler's stop (SIGTERM) ends the run in progress with RunInterrupted; the sweep must stop there
+    # too, not record it as failed and start training the next run.
+    import logging
+
+    import sve.runs.run
+    from sve.cli import train
+    from sve.errors import RunInterrupted
+
+    started = []
+
+    def stopped(cfg):
+        started.append(int(cfg.seed))
+        raise RunInterrupted(f"run in {cfg.paths.output_dir} stopped by SIGTERM")
+
+    monkeypatch.setattr(sve.runs.run, "run", stopped)
+    monkeypatch.setattr(sys, "argv", ["sve-train", "-m", "seed=0,1,2", "recipe=none", f"hydra.sweep.dir={tmp_path}"])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # Hydra configures the root logger for its jobs
+    try:
+        with pytest.raises(SystemExit) as caught:
+            train.main()
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+    assert caught.value.code == 128 + 15 and started == [0]
+    assert f"hydra.sweep.dir={tmp_path}" in capsys.readouterr().err
+    assert not (tmp_path / "0_sve_m4_seed0" / "failed.json").exists()  # incomplete: the rerun resumes it
+
+
 def test_slurm_launcher_config_composes(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     done = subprocess.run([sys.executable, "train.py", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
