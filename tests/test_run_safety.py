@@ -68,6 +68,8 @@ def test_non_finite_numbers_never_reach_results_json(tmp_path):
 @pytest.mark.parametrize(("override", "message"), [
     ("ensemble_size=abc", "ensemble_size='abc' is not valid; expected a positive integer"),
     ("ensemble_size=0", "ensemble_size=0 is not valid"),
+    ("seed=-1", r"seed=-1 is not valid; expected an integer from 0 to 4294967295"),
+    ("seed=4294967296", "seed=4294967296 is not valid"),
     ("sigma_init=0.6", r"sigma_init=0.6 is not valid; expected a number in \[0, 0.43\)"),
     ("optimizer.lr=-1", "optimizer.lr=-1 is not valid"),
     ("dataset.batch_size=0", "dataset.batch_size=0 is not valid"),

@@ -23,6 +23,7 @@ from sve.errors import InputError
 MAX_SIGMA_INIT = 0.43
 AGGREGATES = ("probs", "logits")
 FACTOR_DTYPES = ("float32", "bfloat16", "float16", "float64")
+MAX_SEED = 2**32 - 1
 
 
 def _is_int(value) -> bool:
@@ -83,7 +84,9 @@ def check_values(cfg: DictConfig) -> None:
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
              "a positive integer, e.g. ensemble_size=4")  # fmt: skip
-    _require(_is_int(get("seed")), "seed", get("seed"), "an integer")
+    # Lightning's seed_everything seeds numpy too, which takes only 0 .. 2**32 - 1 (seed=-1 was a traceback).
+    _require(_is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"),
+             f"an integer from 0 to {MAX_SEED}")  # fmt: skip
     _require(get("aggregate") in AGGREGATES, "aggregate", get("aggregate"), f"one of {list(AGGREGATES)}")
     for key in ("sigma_init", "method.sigma_init"):
         if get(key) is not None:
