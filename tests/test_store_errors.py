@@ -108,6 +108,24 @@ def test_the_tables_skip_a_corrupt_results_json_with_a_warning_naming_it(tmp_pat
     assert "not valid JSON" in record.getMessage() and "to run that run again" in record.getMessage()
 
 
+@pytest.mark.parametrize("metrics", [[0.5], None, "absent"])
+def test_the_tables_skip_a_results_json_whose_metrics_are_not_an_object(metrics, tmp_path, caplog):
+    # Valid JSON, but no metrics object (edited by hand, or another tool's file): a list crashed every table with
+    # an AttributeError, and a missing one left the cell to the other seeds without a word.
+    path = run_dir(tmp_path, "exp_a", "sve", 4, 0) / "results.json"
+    path.parent.mkdir(parents=True)
+    results = {"method": "sve", "ensemble_size": 4, "seed": 0, "experiment": "exp_a", "metrics": metrics}
+    if metrics == "absent":
+        del results["metrics"]
+    write_json(path, results)
+    from sve.paper.report import load_runs
+
+    with caplog.at_level(logging.WARNING):
+        assert load_runs(tmp_path) == []
+    [record] = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert "not the results of a run" in record.getMessage() and '"metrics"' in record.getMessage()
+
+
 def test_a_corrupt_or_foreign_tuned_json_fails_its_row_and_says_to_delete_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweep, "run_in_process", lambda job: finished(job, fake_results(job)))
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
