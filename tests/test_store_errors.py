@@ -192,6 +192,20 @@ def test_a_finished_run_whose_rerun_was_refused_is_failed_in_the_multirun_summar
     assert multirun.summarize(tmp_path)["runs"][0]["state"] == "finished"
 
 
+def test_the_multirun_summary_counts_each_seed_of_a_group_once(tmp_path):
+    # A sweep rerun in its directory with a method added renumbers its jobs: seed 1 of sve is trained again as
+    # 3_sve_m2_seed1 beside the first sweep's 2_sve_m2_seed1. The group's mean and std take that seed once.
+    for name, seed, acc in (("0_sve_m2_seed0", 0, 0.2), ("2_sve_m2_seed1", 1, 0.6), ("3_sve_m2_seed1", 1, 0.6)):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        write_json(tmp_path / name / "results.json", {"seed": seed, "metrics": {"test/acc": acc}})
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- method=sve\n- seed={seed}\n")
+    [group] = multirun.summarize(tmp_path)["groups"]
+    assert group["seeds"] == [0, 1] and group["runs"] == 2
+    assert group["metrics"]["test/acc"]["mean"] == pytest.approx(0.4)
+    assert group["metrics"]["test/acc"]["std"] == pytest.approx(0.2 * 2**0.5)
+    assert group["repeated_seeds_left_out"] == ["3_sve_m2_seed1"]
+
+
 # --- 2. a disk that fills while writing ---------------------------------------------------------------------
 
 
