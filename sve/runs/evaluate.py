@@ -289,6 +289,27 @@ def mismatch_cause(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> str:
     return f"the run's own config no longer builds the model its checkpoint holds; {rebuild_hint(run_dir)}"
 
 
+def trained_class_names(run_dir: Path, adapter: bool) -> list | None:
+    """The class names the run was trained with (results.json or adapter_config.json ``class_names``), where
+    its data named them (image_folder, text_table); None otherwise."""
+    if adapter:
+        return adapter_files.read_config(run_dir).get("class_names")
+    results = run_dir / "results.json"
+    return read_results(results).get("class_names") if results.exists() else None
+
+
+def check_same_classes(datamodule, trained_names: list | None, trained_dataset: str) -> None:
+    """Label i of the evaluated data must be the class the run learned as label i: folders (or labels) with other
+    names but as many of them gave metrics of a head scored against classes it never saw."""
+    names = datamodule.class_names()
+    if trained_names is None or names is None:
+        return
+    if [str(n) for n in names] != [str(n) for n in trained_names]:
+        raise InputError(f"{datamodule.what}: its classes {list(names)} are not the classes the run was trained "
+                         f"with on {trained_dataset} {list(trained_names)} (label i must be the same class in both, "
+                         "in this order); evaluate on data with the trained classes")
+
+
 def rebuilt(cfg: DictConfig, run_dir: Path):
     """``build(cfg)``; an ``InputError`` when the config no longer builds with this code (a required argument
     that the saved config lacks, a target gone), as ``check_targets`` cannot see every such case."""
@@ -336,6 +357,7 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
         if trained_classes != datamodule.num_classes:
             raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
                              f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
+    check_same_classes(datamodule, trained_class_names(run_dir, adapter), trained.dataset.name)
     datamodule.setup()  # every data file is read and checked before the model runs
     if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
         adapter_files.check_fingerprint(adapter_files.read_config(run_dir), method.base_fingerprint, run_dir)
