@@ -109,6 +109,14 @@ def check_values(cfg: DictConfig) -> None:
              "trainer.max_epochs", max_epochs, "a positive integer (or -1 with trainer.max_steps)")  # fmt: skip
     _require(max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
              "trainer.max_steps", max_steps, "a positive integer or -1")  # fmt: skip
+    if max_epochs == -1 and max_steps in (None, -1):  # no end: the schedule's length was float("inf"), a traceback
+        raise InputError("trainer.max_epochs=-1 trains until trainer.max_steps, which is not set; give "
+                         "+trainer.max_steps=N (a positive integer), or a positive trainer.max_epochs")
+    limit = get("trainer.limit_train_batches")
+    # 0 trains nothing, and the untrained model's numbers would be written as the run's results.
+    _require(limit is None or (_is_int(limit) and limit >= 1) or (_number(limit) and 0 < limit <= 1),
+             "trainer.limit_train_batches", limit,
+             "a positive number of batches, or a fraction in (0, 1] of them (0 would train nothing)")  # fmt: skip
     accumulate = get("trainer.accumulate_grad_batches")
     _require(accumulate is None or (_is_int(accumulate) and accumulate >= 1), "trainer.accumulate_grad_batches",
              accumulate, "a positive integer")  # fmt: skip
