@@ -132,6 +132,44 @@ def test_evaluate_errors_say_what_to_change(trained):
         evaluate_run(bare)
 
 
+def test_evaluating_with_another_model_or_a_bad_value_is_one_line_naming_it(trained):
+    tmp_path, _ = trained
+    # Another member count builds another model: refused naming the override and the trained value, with no
+    # advice to "resume" (an evaluation resumes nothing).
+    with pytest.raises(InputError, match=r"the overrides change the model: ensemble_size=3 \(trained with 2\)") as err:
+        evaluate_run(tmp_path, ["ensemble_size=3"])
+    assert "Resume" not in str(err.value)
+    # Another method or backbone is refused before the model is built.
+    with pytest.raises(InputError, match="method=single cannot be changed when evaluating.*trained with method=sve"):
+        evaluate_run(tmp_path, ["method=single"])
+    with pytest.raises(InputError, match="backbone=tiny_bert cannot be changed.*trained with backbone=tiny_vit"):
+        evaluate_run(tmp_path, ["backbone=tiny_bert"])
+    # Values are checked as in training (these were raw ValueErrors from int()).
+    with pytest.raises(InputError, match="ensemble_size='four' is not valid; expected a positive integer"):
+        evaluate_run(tmp_path, ["ensemble_size=four"])
+    with pytest.raises(InputError, match="seed='abc' is not valid; expected an integer"):
+        evaluate_run(tmp_path, ["seed=abc"])
+    assert not (tmp_path / "evaluations").exists()
+
+
+def test_evaluating_on_data_with_other_class_names_is_refused(tmp_path):
+    # Trained on cat/dog; a car/truck tree has as many classes, and was evaluated as if label 0 were still "cat".
+    from tests.test_generic_data import image_tree
+
+    trained = image_tree(tmp_path / "pets", {"train": {"cat": 4, "dog": 4}, "test": {"cat": 2, "dog": 2}})
+    other = image_tree(tmp_path / "cars", {"train": {"car": 2, "truck": 2}, "test": {"car": 2, "truck": 2}})
+    same = image_tree(tmp_path / "more_pets", {"train": {"cat": 2, "dog": 2}, "test": {"cat": 3, "dog": 3}})
+    run_dir = tmp_path / "run"
+    run(compose_cfg(["dataset=image_folder", f"dataset.root={trained}", "callbacks=default", "ensemble_size=2",
+                     "dataset.batch_size=4"], run_dir))  # fmt: skip
+    for directory in (run_dir, run_dir / "adapter"):
+        with pytest.raises(InputError, match=r"its classes \['car', 'truck'\] are not the classes the run was "
+                                             r"trained with on image_folder \['cat', 'dog'\]"):
+            evaluate_run(directory, [f"dataset.root={other}"], name="cars")
+    assert evaluate_run(run_dir, [f"dataset.root={same}"], name="more")["metrics"]["test/examples"] == 6
+    assert not (run_dir / "evaluations" / "cars.json").exists()
+
+
 def test_a_run_trained_on_a_gpu_evaluates_on_the_cpu_when_told(trained):
     tmp_path, results = trained
     saved = json.loads((tmp_path / "results.json").read_text())

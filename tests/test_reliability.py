@@ -117,6 +117,21 @@ def test_a_run_directory_refuses_another_config(tmp_path):
         run(compose_cfg([*overrides, "seed=1"], tmp_path / "run"))
 
 
+def test_a_finished_run_started_again_with_skip_finished_false_and_other_values_is_refused_or_recorded(tmp_path):
+    # skip_finished=false resumes the finished run's last.ckpt (its trained model); with other values that was
+    # neither refused nor recorded: results.json said optimizer.lr=0.5, config_changes_on_resume [], for a model
+    # trained (and not trained again) with 0.001.
+    base = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default", "trainer.max_epochs=1"]
+    first = run(compose_cfg(base, tmp_path / "run"))
+    again = [*base, "optimizer.lr=0.5", "skip_finished=false"]
+    with pytest.raises(InputError, match=r"optimizer\.lr: 0\.001 -> 0\.5.*another directory") as refused:
+        run(compose_cfg(again, tmp_path / "run"))
+    assert "skip_finished=false to run it again" not in str(refused.value)  # the advice that led here
+    results = run(compose_cfg([*again, "resume_with_changes=true"], tmp_path / "run"))
+    assert results["config_changes_on_resume"] == [["optimizer.lr", 0.001, 0.5]]
+    assert results["metrics"]["test/nll"] == first["metrics"]["test/nll"]  # the same model: nothing trained again
+
+
 def test_a_start_that_left_no_work_does_not_bind_its_directory(tmp_path):
     # A wrong data path fails before the first checkpoint; the corrected command in the same directory runs.
     base = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default", "trainer.max_epochs=1",

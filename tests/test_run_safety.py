@@ -68,6 +68,11 @@ def test_non_finite_numbers_never_reach_results_json(tmp_path):
 @pytest.mark.parametrize(("override", "message"), [
     ("ensemble_size=abc", "ensemble_size='abc' is not valid; expected a positive integer"),
     ("ensemble_size=0", "ensemble_size=0 is not valid"),
+    ("seed=-1", r"seed=-1 is not valid; expected an integer from 0 to 4294967295"),
+    ("trainer.max_epochs=-1", r"trainer.max_epochs=-1 trains until trainer.max_steps, which is not set"),
+    ("trainer.limit_train_batches=0", r"trainer.limit_train_batches=0 is not valid.*would train nothing"),
+    ("trainer.limit_train_batches=0.0", r"trainer.limit_train_batches=0.0 is not valid"),
+    ("seed=4294967296", "seed=4294967296 is not valid"),
     ("sigma_init=0.6", r"sigma_init=0.6 is not valid; expected a number in \[0, 0.43\)"),
     ("optimizer.lr=-1", "optimizer.lr=-1 is not valid"),
     ("dataset.batch_size=0", "dataset.batch_size=0 is not valid"),
@@ -166,6 +171,39 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "has finished, skipping" in again.stdout + again.stderr
     assert (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns == stamp
+
+
+def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_path, monkeypatch, capsys):
+    # A scheduler's stop (SIGTERM) ends the run in progress with RunInterrupted; the sweep must stop there
+    # too, not record it as failed and start training the next run.
+    import logging
+
+    import sve.runs.run
+    from sve.cli import train
+    from sve.errors import RunInterrupted
+
+    started = []
+
+    def stopped(cfg):
+        started.append(int(cfg.seed))
+        raise RunInterrupted(f"run in {cfg.paths.output_dir} stopped by SIGTERM")
+
+    monkeypatch.setattr(sve.runs.run, "run", stopped)
+    monkeypatch.setattr(sys, "argv", ["sve-train", "-m", "seed=0,1,2", "recipe=none", f"hydra.sweep.dir={tmp_path}"])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # Hydra configures the root logger for its jobs
+    try:
+        with pytest.raises(SystemExit) as caught:
+            train.main()
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+    assert caught.value.code == 128 + 15 and started == [0]
+    assert f"hydra.sweep.dir={tmp_path}" in capsys.readouterr().err
+    assert not (tmp_path / "0_sve_m4_seed0" / "failed.json").exists()  # incomplete: the rerun resumes it
 
 
 def test_slurm_launcher_config_composes(tmp_path):

@@ -108,6 +108,24 @@ def test_the_tables_skip_a_corrupt_results_json_with_a_warning_naming_it(tmp_pat
     assert "not valid JSON" in record.getMessage() and "to run that run again" in record.getMessage()
 
 
+@pytest.mark.parametrize("metrics", [[0.5], None, "absent"])
+def test_the_tables_skip_a_results_json_whose_metrics_are_not_an_object(metrics, tmp_path, caplog):
+    # Valid JSON, but no metrics object (edited by hand, or another tool's file): a list crashed every table with
+    # an AttributeError, and a missing one left the cell to the other seeds without a word.
+    path = run_dir(tmp_path, "exp_a", "sve", 4, 0) / "results.json"
+    path.parent.mkdir(parents=True)
+    results = {"method": "sve", "ensemble_size": 4, "seed": 0, "experiment": "exp_a", "metrics": metrics}
+    if metrics == "absent":
+        del results["metrics"]
+    write_json(path, results)
+    from sve.paper.report import load_runs
+
+    with caplog.at_level(logging.WARNING):
+        assert load_runs(tmp_path) == []
+    [record] = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert "not the results of a run" in record.getMessage() and '"metrics"' in record.getMessage()
+
+
 def test_a_corrupt_or_foreign_tuned_json_fails_its_row_and_says_to_delete_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweep, "run_in_process", lambda job: finished(job, fake_results(job)))
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -155,6 +173,37 @@ def test_the_multirun_summary_names_unreadable_results_and_failure_records(tmp_p
     assert states["1_run"]["state"] == "failed" and "failure record unreadable" in states["1_run"]["error"]
     assert states["2_run"] == {"run": "2_run", "state": "finished", "test/acc": 0.5}
     assert summary["not_finished"] == ["0_run", "1_run"]
+
+
+def test_a_finished_run_whose_rerun_was_refused_is_failed_in_the_multirun_summary(tmp_path):
+    # A sweep rerun in the same directory with other values (trainer.max_epochs=1 -> 2): each finished run is
+    # refused for its other config, and Hydra rewrites its .hydra/overrides.yaml with the new values. The old
+    # results.json must not be summarised as this sweep's run, under the new overrides.
+    run = tmp_path / "0_sve_m2_seed0"
+    (run / ".hydra").mkdir(parents=True)
+    write_json(run / "results.json", {"seed": 0, "metrics": {"test/acc": 0.5}})
+    (run / ".hydra" / "overrides.yaml").write_text("- trainer.max_epochs=2\n- seed=0\n")
+    multirun.record_failure(run, InputError("run directory was started with another config: trainer.max_epochs"))
+    summary = multirun.summarize(tmp_path)
+    assert summary["runs"][0]["state"] == "failed" and "another config" in summary["runs"][0]["error"]
+    assert summary["not_finished"] == ["0_sve_m2_seed0"] and summary["groups"] == []
+    # A failure record older than the results (that attempt failed, a later one finished) is not news.
+    os.utime(run / multirun.FAILED, ns=(1, 1))
+    assert multirun.summarize(tmp_path)["runs"][0]["state"] == "finished"
+
+
+def test_the_multirun_summary_counts_each_seed_of_a_group_once(tmp_path):
+    # A sweep rerun in its directory with a method added renumbers its jobs: seed 1 of sve is trained again as
+    # 3_sve_m2_seed1 beside the first sweep's 2_sve_m2_seed1. The group's mean and std take that seed once.
+    for name, seed, acc in (("0_sve_m2_seed0", 0, 0.2), ("2_sve_m2_seed1", 1, 0.6), ("3_sve_m2_seed1", 1, 0.6)):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        write_json(tmp_path / name / "results.json", {"seed": seed, "metrics": {"test/acc": acc}})
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- method=sve\n- seed={seed}\n")
+    [group] = multirun.summarize(tmp_path)["groups"]
+    assert group["seeds"] == [0, 1] and group["runs"] == 2
+    assert group["metrics"]["test/acc"]["mean"] == pytest.approx(0.4)
+    assert group["metrics"]["test/acc"]["std"] == pytest.approx(0.2 * 2**0.5)
+    assert group["repeated_seeds_left_out"] == ["3_sve_m2_seed1"]
 
 
 # --- 2. a disk that fills while writing ---------------------------------------------------------------------

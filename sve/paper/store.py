@@ -117,6 +117,8 @@ def load_runs(root: Path) -> list[Run]:
             continue  # is copied as seed 0
         try:
             results = read_results(path)
+            if not isinstance(results.get("metrics"), dict):  # every cell reads it (Run.metric): say so here, once
+                raise TypeError(f"its \"metrics\" is {type(results.get('metrics')).__name__}, not an object")
             config = results.get("config") or {}
             experiment = results.get("experiment") or config.get("experiment_name")
             runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))

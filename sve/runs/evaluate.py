@@ -53,14 +53,15 @@ from sve.runs.evaluation import PREDICTIONS, evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, read_results, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim
-from sve.runs.validate import accepted_keys, check_accelerator
+from sve.runs.validate import accepted_keys, check_accelerator, check_values
 from sve.runs.writable import check_writable
-from sve.training.checkpoint import FINAL, read_checkpoint
+from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
 
 log = logging.getLogger(__name__)
 
 EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
+MODEL_GROUPS = ("method", "backbone")  # what the checkpoint's tensors belong to
 EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
 # The nodes that evaluating a run instantiates (sve.runs.run.build and make_trainer); callbacks and logger are not.
@@ -152,6 +153,19 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def check_same_model(trained: DictConfig, overrides: list[str]) -> None:
+    """The checkpoint holds the trained method's and backbone's tensors: another ``method=`` or ``backbone=``
+    option is another model, refused before it is built (an SVD of every layer) only to fail to load. (sve-distill
+    swaps the method for its student through ``apply_overrides`` itself, not through here.)"""
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        trained_option = OmegaConf.select(trained, f"{key}.name", default=None) if key in MODEL_GROUPS else None
+        if trained_option is not None and not override.is_delete() and override.value() != trained_option:
+            raise InputError(f"{key}={override.value()} cannot be changed when evaluating: the run was trained with "
+                             f"{key}={trained_option} and its checkpoint holds that model; an evaluation changes "
+                             "the data and how the model is evaluated, never the model")
+
+
 def trained_commit(run_dir: Path) -> str | None:
     """The commit of the code that trained the run (results.json ``git_commit``), when it is recorded."""
     path = run_dir / "results.json"
@@ -236,6 +250,66 @@ def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
             visit(OmegaConf.to_container(cfg, resolve=False)[key], key, True)
 
 
+# Keys that evaluating never reads from the run's config (it has its own ckpt_path; no logger, no callbacks): their
+# values are not checked, so a run whose logger package is gone, or whose resume file has moved, still evaluates.
+NOT_READ = ("ckpt_path", "logger", "callbacks")
+
+
+def check_overridden_values(cfg: DictConfig, trained: DictConfig) -> None:
+    """``check_values`` of the config as overridden (``ensemble_size=four`` or ``seed=abc`` is one line naming
+    the value, not a traceback from deep in the build). A complaint that the run's own config draws as well is
+    not this evaluation's doing (a run from code with other ranges) and is let through."""
+    def complaint(config: DictConfig) -> str | None:
+        config = copy.deepcopy(config)
+        for key in NOT_READ:
+            config.pop(key, None)
+        try:
+            check_values(config)
+        except InputError as err:
+            return str(err)
+        return None
+
+    found = complaint(cfg)
+    if found is not None and found != complaint(trained):
+        raise InputError(found)
+
+
+# What the trained model is made of: an override of one of these builds another model than the checkpoint's.
+MODEL_KEYS = ("ensemble_size", "method.name", "backbone.name", "seed")
+
+
+def mismatch_cause(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> str:
+    """Why a run's checkpoint does not fit the model rebuilt for its evaluation, and what to do."""
+    get = lambda config, key: OmegaConf.select(config, key, default=None)  # noqa: E731
+    changed = [f"{key}={get(cfg, key)} (trained with {get(trained, key)})" for key in MODEL_KEYS
+               if get(cfg, key) != get(trained, key)]  # fmt: skip
+    if changed:
+        return (f"the overrides change the model: {', '.join(changed)}. An evaluation keeps the model as it was "
+                "trained; drop those overrides")
+    return f"the run's own config no longer builds the model its checkpoint holds; {rebuild_hint(run_dir)}"
+
+
+def trained_class_names(run_dir: Path, adapter: bool) -> list | None:
+    """The class names the run was trained with (results.json or adapter_config.json ``class_names``), where
+    its data named them (image_folder, text_table); None otherwise."""
+    if adapter:
+        return adapter_files.read_config(run_dir).get("class_names")
+    results = run_dir / "results.json"
+    return read_results(results).get("class_names") if results.exists() else None
+
+
+def check_same_classes(datamodule, trained_names: list | None, trained_dataset: str) -> None:
+    """Label i of the evaluated data must be the class the run learned as label i: folders (or labels) with other
+    names but as many of them gave metrics of a head scored against classes it never saw."""
+    names = datamodule.class_names()
+    if trained_names is None or names is None:
+        return
+    if [str(n) for n in names] != [str(n) for n in trained_names]:
+        raise InputError(f"{datamodule.what}: its classes {list(names)} are not the classes the run was trained "
+                         f"with on {trained_dataset} {list(trained_names)} (label i must be the same class in both, "
+                         "in this order); evaluate on data with the trained classes")
+
+
 def rebuilt(cfg: DictConfig, run_dir: Path):
     """``build(cfg)``; an ``InputError`` when the config no longer builds with this code (a required argument
     that the saved config lacks, a target gone), as ``check_targets`` cannot see every such case."""
@@ -261,7 +335,9 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()  # an adapter directory (a run's, or one shared)
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
+    check_same_model(trained, list(overrides))
     cfg = apply_overrides(trained, list(overrides))
+    check_overridden_values(cfg, trained)
     check_targets(cfg, trained, run_dir)
     if trainer:
         check_accelerator(cfg, instead=ON_THE_CPU)
@@ -281,12 +357,17 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
         if trained_classes != datamodule.num_classes:
             raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
                              f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
+    check_same_classes(datamodule, trained_class_names(run_dir, adapter), trained.dataset.name)
     datamodule.setup()  # every data file is read and checked before the model runs
     if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
         adapter_files.check_fingerprint(adapter_files.read_config(run_dir), method.base_fingerprint, run_dir)
         adapter_files.load_trained_state(method, run_dir)
     else:
-        module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
+        try:
+            module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
+        except CheckpointMismatch as err:
+            raise InputError(f"{path} does not fit the model rebuilt for this evaluation: {err.detail}; "
+                             f"{mismatch_cause(cfg, trained, run_dir)}") from None
         module.load_state_dict(checkpoint["state_dict"])
     return cfg, path, module, datamodule
 

@@ -61,12 +61,29 @@ def read_failure(run_dir: Path) -> str:
         return f"(failure record unreadable) {path} has no \"error\" key"
 
 
+def failed_after_finishing(run_dir: Path) -> bool:
+    """Whether ``failed.json`` was written after ``results.json``: a later attempt in a finished run's directory
+    failed. A rerun clears its failure record when it starts, so a record no older than the results is news."""
+    results, failure = run_dir / "results.json", run_dir / FAILED
+    try:
+        return failure.stat().st_mtime_ns >= results.stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+
+
 def summarize(sweep_dir: Path) -> dict:
     """Every run directory under ``sweep_dir`` with its state: finished, failed, unreadable (a results.json
     that is not valid JSON: the error says which and what to delete) or incomplete."""
     runs = []
     for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if (run_dir / "results.json").exists():
+        if failed_after_finishing(run_dir):
+            # The latest attempt failed (refused for another config, say) beside an earlier attempt's
+            # results.json: that file is not this sweep's run, and Hydra has already rewritten the directory's
+            # .hydra/overrides.yaml with the failed attempt's overrides, so counting it would file the old
+            # metrics under the new settings.
+            runs.append({"run": run_dir.name, "state": "failed", "error": read_failure(run_dir),
+                         "note": "results.json here is from an earlier attempt, not from this configuration"})
+        elif (run_dir / "results.json").exists():
             try:
                 results = read_results(run_dir / "results.json")
             except UnreadableFile as err:
@@ -101,18 +118,33 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def groups(run_dirs: list[Path]) -> list[dict]:
     """The finished runs grouped by ``run_key``: seeds, and each test metric's mean and std over them."""
-    grouped: dict[tuple, list[dict]] = {}
+    grouped: dict[tuple, dict] = {}
+    duplicates: dict[tuple, list[str]] = {}
     for run_dir in run_dirs:
         results = read_results(run_dir / "results.json")
-        grouped.setdefault(run_key(run_dir, results), []).append(results)
+        key = run_key(run_dir, results)
+        by_seed = grouped.setdefault(key, {})
+        # One run per seed: a sweep rerun in its directory with a value added renumbers its jobs, so a finished
+        # run's configuration is trained again under a new job number beside the old directory. Counting both
+        # would weigh that seed twice in the mean and shrink the std.
+        if results.get("seed") in by_seed:
+            duplicates.setdefault(key, []).append(run_dir.name)
+            log.warning("sweep summary: %s repeats seed %s of %s; counted once", run_dir.name, results.get("seed"),
+                        " ".join(key) or "(no overrides)")  # fmt: skip
+            continue
+        by_seed[results.get("seed")] = results
     out = []
-    for key, members in grouped.items():
+    for key, by_seed in grouped.items():
+        members = list(by_seed.values())
         metrics = [r.get("metrics") or {} for r in members]
         names = sorted(k for k in metrics[0] if k.startswith("test/") and k not in ("test/seconds", "test/examples")
                        and all(isinstance(m.get(k), (int, float)) for m in metrics))
-        out.append({"overrides": list(key), "runs": len(members), "seeds": sorted(r.get("seed") for r in members),
-                    "metrics": {k: dict(zip(("mean", "std"), mean_std([float(m[k]) for m in metrics])))
-                                for k in names}})
+        group = {"overrides": list(key), "runs": len(members), "seeds": sorted(r.get("seed") for r in members),
+                 "metrics": {k: dict(zip(("mean", "std"), mean_std([float(m[k]) for m in metrics])))
+                             for k in names}}  # fmt: skip
+        if key in duplicates:
+            group["repeated_seeds_left_out"] = duplicates[key]
+        out.append(group)
     return out
 
 

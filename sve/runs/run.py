@@ -159,9 +159,11 @@ def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
         finished = (out_dir / "results.json").exists()
         raise InputError(
             f"run directory {out_dir} was started with another config ({out_dir / RUN_CONFIG}): "
-            f"{describe_changes(changes)}. Use the values it was started with, another directory "
-            "(hydra.run.dir=...)" + (", or skip_finished=false to run it again with these" if finished else
-                                     ", or resume_with_changes=true to continue its checkpoint with these")
+            f"{describe_changes(changes)}. Use the values it was started with, or another directory "
+            "(hydra.run.dir=...) to train with these" + (
+                ". The run has finished: skip_finished=false resume_with_changes=true continues its trained model "
+                "with these values (e.g. more epochs), recorded in results.json" if finished else
+                ", or resume_with_changes=true to continue its checkpoint with these")
         )
     return [list(change) for change in changes]
 
@@ -193,8 +195,10 @@ def run(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.paths.output_dir)
     done = out_dir / "results.json"
     skip = cfg.get("skip_finished", True)
-    # A finished run is never silently returned for another config, nor an unfinished one continued with it.
-    changes = check_same_config(cfg, out_dir) if skip else []
+    # A finished run is never silently returned for another config, nor an unfinished one continued with it. Also
+    # with skip_finished=false: a finished run's last.ckpt holds its trained model, which the run resumes, so
+    # other values must be refused, or accepted and recorded (resume_with_changes=true), as for any resume.
+    changes = check_same_config(cfg, out_dir)
     if skip and done.exists():
         log.info("%s exists: this run has finished, skipping it (skip_finished=false runs it again)", done)
         return read_results(done)

@@ -23,6 +23,7 @@ from sve.errors import InputError
 MAX_SIGMA_INIT = 0.43
 AGGREGATES = ("probs", "logits")
 FACTOR_DTYPES = ("float32", "bfloat16", "float16", "float64")
+MAX_SEED = 2**32 - 1
 
 
 def _is_int(value) -> bool:
@@ -83,7 +84,9 @@ def check_values(cfg: DictConfig) -> None:
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
              "a positive integer, e.g. ensemble_size=4")  # fmt: skip
-    _require(_is_int(get("seed")), "seed", get("seed"), "an integer")
+    # Lightning's seed_everything seeds numpy too, which takes only 0 .. 2**32 - 1 (seed=-1 was a traceback).
+    _require(_is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"),
+             f"an integer from 0 to {MAX_SEED}")  # fmt: skip
     _require(get("aggregate") in AGGREGATES, "aggregate", get("aggregate"), f"one of {list(AGGREGATES)}")
     for key in ("sigma_init", "method.sigma_init"):
         if get(key) is not None:
@@ -106,6 +109,14 @@ def check_values(cfg: DictConfig) -> None:
              "trainer.max_epochs", max_epochs, "a positive integer (or -1 with trainer.max_steps)")  # fmt: skip
     _require(max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
              "trainer.max_steps", max_steps, "a positive integer or -1")  # fmt: skip
+    if max_epochs == -1 and max_steps in (None, -1):  # no end: the schedule's length was float("inf"), a traceback
+        raise InputError("trainer.max_epochs=-1 trains until trainer.max_steps, which is not set; give "
+                         "+trainer.max_steps=N (a positive integer), or a positive trainer.max_epochs")
+    limit = get("trainer.limit_train_batches")
+    # 0 trains nothing, and the untrained model's numbers would be written as the run's results.
+    _require(limit is None or (_is_int(limit) and limit >= 1) or (_number(limit) and 0 < limit <= 1),
+             "trainer.limit_train_batches", limit,
+             "a positive number of batches, or a fraction in (0, 1] of them (0 would train nothing)")  # fmt: skip
     accumulate = get("trainer.accumulate_grad_batches")
     _require(accumulate is None or (_is_int(accumulate) and accumulate >= 1), "trainer.accumulate_grad_batches",
              accumulate, "a positive integer")  # fmt: skip

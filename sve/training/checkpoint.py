@@ -209,6 +209,15 @@ def frozen_fingerprint(module: torch.nn.Module) -> dict[str, list]:
     return fingerprint
 
 
+class CheckpointMismatch(InputError):
+    """The checkpoint's tensors are not the model's. ``detail`` says which; the message adds ``advice`` for a
+    resumed run, and ``sve-eval`` replaces that advice with its own (an evaluation resumes nothing)."""
+
+    def __init__(self, detail: str, advice: str):
+        super().__init__(f"{detail}. {advice}")
+        self.detail = detail
+
+
 class LeanCheckpointing:
     """LightningModule mix-in: checkpoints without frozen parameters, checked against the model on load."""
 
@@ -246,8 +255,8 @@ class LeanCheckpointing:
         if differ:
             shown = ", ".join(f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
                               for n in differ[:3])  # fmt: skip
-            raise InputError(
-                f"the checkpoint does not fit this model: {len(differ)} frozen tensor(s) differ, e.g. {shown}. "
+            raise CheckpointMismatch(
+                f"the checkpoint does not fit this model: {len(differ)} frozen tensor(s) differ, e.g. {shown}",
                 "Frozen weights are not stored but rebuilt from the config: resume with the config the run started "
                 "with (its .hydra/config.yaml: same backbone, method, seed)"
             )
@@ -272,8 +281,9 @@ def check_shapes(saved: dict, current: dict) -> None:
     if differ or unknown:
         parts = ([f"{len(differ)} tensor(s) of another shape, e.g. {', '.join(differ[:3])}"] if differ else []) + (
             [f"{len(unknown)} tensor(s) this model does not have, e.g. {', '.join(unknown[:3])}"] if unknown else [])
-        raise InputError(f"the checkpoint was written by another model: {'; '.join(parts)}. Resume with the config "
-                         "the run started with (its run_config.yaml: ensemble_size, method, backbone)")
+        raise CheckpointMismatch(f"the checkpoint was written by another model: {'; '.join(parts)}",
+                                 "Resume with the config the run started with (its run_config.yaml: ensemble_size, "
+                                 "method, backbone)")
 
 
 def read_checkpoint(path: str | Path) -> dict:
