@@ -379,3 +379,14 @@ def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_
                                           "method=sve", "ensemble_size=2", "trainer=cpu"])  # fmt: skip
     found = plan.plan(cfg, alternatives=False)
     assert found.train_peak > 0
+
+
+def test_an_image_folder_takes_shift_and_ood_options_as_every_image_dataset_does(tmp_path):
+    # The docs promise dataset.corruptions=... on any image dataset; image_folder needed +dataset.corruptions.
+    from sve.runs.run import instantiate
+
+    images = image_tree(tmp_path / "images", {"train": {"a": 2, "b": 2}, "test": {"b": 1}})
+    cfg = compose_cfg(["dataset=image_folder", f"dataset.root={images}", "dataset.corruptions=[fog,snow]",
+                       "dataset.severities=2", "dataset.shift_size=1"], tmp_path / "run")
+    data = instantiate(cfg.dataset)
+    assert data.corruptions == ["fog", "snow"] and data.severities == [2] and cfg.dataset.ood is None
