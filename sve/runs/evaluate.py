@@ -381,6 +381,8 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
     check_writable(run_dir, "run_dir", hint="copy the run directory somewhere writable and pass run_dir=<the copy>")
     with claim(run_dir):
         cfg, path, module, datamodule = load_run(run_dir, overrides, ckpt_path)
+        if update_results:
+            check_same_data(cfg, trained)
         name = name or str(cfg.dataset.name)
         trainer = make_trainer(cfg, logger=False, callbacks=[])
         datamodule.distribute(trainer.world_size, trainer.global_rank)
@@ -409,6 +411,29 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
                 merge_into_results(run_dir / "results.json", record)
             print(summary(record, run_dir, update_results))
     return record
+
+
+# Dataset keys that leave the run's own splits as they were: where the files are, how they are batched and
+# read, and the shifted and OOD sets evaluated beside the clean test split.
+SAME_DATA_KEYS = ("root", "download", "num_workers", "batch_size", "eval_batch_size", "corruptions", "severities",
+                  "corruption_seed", "shift_size", "ood")
+
+
+def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
+    """``update_results=true`` replaces the run's metrics in results.json, whose ``dataset`` and ``config`` keys
+    stay the trained ones: metrics of other data (another dataset, other splits or subsets) would be filed as the
+    run's own, and a table would show them. Such an evaluation keeps its own file."""
+    def splits(config: DictConfig) -> dict:
+        node = OmegaConf.to_container(config.dataset, resolve=True)
+        return {k: v for k, v in node.items() if k not in SAME_DATA_KEYS}
+
+    evaluated, own = splits(cfg), splits(trained)
+    changed = sorted(k for k in set(evaluated) | set(own) if evaluated.get(k) != own.get(k))
+    if changed:
+        shown = ", ".join(f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in changed[:4])
+        raise InputError(f"update_results=true writes into the run's own results.json, which are for the data it "
+                         f"was trained and tested on; these overrides evaluate other data: {shown}. Drop "
+                         "update_results=true: the evaluation is written to evaluations/<name>.json beside them")
 
 
 def merge_into_results(path: Path, record: dict) -> None:
