@@ -482,3 +482,14 @@ def test_diagnostics_teachers_and_smoke_runs_are_never_table_cells(tmp_path):
         (tmp_path / part / "exp" / "sve_m4" / "seed0").mkdir(parents=True)
         (tmp_path / part / "exp" / "sve_m4" / "seed0" / "results.json").write_text(json.dumps(run))
     assert [r.path.relative_to(tmp_path).parts[0] for r in load_runs(tmp_path)] == ["runs"]
+
+
+def test_sve_tables_refuses_a_store_that_is_not_there(tmp_path, capsys):
+    # A typo in --results built a fresh directory of all-"–" tables, which read as a store without runs.
+    from sve.cli.tables import main
+
+    missing = tmp_path / "reslts"
+    with pytest.raises(SystemExit) as stop:
+        main(["--results", str(missing)])
+    assert stop.value.code == 2 and not missing.exists()
+    assert f"--results {missing}: no such directory" in capsys.readouterr().err

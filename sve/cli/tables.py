@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
     parser.add_argument("--results", type=Path, default=None, help="the store (default: ./results)")
     args = parser.parse_args(argv)
+    # A store named on the command line that is not there is a typo, not an empty store: building it would
+    # create the directory and fill it with tables of "–" cells, which look like a store with no runs.
+    if args.results is not None and not args.results.is_dir():
+        parser.error(f"--results {args.results}: no such directory (a store holds runs/ and tables/; "
+                     "leave --results out for ./results)")
     if args.names:
         written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
     else:
