@@ -30,8 +30,13 @@ class TrainingDiverged(FloatingPointError):
 
 
 class RunInterrupted(RuntimeError):
-    """The run was stopped from outside (SIGTERM) before it finished; its last checkpoint is kept and the
-    same command resumes it. ``train.py`` exits with 128 + SIGTERM's number, as a killed process would."""
+    """The run was stopped from outside (SIGTERM, or Ctrl-C: SIGINT) before it finished; its last checkpoint is
+    kept and the same command resumes it. ``train.py`` exits with 128 + the signal's number, as a process killed
+    by it would."""
+
+    def __init__(self, message: str, signal_number: int = signal.SIGTERM):
+        super().__init__(message)
+        self.signal_number = int(signal_number)
 
 
 def debugging() -> bool:
@@ -45,7 +50,7 @@ def one_line_errors():
         yield
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM) from None
+        raise SystemExit(128 + err.signal_number) from None
     except Exception as err:
         user = user_error(err)
         if user is None:

@@ -33,10 +33,11 @@ class Crash(pl.Callback):
     """Raises after the ``after_batches``-th training batch of this process (counted across fits, e.g. the
     rounds of a sequential ensemble), once: the marker file makes the next attempt run through."""
 
-    def __init__(self, after_batches: int, marker: str, per_rank: bool = False):
+    def __init__(self, after_batches: int, marker: str, per_rank: bool = False, error: str = "RuntimeError"):
         self.after_batches = after_batches
         self.marker = marker
         self.per_rank = per_rank  # a marker per process: every rank of a process group crashes, at one batch
+        self.error = error  # KeyboardInterrupt: Ctrl-C
         self.seen = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -45,7 +46,8 @@ class Crash(pl.Callback):
         marker = pathlib.Path(f"{self.marker}.{trainer.global_rank}" if self.per_rank else self.marker)
         if self.seen == self.after_batches and not marker.exists():
             marker.touch()
-            raise RuntimeError(f"simulated crash after {self.seen} training batches")
+            import builtins
+            raise getattr(builtins, self.error)(f"simulated crash after {self.seen} training batches")
 
 
 class KillAt(pl.Callback):

@@ -101,6 +101,23 @@ def crashed_run(tmp_path, *extra):
     return overrides + crash
 
 
+def test_ctrl_c_stops_the_run_saying_that_the_same_command_resumes_it(tmp_path):
+    import signal
+
+    from sve.errors import RunInterrupted
+
+    overrides = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default",
+                 "callbacks.checkpoint.every_n_steps=1", "trainer.max_epochs=2", "trainer.limit_train_batches=4",
+                 "+callbacks.crash._target_=tests.helpers.Crash", "+callbacks.crash.after_batches=3",
+                 f"+callbacks.crash.marker={tmp_path / 'interrupted'}", "+callbacks.crash.error=KeyboardInterrupt"]
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(RunInterrupted, match="stopped by Ctrl-C; nothing was written.*same command again") as stop:
+        run(compose_cfg(overrides, tmp_path / "run"))
+    assert stop.value.signal_number == signal.SIGINT and not (tmp_path / "run" / "results.json").exists()
+    assert signal.getsignal(signal.SIGINT) is handler  # Lightning's shutdown had set Ctrl-C to be ignored
+    assert run(compose_cfg(overrides, tmp_path / "run"))["resumed_from"]
+
+
 def test_a_run_directory_refuses_another_config(tmp_path):
     overrides = crashed_run(tmp_path)
     assert (tmp_path / "run" / "run_config.yaml").exists()

@@ -74,16 +74,15 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except RunInterrupted as err:
-        # A stop from outside (a scheduler's SIGTERM, `kill`) is meant for the whole sweep: going on would start
-        # the next run only to be killed in it. SystemExit passes through Hydra's job loop, which catches
-        # Exception; this run is left without failed.json (incomplete), so a rerun resumes it.
-        import signal
+        # A stop from outside (a scheduler's SIGTERM, `kill`, Ctrl-C) is meant for the whole sweep: going on
+        # would start the next run only to be stopped in it. SystemExit passes through Hydra's job loop, which
+        # catches Exception; this run is left without failed.json (incomplete), so a rerun resumes it.
         import sys
 
         sweep_dir = HydraConfig.get().sweep.dir
         print(f"error: {err}. The sweep stops here; to finish it, run the same command again with "
               f"hydra.sweep.dir={sweep_dir} (finished runs are skipped)", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM) from None
+        raise SystemExit(128 + err.signal_number) from None
     except Exception as err:  # one failing run does not stop the sweep; sve.runs.multirun lists it at the end
         if user_error(err) is not None and not debugging():  # what to change, in one line; a bug keeps its trace
             log.error("run failed; the sweep goes on: %s", user_error(err))

@@ -9,6 +9,8 @@ Under DDP every rank runs all of this; only rank 0 writes files."""
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -206,11 +208,24 @@ def run(cfg: DictConfig) -> dict:
     with claim(out_dir):  # the record is rewritten only by the run that holds the directory
         if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or replaced or not skip):
             remember_config(out_dir, run_config(cfg))
+        on_interrupt = signal.getsignal(signal.SIGINT)
         try:
             return _run(cfg, out_dir, start, changes)
         except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
             raise RunInterrupted(f"run in {out_dir} stopped by SIGTERM; nothing was written to results.json. "
                                  "Start the same command again to resume from its last checkpoint") from None
+        except SystemExit as stop:
+            # Ctrl-C: Lightning shuts down and exits 1 from inside its KeyboardInterrupt handler, saying only that
+            # it detected one. Say what is kept and how to go on, and exit as an interrupted process does.
+            if not isinstance(stop.__context__, KeyboardInterrupt):
+                raise
+            # Lightning also ignores Ctrl-C from then on, for its shutdown; a notebook or a script that goes on
+            # after this run must get it back.
+            if on_interrupt is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, on_interrupt)
+            raise RunInterrupted(f"run in {out_dir} stopped by Ctrl-C; nothing was written to results.json. "
+                                 "Start the same command again to resume from its last checkpoint",
+                                 signal.SIGINT) from None
 
 
 def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
