@@ -69,6 +69,17 @@ def test_bad_options_name_the_choices(teacher):
         distill_run(["objective=mean", str(teacher)])
     with pytest.raises(InputError, match=r"student=lora_ensemble has 3 members"):
         distill_run([f"run_dir={teacher}", "student=lora_ensemble", "ensemble_size=3"])
+    with pytest.raises(InputError, match=r"unlabeled=-5 is not valid; expected a number >= 0"):
+        distill_run([str(teacher), "unlabeled=-5"])  # 0, the default, is valid
+
+
+def test_a_distilled_student_is_never_overwritten(teacher, tmp_path):
+    out = tmp_path / "student"
+    distill_run([f"run_dir={teacher}", "objective=mean", "epochs=1", f"out={out}"])
+    before = (out / "results.json").read_bytes()
+    with pytest.raises(InputError, match=r"already holds a distilled student .*another out=<dir>, or delete"):
+        distill_run([f"run_dir={teacher}", "objective=dirichlet", "epochs=1", f"out={out}"])
+    assert (out / "results.json").read_bytes() == before
 
 
 def test_a_teacher_trained_on_a_gpu_is_distilled_on_the_cpu_when_told(teacher, tmp_path):

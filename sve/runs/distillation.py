@@ -95,8 +95,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
             except ValueError:
                 expected = "an integer" if kind is int else "a number"
                 raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
-            if options[key] < 0 or (options[key] == 0 and key not in ("smoothing", "unlabeled")):
-                raise InputError(f"{key}={options[key]!r} is not valid; expected a positive number")
+            may_be_zero = key in ("smoothing", "unlabeled")
+            if options[key] < 0 or (options[key] == 0 and not may_be_zero):
+                raise InputError(f"{key}={options[key]!r} is not valid; expected "
+                                 + ("a number >= 0" if may_be_zero else "a positive number"))
     return options, overrides
 
 
@@ -139,6 +141,9 @@ def distill_run(argv: list[str]) -> dict:
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
     check_accelerator(student_cfg, instead=ON_THE_CPU)  # the student is evaluated by a trainer of this config
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
+    if (out / "results.json").exists():  # another distillation's record, metrics and weights: never overwritten
+        raise InputError(f"{out} already holds a distilled student ({out / 'results.json'}); give another out=<dir>, "
+                         "or delete that directory to distill again")
     student_cfg.paths.output_dir = str(out)
     pl.seed_everything(int(student_cfg.seed), workers=True)
     _, student_data, student, student_module = build(student_cfg)
