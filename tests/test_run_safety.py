@@ -162,15 +162,16 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
     assert done.returncode == 1, done.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     states = {r["run"]: r for r in summary["runs"]}
-    assert states["0_sve_m4_seed0"]["state"] == "finished"
-    assert states["1_sve_m4_seed0"]["state"] == "failed" and "sigma_init=0.9" in states["1_sve_m4_seed0"]["error"]
+    assert states["sve_m4_seed0_sigma_init=0.01"]["state"] == "finished"
+    failed = states["sve_m4_seed0_sigma_init=0.9"]
+    assert failed["state"] == "failed" and "sigma_init=0.9" in failed["error"]
     # A user error is logged as one line naming the value; a traceback is for bugs.
     assert "the sweep goes on: sigma_init=0.9 is not valid" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    stamp = (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns
+    stamp = (tmp_path / "sve_m4_seed0_sigma_init=0.01" / "results.json").stat().st_mtime_ns
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "has finished, skipping" in again.stdout + again.stderr
-    assert (tmp_path / "0_sve_m4_seed0" / "results.json").stat().st_mtime_ns == stamp
+    assert (tmp_path / "sve_m4_seed0_sigma_init=0.01" / "results.json").stat().st_mtime_ns == stamp
 
 
 def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_path, monkeypatch, capsys):
@@ -203,7 +204,8 @@ def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_pa
         root.setLevel(level)
     assert caught.value.code == 128 + 15 and started == [0]
     assert f"hydra.sweep.dir={tmp_path}" in capsys.readouterr().err
-    assert not (tmp_path / "0_sve_m4_seed0" / "failed.json").exists()  # incomplete: the rerun resumes it
+    assert (tmp_path / "sve_m4_seed0").is_dir()
+    assert not (tmp_path / "sve_m4_seed0" / "failed.json").exists()  # incomplete: the rerun resumes it
 
 
 def test_slurm_launcher_config_composes(tmp_path):

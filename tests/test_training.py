@@ -146,7 +146,24 @@ def test_a_sweep_names_its_job_folders_by_the_member_count_the_run_records(tmp_p
            "callbacks=none", "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
-        "0_single_m1_seed0", "1_sve_m2_seed0"]
+        "single_m1_seed0", "sve_m2_seed0"]
+
+
+def test_a_sweep_run_again_with_values_added_trains_only_the_new_runs(tmp_path):
+    # Job folders are named by the job's settings, not its number: seed=0 is job 0 of the first sweep and job 1
+    # of the second (seed=1,0 puts 1 first), and is not trained again.
+    base = [sys.executable, "train.py", "-m", "method=sve", "ensemble_size=2", "trainer=debug", "callbacks=none",
+            "backbone=tiny_vit", "sigma_init=0.01,0.02", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    subprocess.run([*base, "seed=0"], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    first = {p.name: (p / "results.json").stat().st_mtime_ns for p in tmp_path.glob("sve_m2_seed*")}
+    assert sorted(first) == ["sve_m2_seed0_sigma_init=0.01", "sve_m2_seed0_sigma_init=0.02"]
+    done = subprocess.run([*base, "seed=1,0"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    assert done.stdout.count("has finished, skipping") + done.stderr.count("has finished, skipping") == 2
+    assert {n: (tmp_path / n / "results.json").stat().st_mtime_ns for n in first} == first
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted(r["run"] for r in summary["runs"]) == sorted(
+        [*first, "sve_m2_seed1_sigma_init=0.01", "sve_m2_seed1_sigma_init=0.02"])
+    assert all(g["seeds"] == [0, 1] and "repeated_seeds_left_out" not in g for g in summary["groups"])
 
 
 def test_module_rejects_unknown_aggregate():

@@ -4,7 +4,8 @@ Names end in ``run_id()``: the SLURM job id (``job<id>[_<array task>]``; a reque
 directory back and resumes from its checkpoint there), else a random suffix after the start time. The
 suffix is put into the environment, so processes that a run starts itself (Lightning's DDP ranks) agree on it;
 Hydra's submitit launcher copies the resolved value into its jobs (the resolver is cached), so a sweep's jobs
-agree on the sweep directory, and each job has its own subdirectory (job number, method, size, seed).
+agree on the sweep directory, and each job has its own subdirectory (method, size, seed and its other swept
+values: ``job_suffix``).
 
 ``claim(dir)`` creates ``<dir>/.lock`` atomically (``O_EXCL``) for rank 0 and refuses to start while another
 live process holds it; a lock left by a dead process on this host, or by an earlier attempt of the same
