@@ -142,11 +142,12 @@ def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):
 
 
 def test_a_sweep_names_its_job_folders_by_the_member_count_the_run_records(tmp_path):
-    cmd = [sys.executable, "train.py", "-m", "method=single,sve", "ensemble_size=2", "trainer=debug",
+    # single records one member whatever ensemble_size says, so its two jobs keep ensemble_size in their names.
+    cmd = [sys.executable, "train.py", "-m", "method=single,sve", "ensemble_size=2,3", "trainer=debug",
            "callbacks=none", "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
-        "single_m1_seed0", "sve_m2_seed0"]
+        "single_m1_seed0_ensemble_size=2", "single_m1_seed0_ensemble_size=3", "sve_m2_seed0", "sve_m3_seed0"]
 
 
 def test_a_sweep_run_again_with_values_added_trains_only_the_new_runs(tmp_path):

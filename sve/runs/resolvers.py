@@ -62,11 +62,13 @@ def swept_keys(argv: list[str]) -> set[str] | None:
     return keys or None
 
 
-def job_suffix() -> str:
+def job_suffix(members=None, ensemble_size=None) -> str:
     """What ends a sweep job's folder name after ``<method>_m<M>_seed<S>``: the job's values of the other swept
     keys (``_optimizer.lr=0.001``), or, where the sweep's command line is not at hand, a hash of the job's other
     overrides. Never the job's number: a sweep run again with a value added renumbers its jobs, and every
-    finished run would be trained again under its new number; by its overrides a job finds its folder again."""
+    finished run would be trained again under its new number; by its overrides a job finds its folder again.
+    ``ensemble_size`` is named by ``m<M>`` only where ``members`` (what the run records) equals it: a method of
+    fixed size (single: M = 1) swept over ensemble_size=1,4 would otherwise give two jobs one folder."""
     import hashlib
     import re
     import sys
@@ -77,7 +79,8 @@ def job_suffix() -> str:
         task = list(HydraConfig.get().overrides.task)
     except ValueError:  # not inside a Hydra job
         return ""
-    own = sorted(o for o in task if override_key(o) not in NAMED_KEYS + NOT_THE_RUN
+    named = NAMED_KEYS if str(members) == str(ensemble_size) else tuple(k for k in NAMED_KEYS if k != "ensemble_size")
+    own = sorted(o for o in task if override_key(o) not in named + NOT_THE_RUN
                  and not override_key(o).startswith("hydra."))  # fmt: skip
     swept = swept_keys(sys.argv[1:])
     if swept is not None:
