@@ -68,6 +68,10 @@ def user_error(err: BaseException) -> BaseException | None:
     while err is not None:
         if isinstance(err, (InputError, TrainingDiverged)):
             return err
+        # Lightning's own refusal of a trainer setting (``limit_train_batches`` too small for the data, say):
+        # its message names the setting and the fix, so it is one line like ours.
+        if type(err).__name__ == "MisconfigurationException":
+            return err
         if type(err).__name__ != "InstantiationException":
             return None
         err = err.__cause__

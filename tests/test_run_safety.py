@@ -260,3 +260,15 @@ def test_git_commit_is_dirty_for_code_changes_not_for_results(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "-dirty"
+
+
+def test_lightnings_refusal_of_a_trainer_setting_is_one_line(capsys):
+    # e.g. +trainer.limit_train_batches=0.01 on 8 batches: Lightning names the setting and the fix itself.
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    from sve.errors import one_line_errors
+
+    with pytest.raises(SystemExit) as stop, one_line_errors():
+        raise MisconfigurationException("You requested to check 0.01 of the `train_dataloader` but 0.01 * 8 < 1")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "0.01 * 8 < 1" in err and "Traceback" not in err
