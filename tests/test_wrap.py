@@ -585,3 +585,24 @@ def test_mc_dropout_passes_draw_no_layerdrop_or_spec_augment(make):
         {"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5} if "input_ids" in batch
         else {"layerdrop": 0.5, "apply_spec_augment": True})
     assert {m.layerdrop for m in model.modules() if isinstance(getattr(m, "layerdrop", None), float)} <= {0.5}
+
+
+def test_a_pad_id_inside_the_mask_is_named_because_the_model_reads_another_token(caplog):
+    # GPT-2's classifier reads the last token that is not the pad id; pooling="last" the last one the mask keeps.
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2, n_positions=16,
+                                                     num_labels=3, pad_token_id=0)).eval()  # fmt: skip
+    clean = {"input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]), "attention_mask": torch.tensor(
+        [[1, 1, 1, 1], [1, 1, 1, 0]])}  # right padding with the pad id, which no text holds
+    ending = {"input_ids": torch.tensor([[5, 6, 7, 0]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    for batch, warned in ((clean, False), (ending, True)):
+        caplog.clear()
+        with torch.no_grad(), caplog.at_level("WARNING", logger="sve.api.module_backbone"):
+            expected = model(**batch).logits
+            ensemble = sve.wrap(copy.deepcopy(model), "sve", ensemble_size=2, sigma_init=0.0, head="score",
+                                pooling="last", example_input=batch).eval()
+            same = torch.allclose(ensemble(**batch), expected.expand(2, -1, -1), atol=1e-5)
+        assert ("hold the pad id 0 at 1 position(s) the attention mask keeps" in caplog.text) is warned
+        assert same is not warned  # the warning is said exactly where the ensemble and the model differ

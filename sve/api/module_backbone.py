@@ -88,6 +88,24 @@ def built_image_size(model: nn.Module) -> tuple[int, ...] | None:
     return None
 
 
+def warn_pad_inside_mask(model: nn.Module, batch: dict) -> None:
+    """Hugging Face's decoder classifiers (GPT-2, LLaMA, Qwen2, ...) read the last token that is not the pad id;
+    ``pooling="last"`` reads the last token the attention mask keeps. Where the pad id is also a real token of
+    the text (pad = end-of-sequence, and texts end with it) the two read different tokens, and the ensemble is not
+    the model even at initialisation: say so, on the example the wrap was given."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    if not isinstance(pad, int) or not isinstance(ids, Tensor) or not isinstance(mask, Tensor):
+        return
+    inside = int(((ids == pad) & (mask != 0)).sum())
+    if inside:
+        log.warning("the example's input_ids hold the pad id %d at %d position(s) the attention mask keeps (pad = "
+                    "end-of-sequence?): %s's own classifier reads the last token that is not the pad id, "
+                    "pooling='last' the last token the mask keeps, so they read different tokens. Give the "
+                    "tokenizer a pad token no text holds (e.g. tokenizer.pad_token = tokenizer.unk_token, and "
+                    "model.config.pad_token_id to match)", pad, inside, type(model).__name__)
+
+
 def described_input(model: nn.Module) -> dict | None:
     """A one-example input for models that describe their own: timm's ``pretrained_cfg['input_size']`` (the
     size the model was built at first, ``built_image_size``), a
@@ -158,6 +176,8 @@ class ModuleBackbone(Backbone):
         else:
             args = example_input if isinstance(example_input, tuple) else (example_input,)
             self.example = to_batch(args, {})
+        if pooling == "last":
+            warn_pad_inside_mask(model, self.example)
         self.example = first_example(self.example)
         self.probing_described = example_input is None  # until the model has run once on its described input
         explicit_same_padding(model)
