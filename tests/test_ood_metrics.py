@@ -91,3 +91,22 @@ def test_an_ensemble_run_scores_ood_by_mutual_information_too(tmp_path):
     assert result["metrics"]["test/ood_auroc_mi"] != result["metrics"]["test/ood_auroc"]
     single = run(compose_cfg(["backbone=tiny_vit", "method=single", *ood], tmp_path / "single"))["metrics"]
     assert "test/ood_auroc" in single and not any(k.endswith("_mi") for k in single)
+
+
+def test_scores_added_after_a_compute_count_in_the_next_one():
+    # update_scores once appended to the states outside torchmetrics' update wrapper, so the result cached by the
+    # first compute came back from the second. Reference: sklearn on all scores.
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    first_id, first_ood, later_ood = np.array([0.9, 0.8, 0.3]), np.array([0.1, 0.2]), np.array([0.95, 0.85, 0.4])
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(first_id), True)
+    metric.update_scores(torch.from_numpy(first_ood), False)
+    metric.compute()
+    metric.update_scores(torch.from_numpy(later_ood), False)
+    got = {k: float(v) for k, v in metric.compute().items()}
+    scores = np.concatenate([first_id, first_ood, later_ood])
+    target = np.r_[np.ones(3), np.zeros(5)]
+    assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
+    assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
+    assert got["fpr95"] == pytest.approx(reference(first_id, np.r_[first_ood, later_ood])["fpr95"], abs=1e-6)

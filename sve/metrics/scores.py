@@ -225,14 +225,18 @@ class OODDetection(Metric):
         self.add_state("scores", default=[], dist_reduce_fx="cat")
         self.add_state("in_distribution", default=[], dist_reduce_fx="cat")
 
-    def update(self, probs: Tensor, in_distribution: bool) -> None:
-        self.update_scores(probs.double().max(-1).values, in_distribution)
-
-    def update_scores(self, score: Tensor, in_distribution: bool) -> None:
-        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information)."""
-        score = score.double()
+    def update(self, probs: Tensor, in_distribution: bool, is_score: bool = False) -> None:
+        """``probs`` (B, C), scored by their maximum; or with ``is_score`` a per-example score (B,) as it is."""
+        score = (probs if is_score else probs.max(-1).values).double()
         self.scores.append(score)
         self.in_distribution.append(torch.full_like(score, float(in_distribution)))
+
+    def update_scores(self, score: Tensor, in_distribution: bool) -> None:
+        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information).
+        Goes through ``update``: torchmetrics wraps only that method to drop the cached result of an earlier
+        ``compute`` and count updates, so appending to the states here directly made a second ``compute``
+        return the first one's numbers."""
+        self.update(score, in_distribution, is_score=True)
 
     def compute(self) -> dict[str, Tensor]:
         from torchmetrics.functional.classification import binary_auroc, binary_average_precision, binary_roc
