@@ -68,6 +68,15 @@ class BrierScore(_MeanMetric):
         return ((probs - onehot) ** 2).sum(-1)
 
 
+def ece_bin_index(confidence: Tensor, n_bins: int) -> Tensor:
+    """The ECE bin (0 .. n_bins - 1) of each float64 confidence: right-closed bins ((m-1)/n, m/n], 0 in the first."""
+    # Edges k / n, each the nearest double to k/n, so a confidence is compared with k/n itself; torch.linspace
+    # misses some by one ulp (edge 11 of 15 lies above 11/15), which moved a confidence on or just beside such an
+    # edge into the neighbouring bin.
+    edges = torch.arange(n_bins + 1, dtype=torch.float64, device=confidence.device) / n_bins
+    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp(0, n_bins - 1)
+
+
 class ExpectedCalibrationError(Metric):
     full_state_update = False
     higher_is_better = False
@@ -81,9 +90,7 @@ class ExpectedCalibrationError(Metric):
     def update(self, probs: Tensor, target: Tensor) -> None:
         probs = probs.double()
         confidence, predicted = probs.max(-1)
-        # Right-closed bins: ceil(conf * n) - 1, with conf == 0 sent to the first bin.
-        edges = torch.linspace(0, 1, self.n_bins + 1, dtype=torch.float64, device=probs.device)
-        index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp(0, self.n_bins - 1)
+        index = ece_bin_index(confidence, self.n_bins)
         self.bin_count += torch.bincount(index, minlength=self.n_bins).double()
         self.bin_confidence += torch.zeros_like(self.bin_confidence).index_add_(0, index, confidence)
         correct = (predicted == target.long()).double()
