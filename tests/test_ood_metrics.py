@@ -110,3 +110,18 @@ def test_scores_added_after_a_compute_count_in_the_next_one():
     assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
     assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
     assert got["fpr95"] == pytest.approx(reference(first_id, np.r_[first_ood, later_ood])["fpr95"], abs=1e-6)
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_nan_scores_are_refused_not_ranked(inside):
+    # torchmetrics returned finite AUROC/AUPRC/FPR95 with a NaN score among them; sklearn, the reference, refuses.
+    from sklearn.metrics import roc_auc_score
+
+    nan_set, clean_set = np.array([0.1, np.nan, 0.95]), np.array([0.9, 0.8, 0.7])
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(nan_set), inside)
+    metric.update_scores(torch.from_numpy(clean_set), not inside)
+    with pytest.raises(ValueError, match="NaN"):
+        roc_auc_score(np.r_[np.full(3, inside), np.full(3, not inside)], np.r_[nan_set, clean_set])
+    with pytest.raises(FloatingPointError, match="NaN"):
+        metric.compute()

@@ -252,6 +252,13 @@ class OODDetection(Metric):
         target = dim_zero_cat(self.in_distribution).long()
         if target.min() == target.max():
             raise ValueError("OOD detection needs both in-distribution and OOD scores")
+        # torchmetrics ranks NaN scores somewhere and returns finite areas, so NaN logits on the OOD set (which no
+        # other metric reads) would have reached results.json as plausible numbers.
+        nan = torch.isnan(scores)
+        if nan.any():
+            raise FloatingPointError(f"OOD detection got NaN scores ({int((nan & (target == 1)).sum())} "
+                                     f"in-distribution, {int((nan & (target == 0)).sum())} OOD); the member "
+                                     "logits hold NaN")  # fmt: skip
         fpr, tpr, _ = binary_roc(scores, target)  # thresholds in decreasing order, tpr non-decreasing
         return {
             "auroc": binary_auroc(scores, target),
