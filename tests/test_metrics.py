@@ -197,3 +197,21 @@ def test_confidences_on_and_one_ulp_beside_every_bin_edge():
         metric.update(torch.from_numpy(probs), torch.from_numpy(labels))
         assert float(metric.compute()) == pytest.approx(reference(probs, labels, n_bins)["ece"], abs=1e-12), n_bins
         assert metric.bins()["count"] == [int(sum(b)) for b in in_bin], n_bins
+
+
+@pytest.mark.parametrize("margin", [np.inf, 25.0])  # one-hot, or confident enough that nll and brier are ~1e-11
+def test_a_confident_first_batch_does_not_tie_nll_to_brier(margin):
+    # torchmetrics' compute groups compared the states after the first update with allclose; acc, nll and brier
+    # share state names, so a first batch with nll and brier totals both ~0 merged them and nll reported brier.
+    rng = np.random.default_rng(3)
+    first_labels = np.array([0, 1, 2, 0])
+    logits = np.where(np.eye(3)[first_labels] == 1, 0.0, -margin)
+    first = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    probs = np.concatenate([first, rng.dirichlet(np.ones(3), 40)])
+    labels = np.concatenate([first_labels, rng.integers(0, 3, 40)])
+    metrics = classification_metrics()
+    metrics.update(torch.from_numpy(probs[:4]), torch.from_numpy(labels[:4]))
+    metrics.update(torch.from_numpy(probs[4:]), torch.from_numpy(labels[4:]))
+    got, ref = {k: float(v) for k, v in metrics.compute().items()}, reference(probs, labels)
+    for key in ("acc", "ece", "nll", "brier"):
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key

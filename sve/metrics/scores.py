@@ -118,7 +118,12 @@ def classification_metrics(n_bins: int = 15, **kwargs) -> MetricCollection:
             "ece": ExpectedCalibrationError(n_bins=n_bins, **kwargs),
             "nll": NegativeLogLikelihood(**kwargs),
             "brier": BrierScore(**kwargs),
-        }
+        },
+        # torchmetrics' compute groups merge metrics whose states are allclose after the first update and from
+        # then on update only one of them: acc, nll and brier share the state names (total, count), so a first
+        # batch of confident correct predictions (nll and brier totals both ~0) made nll report brier's number
+        # (or the reverse) for the whole set. The metrics are cheap; each keeps its own state.
+        compute_groups=False,
     )
 
 
