@@ -125,3 +125,22 @@ def test_nan_scores_are_refused_not_ranked(inside):
         roc_auc_score(np.r_[np.full(3, inside), np.full(3, not inside)], np.r_[nan_set, clean_set])
     with pytest.raises(FloatingPointError, match="NaN"):
         metric.compute()
+
+
+def test_scores_of_any_range_are_ranked_as_they_are():
+    # Scores outside [0, 1] went through torchmetrics' sigmoid, which rounds everything above ~37 to 1.0: an
+    # update_scores with energies of 40..100 gave AUROC 0.5 for a perfect separation. Reference: sklearn.
+    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+    rng = np.random.default_rng(0)
+    inside = np.round(rng.uniform(45, 100, 200), 1)  # rounding makes ties, within and across the two sets
+    outside = np.round(rng.uniform(-5, 60, 150), 1)
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(inside), True)
+    metric.update_scores(torch.from_numpy(outside), False)
+    got = {k: float(v) for k, v in metric.compute().items()}
+    scores, target = np.r_[inside, outside], np.r_[np.ones(200), np.zeros(150)]
+    fpr, tpr, _ = roc_curve(target, scores)
+    assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
+    assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
+    assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)], abs=1e-6)

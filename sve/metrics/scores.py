@@ -264,6 +264,11 @@ class OODDetection(Metric):
             raise FloatingPointError(f"OOD detection got NaN scores ({int((nan & (target == 1)).sum())} "
                                      f"in-distribution, {int((nan & (target == 0)).sum())} OOD); the member "
                                      "logits hold NaN")  # fmt: skip
+        # torchmetrics passes scores outside [0, 1] through a sigmoid, which in float64 rounds every score above
+        # ~37 to 1.0 and ties them (an energy score, say). The curves depend only on the order and the ties of
+        # the scores, so they are fed dense ranks scaled into [0, 1], which keep both exactly.
+        ranks = torch.unique(scores, return_inverse=True)[1].double()
+        scores = ranks / ranks.max().clamp_min(1)
         fpr, tpr, _ = binary_roc(scores, target)  # thresholds in decreasing order, tpr non-decreasing
         return {
             "auroc": binary_auroc(scores, target),
