@@ -227,7 +227,9 @@ class OODDetection(Metric):
     """AUROC, AUPRC and FPR at 95% TPR for separating in-distribution (positive) from OOD inputs (E.5-E.7).
 
     The score is the maximum predictive probability (Hendrycks and Gimpel, 2016). Scores are gathered with
-    ``cat`` states, so uneven per-rank counts under DDP are fine. All three are fractions in [0, 1].
+    ``cat`` states, so uneven per-rank counts under DDP are fine. All three are fractions in [0, 1] and depend
+    only on the order of the scores (ties included), so any real-valued score works; a NaN score is refused
+    (``FloatingPointError``).
     """
 
     full_state_update = False
