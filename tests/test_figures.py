@@ -165,3 +165,14 @@ def test_a_run_reliability_figure_draws_its_bins_and_their_counts(tmp_path):
     assert heights == [round(1 / 3, 6), 0.8]  # the accuracy bars, one per filled bin
     assert sorted(t.get_text() for t in bottom.texts) == ["3", "5"]
     assert run_reliability_figure({"method": "sve"}, tmp_path / "none") == []
+
+
+@pytest.mark.parametrize("n_bins", [10, 15, 20])
+def test_reliability_bins_on_and_beside_every_edge(n_bins):
+    # ceil(conf * n) - 1 put nextafter(11/15, 1) (and 17/20, 19/20 likewise) into the lower bin: the product rounds
+    # down to k. Reference: the bin (m-1)/n < conf <= m/n, compared directly.
+    edges = np.arange(1, n_bins + 1) / n_bins
+    conf = np.unique(np.r_[edges, np.nextafter(edges, 0), np.nextafter(edges, 2)].clip(0, 1))
+    probs = np.column_stack([conf] + [(1 - conf) / n_bins] * n_bins)  # the other classes stay below conf
+    expected = [sum((m / n_bins < c <= (m + 1) / n_bins) or (m == 0 and c == 0) for c in conf) for m in range(n_bins)]
+    assert reliability_bins(probs, np.zeros(len(conf), int), n_bins)["count"].tolist() == expected

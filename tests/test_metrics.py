@@ -177,3 +177,41 @@ def test_log_predictive_is_the_log_of_the_predictive_without_underflow(aggregate
     torch.testing.assert_close(log_predictive(logits, aggregate).exp(), predictive(logits, aggregate))
     far = torch.tensor([[[0.0, -2000.0]], [[0.0, -2000.0]]])  # exp(-2000) is 0 in float64; its log is not -inf
     assert float(log_predictive(far, aggregate)[0, 1]) == pytest.approx(-2000.0)
+
+
+def test_confidences_on_and_one_ulp_beside_every_bin_edge():
+    # torch.linspace(0, 1, n + 1) misses some k/n by one ulp (edge 11 of 15 lies above 11/15, so nextafter(11/15, 1)
+    # went to the lower bin; also edge 3 of 10 and edges 3, 6, 7, 11 of 20). The reference compares with m/n itself.
+    for n_bins in (10, 15, 20):
+        conf = np.array([c for k in range(1, n_bins + 1) for c in (k / n_bins, np.nextafter(k / n_bins, 0),
+                                                                   np.nextafter(k / n_bins, 1)) if c <= 1])
+        n_classes = 21  # the other 20 classes share 1 - c, below c for every c >= 1/20; class 0 is the prediction
+        probs = np.column_stack([conf] + [(1 - conf) / (n_classes - 1)] * (n_classes - 1))
+        edges = np.arange(n_bins + 1) / n_bins
+        in_bin = [[(lo < c <= hi) or (m == 0 and c == 0) for c in conf]
+                  for m, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]  # fmt: skip
+        # Right in even bins and wrong in odd ones: neighbouring bins' gaps have opposite signs, so an example
+        # in the wrong bin changes the ECE, not only the reliability counts.
+        labels = np.array([np.flatnonzero(np.array(in_bin)[:, i])[0] % 2 for i in range(len(conf))])
+        metric = classification_metrics(n_bins)["ece"]
+        metric.update(torch.from_numpy(probs), torch.from_numpy(labels))
+        assert float(metric.compute()) == pytest.approx(reference(probs, labels, n_bins)["ece"], abs=1e-12), n_bins
+        assert metric.bins()["count"] == [int(sum(b)) for b in in_bin], n_bins
+
+
+@pytest.mark.parametrize("margin", [np.inf, 25.0])  # one-hot, or confident enough that nll and brier are ~1e-11
+def test_a_confident_first_batch_does_not_tie_nll_to_brier(margin):
+    # torchmetrics' compute groups compared the states after the first update with allclose; acc, nll and brier
+    # share state names, so a first batch with nll and brier totals both ~0 merged them and nll reported brier.
+    rng = np.random.default_rng(3)
+    first_labels = np.array([0, 1, 2, 0])
+    logits = np.where(np.eye(3)[first_labels] == 1, 0.0, -margin)
+    first = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    probs = np.concatenate([first, rng.dirichlet(np.ones(3), 40)])
+    labels = np.concatenate([first_labels, rng.integers(0, 3, 40)])
+    metrics = classification_metrics()
+    metrics.update(torch.from_numpy(probs[:4]), torch.from_numpy(labels[:4]))
+    metrics.update(torch.from_numpy(probs[4:]), torch.from_numpy(labels[4:]))
+    got, ref = {k: float(v) for k, v in metrics.compute().items()}, reference(probs, labels)
+    for key in ("acc", "ece", "nll", "brier"):
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key

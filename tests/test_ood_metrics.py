@@ -91,3 +91,56 @@ def test_an_ensemble_run_scores_ood_by_mutual_information_too(tmp_path):
     assert result["metrics"]["test/ood_auroc_mi"] != result["metrics"]["test/ood_auroc"]
     single = run(compose_cfg(["backbone=tiny_vit", "method=single", *ood], tmp_path / "single"))["metrics"]
     assert "test/ood_auroc" in single and not any(k.endswith("_mi") for k in single)
+
+
+def test_scores_added_after_a_compute_count_in_the_next_one():
+    # update_scores once appended to the states outside torchmetrics' update wrapper, so the result cached by the
+    # first compute came back from the second. Reference: sklearn on all scores.
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    first_id, first_ood, later_ood = np.array([0.9, 0.8, 0.3]), np.array([0.1, 0.2]), np.array([0.95, 0.85, 0.4])
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(first_id), True)
+    metric.update_scores(torch.from_numpy(first_ood), False)
+    metric.compute()
+    metric.update_scores(torch.from_numpy(later_ood), False)
+    got = {k: float(v) for k, v in metric.compute().items()}
+    scores = np.concatenate([first_id, first_ood, later_ood])
+    target = np.r_[np.ones(3), np.zeros(5)]
+    assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
+    assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
+    assert got["fpr95"] == pytest.approx(reference(first_id, np.r_[first_ood, later_ood])["fpr95"], abs=1e-6)
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_nan_scores_are_refused_not_ranked(inside):
+    # torchmetrics returned finite AUROC/AUPRC/FPR95 with a NaN score among them; sklearn, the reference, refuses.
+    from sklearn.metrics import roc_auc_score
+
+    nan_set, clean_set = np.array([0.1, np.nan, 0.95]), np.array([0.9, 0.8, 0.7])
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(nan_set), inside)
+    metric.update_scores(torch.from_numpy(clean_set), not inside)
+    with pytest.raises(ValueError, match="NaN"):
+        roc_auc_score(np.r_[np.full(3, inside), np.full(3, not inside)], np.r_[nan_set, clean_set])
+    with pytest.raises(FloatingPointError, match="NaN"):
+        metric.compute()
+
+
+def test_scores_of_any_range_are_ranked_as_they_are():
+    # Scores outside [0, 1] went through torchmetrics' sigmoid, which rounds everything above ~37 to 1.0: an
+    # update_scores with energies of 40..100 gave AUROC 0.5 for a perfect separation. Reference: sklearn.
+    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+    rng = np.random.default_rng(0)
+    inside = np.round(rng.uniform(45, 100, 200), 1)  # rounding makes ties, within and across the two sets
+    outside = np.round(rng.uniform(-5, 60, 150), 1)
+    metric = OODDetection(sync_on_compute=False)
+    metric.update_scores(torch.from_numpy(inside), True)
+    metric.update_scores(torch.from_numpy(outside), False)
+    got = {k: float(v) for k, v in metric.compute().items()}
+    scores, target = np.r_[inside, outside], np.r_[np.ones(200), np.zeros(150)]
+    fpr, tpr, _ = roc_curve(target, scores)
+    assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
+    assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
+    assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)], abs=1e-6)

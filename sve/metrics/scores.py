@@ -68,6 +68,15 @@ class BrierScore(_MeanMetric):
         return ((probs - onehot) ** 2).sum(-1)
 
 
+def ece_bin_index(confidence: Tensor, n_bins: int) -> Tensor:
+    """The ECE bin (0 .. n_bins - 1) of each float64 confidence: right-closed bins ((m-1)/n, m/n], 0 in the first."""
+    # Edges k / n, each the nearest double to k/n, so a confidence is compared with k/n itself; torch.linspace
+    # misses some by one ulp (edge 11 of 15 lies above 11/15), which moved a confidence on or just beside such an
+    # edge into the neighbouring bin.
+    edges = torch.arange(n_bins + 1, dtype=torch.float64, device=confidence.device) / n_bins
+    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp(0, n_bins - 1)
+
+
 class ExpectedCalibrationError(Metric):
     full_state_update = False
     higher_is_better = False
@@ -81,9 +90,7 @@ class ExpectedCalibrationError(Metric):
     def update(self, probs: Tensor, target: Tensor) -> None:
         probs = probs.double()
         confidence, predicted = probs.max(-1)
-        # Right-closed bins: ceil(conf * n) - 1, with conf == 0 sent to the first bin.
-        edges = torch.linspace(0, 1, self.n_bins + 1, dtype=torch.float64, device=probs.device)
-        index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp(0, self.n_bins - 1)
+        index = ece_bin_index(confidence, self.n_bins)
         self.bin_count += torch.bincount(index, minlength=self.n_bins).double()
         self.bin_confidence += torch.zeros_like(self.bin_confidence).index_add_(0, index, confidence)
         correct = (predicted == target.long()).double()
@@ -111,7 +118,12 @@ def classification_metrics(n_bins: int = 15, **kwargs) -> MetricCollection:
             "ece": ExpectedCalibrationError(n_bins=n_bins, **kwargs),
             "nll": NegativeLogLikelihood(**kwargs),
             "brier": BrierScore(**kwargs),
-        }
+        },
+        # torchmetrics' compute groups merge metrics whose states are allclose after the first update and from
+        # then on update only one of them: acc, nll and brier share the state names (total, count), so a first
+        # batch of confident correct predictions (nll and brier totals both ~0) made nll report brier's number
+        # (or the reverse) for the whole set. The metrics are cheap; each keeps its own state.
+        compute_groups=False,
     )
 
 
@@ -215,7 +227,9 @@ class OODDetection(Metric):
     """AUROC, AUPRC and FPR at 95% TPR for separating in-distribution (positive) from OOD inputs (E.5-E.7).
 
     The score is the maximum predictive probability (Hendrycks and Gimpel, 2016). Scores are gathered with
-    ``cat`` states, so uneven per-rank counts under DDP are fine. All three are fractions in [0, 1].
+    ``cat`` states, so uneven per-rank counts under DDP are fine. All three are fractions in [0, 1] and depend
+    only on the order of the scores (ties included), so any real-valued score works; a NaN score is refused
+    (``FloatingPointError``).
     """
 
     full_state_update = False
@@ -225,14 +239,18 @@ class OODDetection(Metric):
         self.add_state("scores", default=[], dist_reduce_fx="cat")
         self.add_state("in_distribution", default=[], dist_reduce_fx="cat")
 
-    def update(self, probs: Tensor, in_distribution: bool) -> None:
-        self.update_scores(probs.double().max(-1).values, in_distribution)
-
-    def update_scores(self, score: Tensor, in_distribution: bool) -> None:
-        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information)."""
-        score = score.double()
+    def update(self, probs: Tensor, in_distribution: bool, is_score: bool = False) -> None:
+        """``probs`` (B, C), scored by their maximum; or with ``is_score`` a per-example score (B,) as it is."""
+        score = (probs if is_score else probs.max(-1).values).double()
         self.scores.append(score)
         self.in_distribution.append(torch.full_like(score, float(in_distribution)))
+
+    def update_scores(self, score: Tensor, in_distribution: bool) -> None:
+        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information).
+        Goes through ``update``: torchmetrics wraps only that method to drop the cached result of an earlier
+        ``compute`` and count updates, so appending to the states here directly made a second ``compute``
+        return the first one's numbers."""
+        self.update(score, in_distribution, is_score=True)
 
     def compute(self) -> dict[str, Tensor]:
         from torchmetrics.functional.classification import binary_auroc, binary_average_precision, binary_roc
@@ -241,6 +259,18 @@ class OODDetection(Metric):
         target = dim_zero_cat(self.in_distribution).long()
         if target.min() == target.max():
             raise ValueError("OOD detection needs both in-distribution and OOD scores")
+        # torchmetrics ranks NaN scores somewhere and returns finite areas, so NaN logits on the OOD set (which no
+        # other metric reads) would have reached results.json as plausible numbers.
+        nan = torch.isnan(scores)
+        if nan.any():
+            raise FloatingPointError(f"OOD detection got NaN scores ({int((nan & (target == 1)).sum())} "
+                                     f"in-distribution, {int((nan & (target == 0)).sum())} OOD); the member "
+                                     "logits hold NaN")  # fmt: skip
+        # torchmetrics passes scores outside [0, 1] through a sigmoid, which in float64 rounds every score above
+        # ~37 to 1.0 and ties them (an energy score, say). The curves depend only on the order and the ties of
+        # the scores, so they are fed dense ranks scaled into [0, 1], which keep both exactly.
+        ranks = torch.unique(scores, return_inverse=True)[1].double()
+        scores = ranks / ranks.max().clamp_min(1)
         fpr, tpr, _ = binary_roc(scores, target)  # thresholds in decreasing order, tpr non-decreasing
         return {
             "auroc": binary_auroc(scores, target),

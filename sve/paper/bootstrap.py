@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from sve.errors import InputError
-from sve.metrics.scores import Accuracy, BrierScore, NegativeLogLikelihood
+from sve.metrics.scores import Accuracy, BrierScore, NegativeLogLikelihood, ece_bin_index
 from sve.runs.writable import atomic_write
 
 PREDICTIVE = "predictive"  # <run dir>/predictive/<set>.npz, beside predictions/ (sve.runs.evaluation)
@@ -87,12 +87,9 @@ def write_predictive(path: Path, name: str, probs: torch.Tensor, labels: torch.T
 
 
 def ece_bins(confidence: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Each confidence's ECE bin exactly as ``sve.metrics.scores.ExpectedCalibrationError.update`` assigns it (torch's
-    float64 linspace edges and searchsorted: right-closed bins, 0 in the first), so resampled ECEs use the
-    table's bins and not numpy's slightly different edges."""
-    conf = torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64))
-    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
-    return (torch.searchsorted(edges, conf, right=False) - 1).clamp(0, n_bins - 1).numpy()
+    """Each confidence's ECE bin by the very function ``sve.metrics.scores.ExpectedCalibrationError`` uses
+    (right-closed bins, 0 in the first), so resampled ECEs use the table's bins to the last digit."""
+    return ece_bin_index(torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64)), n_bins).numpy()
 
 
 @dataclass(eq=False)

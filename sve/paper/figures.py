@@ -218,8 +218,14 @@ def figure_b(spec, runs: list[Run], out_dir: Path) -> list[Path]:
 
 def reliability_bins(probs: np.ndarray, labels: np.ndarray, n_bins: int = N_BINS) -> dict[str, np.ndarray]:
     """Per confidence bin (equal width, right-closed, as the ECE): count, mean confidence, accuracy."""
+    import torch
+
+    from sve.metrics.scores import ece_bin_index
+
     confidence, predicted = probs.max(-1), probs.argmax(-1)
-    index = np.clip(np.ceil(confidence * n_bins).astype(int) - 1, 0, n_bins - 1)
+    # The metric's own binning: ceil(confidence * n) rounds the product, which put a confidence one ulp above
+    # an edge k/n (11/15; 17/20, 19/20) into the lower bin, unlike the ECE and its reliability record.
+    index = ece_bin_index(torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64)), n_bins).numpy()
     count = np.bincount(index, minlength=n_bins).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         conf = np.bincount(index, weights=confidence, minlength=n_bins) / count
