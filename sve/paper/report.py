@@ -36,6 +36,7 @@ from sve.paper.store import (  # noqa: F401 - re-exported
     SMOKE,
     TUNED,
     Run,
+    definition_path,
     first_report,
     load_runs,
     load_spec,
@@ -46,7 +47,7 @@ from sve.paper.store import (  # noqa: F401 - re-exported
     select,
     table_names,
 )
-from sve.paths import CONFIGS, TABLES, shown
+from sve.paths import CONFIGS, shown
 from sve.paths import results_root as store_root
 from sve.runs.results import read_json
 
@@ -299,7 +300,7 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     elif spec.kind == "figureB":
         written += figures.figure_b(spec, runs, root / "figures")
     else:
-        raise InputError(f"{TABLES / name}.yaml: kind={spec.kind!r} is not a kind of table; choose one of "
+        raise InputError(f"{definition_path(name)}: kind={spec.kind!r} is not a kind of table; choose one of "
                          "metrics, cost, figure2, figure3, figureB")
     return written
 

@@ -29,15 +29,34 @@ def table_names() -> list[str]:
     return sorted(p.stem for p in TABLES.glob("*.yaml"))
 
 
+def is_definition_path(name: str) -> bool:
+    """A table named by its file (``tables/mine.yaml``): a definition of one's own project, which need not be
+    written into the installed package's ``configs/tables/``."""
+    return name.endswith((".yaml", ".yml"))
+
+
+def is_table(name: str) -> bool:
+    return name in table_names() or is_definition_path(name)
+
+
+def definition_path(name: str) -> Path:
+    return Path(name) if is_definition_path(name) else TABLES / f"{name}.yaml"
+
+
 def load_spec(name: str, smoke: bool = False) -> DictConfig:
-    """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
-    path = TABLES / f"{name}.yaml"
-    if not path.exists():
-        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}")
+    """``configs/tables/<name>.yaml``, or the definition file ``name`` names (``*.yaml``, resolved against the
+    current directory); with ``smoke`` its ``smoke`` block replaces the keys it names."""
+    path = definition_path(name)
+    if not path.is_file():
+        if is_definition_path(name):
+            raise InputError(f"no table definition {path} (resolved from {Path.cwd()}): name an existing .yaml "
+                             f"file, or one of the shipped tables {table_names()}")
+        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
+                         "or name your own definition file (<path>.yaml)")
     spec = OmegaConf.load(path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
-    spec.name = name
+    spec.name = path.stem  # outputs are named by the file's stem: tables/<stem>.md
     return spec
 
 
