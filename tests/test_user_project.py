@@ -58,3 +58,20 @@ def test_overrides_after_an_option_reach_every_run_of_a_shipped_table(tmp_path, 
     assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "dataset.root=/my/sst2"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if "sve-train" in line]
     assert commands and all("dataset.root=/my/sst2" in line for line in commands)
+
+
+def test_a_method_class_whose_package_is_not_on_the_path_says_how_to_put_it_there():
+    from omegaconf import OmegaConf
+
+    from sve.errors import InputError
+    from sve.runs.validate import check_known_keys
+
+    cfg = OmegaConf.create({"method": {"_target_": "my_own_project_pkg.MyMethod", "name": "mine"}})
+    try:
+        check_known_keys(cfg)
+    except InputError as err:
+        message = str(err)
+    # the key, the bad value and the two ways to make a project's own module importable by the console scripts
+    assert "method._target_='my_own_project_pkg.MyMethod'" in message
+    assert "no module named 'my_own_project_pkg'" in message
+    assert "PYTHONPATH" in message and "pip install -e ." in message

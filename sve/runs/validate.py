@@ -232,6 +232,20 @@ def _unknown(key: str, valid: set[str], where: str) -> InputError:
                       "with + must be one the code reads; nothing would use this one")
 
 
+def _check_importable(target: str, prefix: str) -> None:
+    """A target whose top-level package Python cannot find is most often one's own class in a project folder:
+    the console scripts (sve-train, ...) do not look in the current directory, unlike ``python -m``. Said
+    before Hydra tries the import, which would log an error about an uninstalled module first."""
+    import importlib.util
+
+    package = target.split(".", 1)[0]
+    if package and importlib.util.find_spec(package) is None:
+        raise InputError(f"{prefix}._target_={target!r}: no module named {package!r} on Python's path. For a class "
+                         "of your own project, install the project (pip install -e .) or put its folder on "
+                         f"PYTHONPATH (e.g. PYTHONPATH=$PWD sve-train ...); sve-train does not search the current "
+                         "directory. Otherwise expected a class or function path such as sve.methods.SVE")
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Every top-level key is one the run reads, and every key of a node with ``_target_`` is an argument of
     that target (``+trainer.limit_train_batches=5`` passes; ``+trainer.limt_train_batches=5`` does not)."""
@@ -247,6 +261,7 @@ def check_known_keys(cfg: DictConfig) -> None:
         if isinstance(target, str):
             from hydra.utils import get_object
 
+            _check_importable(target, prefix)
             try:
                 valid = accepted_keys(get_object(target))
             except Exception as err:  # noqa: BLE001 - any import failure is the user's target
