@@ -75,3 +75,29 @@ def test_a_method_class_whose_package_is_not_on_the_path_says_how_to_put_it_ther
     assert "method._target_='my_own_project_pkg.MyMethod'" in message
     assert "no module named 'my_own_project_pkg'" in message
     assert "PYTHONPATH" in message and "pip install -e ." in message
+
+
+def test_sve_eval_finds_a_dataset_option_of_ones_own_config_folder_as_sve_train_does(tmp_path):
+    from omegaconf import OmegaConf
+
+    from sve.errors import InputError
+    from sve.runs.evaluate import apply_overrides, check_same_model
+
+    (tmp_path / "conf" / "dataset").mkdir(parents=True)
+    (tmp_path / "conf" / "dataset" / "mine.yaml").write_text(
+        "_target_: sve.data.SyntheticTextData\nname: mine\nnum_classes: 2\nnum_train: 8\nnum_val: 4\nnum_test: 4\n"
+        "batch_size: 4\nmax_length: 16\n")
+    trained = OmegaConf.create({"method": {"name": "sve"}, "dataset": {"name": "synthetic_text", "num_test": 32}})
+    for flags in (["--config-dir", str(tmp_path / "conf")], [f"--config-dir={tmp_path / 'conf'}"],
+                  [f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]):
+        overrides = [*flags, "dataset=mine"]
+        check_same_model(trained, overrides)  # it parsed --config-dir as an override: a Hydra traceback
+        cfg = apply_overrides(trained, overrides)
+        assert cfg.dataset.name == "mine" and cfg.dataset.num_test == 4
+        assert "hydra" not in cfg  # where options are found is not a key of the evaluated config
+    try:
+        apply_overrides(trained, ["--config-dir", str(tmp_path / "nope"), "dataset=mine"])
+    except InputError as err:
+        assert "--config-dir" in str(err) and "nope" in str(err)
+    else:
+        raise AssertionError("a config folder that is not there was taken")
