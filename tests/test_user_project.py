@@ -101,3 +101,20 @@ def test_sve_eval_finds_a_dataset_option_of_ones_own_config_folder_as_sve_train_
         assert "--config-dir" in str(err) and "nope" in str(err)
     else:
         raise AssertionError("a config folder that is not there was taken")
+
+
+def test_a_table_of_ones_own_experiment_trains_from_ones_own_config_folder_into_the_store(tmp_path, monkeypatch):
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "my_exp.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /backbone: tiny_bert\n  - override /dataset: synthetic_text\n"
+        "experiment_name: my_exp\n")
+    (tmp_path / "mine.yaml").write_text(
+        "kind: metrics\ntitle: Mine\nexperiments: {my_exp: mine}\n"
+        "rows:\n  - {method: single, members: 1, overrides: [ensemble_size=1]}\n"
+        "metrics: [acc]\nseeds: [0]\noverrides: [trainer.max_epochs=1]\n")
+    monkeypatch.chdir(tmp_path)
+    assert sweep.main(["mine.yaml", "--smoke", "--results", "store", "--config-dir", "conf"]) == 0
+    run = tmp_path / "store" / "smoke" / "runs" / "my_exp" / "single_m1" / "seed0"
+    assert (run / "results.json").is_file()
+    assert (tmp_path / "store" / "smoke" / "tables" / "mine.md").is_file()
+    assert not (tmp_path / "outputs").exists()  # nothing beside the store

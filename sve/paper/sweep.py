@@ -530,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
     parser.add_argument("--results", type=Path, default=None,
                         help="the result store (default: ./results, or $SVE_RESULTS)")
+    parser.add_argument("--config-dir", type=Path, default=None,
+                        help="your own config folder (<dir>/experiment/, method/, dataset/ ...), searched as "
+                             "sve-train --config-dir searches it, by every run")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
     parser.add_argument("--plan", action="store_true",
@@ -541,6 +544,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     overrides = [item for item in args.items if "=" in item or item.startswith(("~", "+"))]
     names = [item for item in args.items if item not in overrides]
+    if args.config_dir is not None:
+        if not args.config_dir.is_dir():
+            parser.error(f"--config-dir {args.config_dir}: no such directory (a config folder holds experiment/, "
+                         "method/, dataset/ ...)")
+        # As an override, so the runs in subprocesses and the smoke runs composed here both search it; absolute,
+        # as each run resolves it on its own.
+        overrides.append(f"hydra.searchpath=[file://{args.config_dir.resolve()}]")
     unknown = [name for name in names if not is_table(name)]
     if unknown or not names:
         parser.error(f"unknown table {unknown}; choose from {table_names()} or name a definition file (<path>.yaml)"
