@@ -2,6 +2,7 @@
 definition of one's own named by its file (sve-sweep, sve-tables), overrides anywhere among the options."""
 
 from sve.cli import tables
+from sve.data.base import TextClassificationData
 from sve.paper import sweep
 
 DEFINITION = """kind: metrics
@@ -118,3 +119,39 @@ def test_a_table_of_ones_own_experiment_trains_from_ones_own_config_folder_into_
     assert (run / "results.json").is_file()
     assert (tmp_path / "store" / "smoke" / "tables" / "mine.md").is_file()
     assert not (tmp_path / "outputs").exists()  # nothing beside the store
+
+
+class OwnTextData(TextClassificationData):
+    """A data module of one's own, written as docs/extending.md says: its settings, the rest to super()."""
+
+    name = "own_text"
+    num_classes = 2
+
+    def __init__(self, per_split: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.per_split = per_split
+
+    def read_splits(self):
+        return {split: [("yes no", 0), ("no yes", 1)] * (self.per_split // 2) for split in ("train", "val", "test")}
+
+
+def test_a_subclass_of_ones_own_has_its_keys_checked_through_the_framework_classes_it_extends():
+    from omegaconf import OmegaConf
+
+    from sve.errors import InputError
+    from sve.runs.validate import accepted_keys, check_known_keys
+
+    # its own argument, and the framework's that **kwargs passes on
+    assert {"per_split", "max_length", "batch_size"} <= accepted_keys(OwnTextData)
+    target = f"{__name__}.OwnTextData"
+    check_known_keys(OmegaConf.create({"dataset": {"_target_": target, "name": "own", "per_split": 4,
+                                                   "batch_size": 2}}))
+    # a key nothing reads (`root`, which only the shipped file-reading modules take) was passed on to Hydra's
+    # instantiation, after the data checks, and failed there with "Error in call to target"
+    try:
+        check_known_keys(OmegaConf.create({"dataset": {"_target_": target, "name": "own", "root": None}}))
+    except InputError as err:
+        message = str(err)
+    else:
+        raise AssertionError("dataset.root was taken by a class that reads no root")
+    assert message.startswith("dataset.root: no such option") and "per_split" in message

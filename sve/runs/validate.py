@@ -203,6 +203,10 @@ def accepted_keys(target) -> set[str] | None:
     import torch  # its Module ends the chain; the targets asked about import it anyway
 
     chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
+    # A subclass of this framework's classes (one's own method or data module, as docs/extending.md writes them)
+    # passes **kwargs to super().__init__ as the framework's own classes do: its keys are checked against the
+    # chain too, instead of only failing when Hydra builds it, after the data was read.
+    extends_sve = inspect.isclass(target) and any(k.__module__.startswith("sve.") for k in chain)
     names: set[str] = set()
     for owner in chain:
         if owner in (object, torch.nn.Module):  # they take no keyword arguments
@@ -217,7 +221,7 @@ def accepted_keys(target) -> set[str] | None:
         names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return names
-        if not inspect.isclass(owner) or not owner.__module__.startswith("sve."):
+        if not inspect.isclass(owner) or not (owner.__module__.startswith("sve.") or extends_sve):
             return None
     return None
 
