@@ -1,8 +1,11 @@
 """Extending the framework from one's own project directory, never writing into the installed package: a table
 definition of one's own named by its file (sve-sweep, sve-tables), overrides anywhere among the options."""
 
+import pytest
+
 from sve.cli import tables
 from sve.data.base import TextClassificationData
+from sve.methods import LoRAEnsemble
 from sve.paper import sweep
 
 DEFINITION = """kind: metrics
@@ -155,3 +158,34 @@ def test_a_subclass_of_ones_own_has_its_keys_checked_through_the_framework_class
     else:
         raise AssertionError("dataset.root was taken by a class that reads no root")
     assert message.startswith("dataset.root: no such option") and "per_split" in message
+
+
+class OwnLoRA(LoRAEnsemble):
+    """One's own method, put on a shipped option by overriding only its target."""
+
+
+@pytest.mark.parametrize("extra, warned", [
+    ([], True),  # the shipped name kept: the runs and tables would call it lora_ensemble
+    (["method.name=own_lora"], False),
+])
+def test_a_shipped_method_option_given_another_class_warns_that_it_keeps_the_shipped_name(extra, warned, tmp_path):
+    import warnings
+
+    from sve.runs.validate import check_config
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["method=lora_ensemble", f"method._target_={__name__}.OwnLoRA", *extra], tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_config(cfg)
+    messages = [str(w.message) for w in caught if "method._target_" in str(w.message)]
+    assert bool(messages) == warned
+    if warned:
+        assert "OwnLoRA" in messages[0] and "method.name=lora_ensemble" in messages[0]
+        assert "set method.name=" in messages[0]
+    # the shipped option itself, and its class under another import path, are no other method
+    for target in ("sve.methods.LoRAEnsemble", "sve.methods.lora.LoRAEnsemble"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_config(compose_cfg(["method=lora_ensemble", f"method._target_={target}"], tmp_path))
+        assert not [w for w in caught if "method._target_" in str(w.message)]

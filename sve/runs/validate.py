@@ -51,6 +51,31 @@ def check_config(cfg: DictConfig) -> None:
                  f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
     check_accelerator(cfg)
     check_wandb(cfg)
+    check_method_name(cfg)
+
+
+def check_method_name(cfg: DictConfig) -> None:
+    """``method=lora_ensemble method._target_=mypkg.Mine`` trains one's own class under the shipped option's
+    ``name``, which names the run directory, results.json's ``method`` and the tables' rows: its numbers would
+    sit beside (or be averaged with) the shipped method's. A warning, not an error: a saved run keeps building."""
+    import warnings
+
+    from hydra.utils import get_object
+
+    name, target = OmegaConf.select(cfg, "method.name"), OmegaConf.select(cfg, "method._target_")
+    shipped = CONFIGS / "method" / f"{name}.yaml"
+    if not isinstance(name, str) or not isinstance(target, str) or not shipped.is_file():
+        return
+    shipped_target = OmegaConf.load(shipped).get("_target_")
+    try:  # the same class under another import path (a moved module kept as an alias) is the same method
+        same = shipped_target == target or get_object(shipped_target) is get_object(target)
+    except Exception:  # noqa: BLE001 - an unimportable target is check_known_keys' error, named there
+        return
+    if not same:
+        warnings.warn(f"method._target_={target} is not the class of the shipped method {name!r} "
+                      f"({shipped_target}), but method.name={name}: the run directory, results.json and the tables "
+                      f"will call it {name}; set method.name=<your method's name> (or use a config file of your "
+                      "own, configs/method/<name>.yaml under --config-dir)", stacklevel=2)
 
 
 CPU_INSTEAD = "use trainer=cpu, or trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes"
