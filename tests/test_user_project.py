@@ -189,3 +189,22 @@ def test_a_shipped_method_option_given_another_class_warns_that_it_keeps_the_shi
             warnings.simplefilter("always")
             check_config(compose_cfg(["method=lora_ensemble", f"method._target_={target}"], tmp_path))
         assert not [w for w in caught if "method._target_" in str(w.message)]
+
+
+def test_a_paper_file_of_ones_own_definition_is_read_beside_it_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "tables" / "mine_paper.csv").write_text(
+        "experiment,method,members,acc,acc_std,nll,nll_std\nmini_sst2_random,sve,2,87.65,,0.4321,\n")
+    (tmp_path / "tables" / "mine.yaml").write_text(DEFINITION + "paper: mine_paper.csv\n")
+    assert tables.main(["--results", "store", "tables/mine.yaml"]) == 0
+    table = (tmp_path / "store" / "tables" / "mine.md").read_text()
+    assert "87.65" in table or "87.7" in table  # the paper column, from the CSV beside the definition
+    (tmp_path / "tables" / "mine.yaml").write_text(DEFINITION + "paper: mine_papr.csv\n")
+    try:  # it was skipped in silence: the table came out without its paper column
+        tables.main(["--results", "store", "tables/mine.yaml"])
+    except Exception as err:  # noqa: BLE001 - the one-line InputError is the fact checked
+        message = str(err)
+    else:
+        raise AssertionError("a paper file that is not there was skipped")
+    assert "mine_papr.csv" in message and "--no-paper" in message

@@ -148,11 +148,24 @@ def paper_numbers(spec: DictConfig, with_paper: bool) -> tuple[dict, str | None]
     """The paper's rows for a table (``paper``: one CSV or a list, the first file's row winning) and the
     files' names as shown under it; nothing when the table has no paper column."""
     names = spec.get("paper") if with_paper else None
-    paths = [CONFIGS / n for n in ([names] if isinstance(names, str) else list(names or []))]
+    paths = [paper_path(spec, str(n)) for n in ([names] if isinstance(names, str) else list(names or []))]
     paper: dict = {}
-    for path in (p for p in paths if p.exists()):
+    for path in paths:
         paper = {**read_paper(path), **paper}
-    return paper, (", ".join(shown(p) for p in paths if p.exists()) or None) if paper else None
+    return paper, (", ".join(shown(p) for p in paths) or None) if paper else None
+
+
+def paper_path(spec: DictConfig, name: str) -> Path:
+    """A ``paper:`` file beside the definition (one's own table and its CSV), else under ``sve/configs/``.
+    One that is in neither is an error: skipped, the table would be built without its paper column, silently."""
+    source = spec.get("source")
+    candidates = ([Path(source).parent / name] if source else []) + [CONFIGS / name]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise InputError(f"{source or spec.name}: paper: {name} is not a file (looked for "
+                         f"{', '.join(str(p) for p in candidates)}); fix the path or remove the key, or pass "
+                         "sve-tables --no-paper")
+    return found
 
 
 def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric],

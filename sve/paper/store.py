@@ -57,6 +57,7 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
     spec.name = path.stem  # outputs are named by the file's stem: tables/<stem>.md
+    spec.source = str(path)  # files it names (paper:) are found beside it first
     return spec
 
 
