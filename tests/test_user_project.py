@@ -208,3 +208,31 @@ def test_a_paper_file_of_ones_own_definition_is_read_beside_it_and_a_missing_one
     else:
         raise AssertionError("a paper file that is not there was skipped")
     assert "mine_papr.csv" in message and "--no-paper" in message
+
+
+@pytest.mark.parametrize("old, new, named", [
+    ("metrics: [acc, nll]", "metrics: [acc, nlll]", ["metrics: 'nlll'", "brier"]),  # was KeyError: 'nlll'
+    ("kind: metrics\n", "", ["kind: None", "figure2"]),  # was omegaconf's missing-key traceback
+    ("seeds: [0, 1]", "seeds: 2", ["seeds: 2", "list of integers"]),  # was TypeError: 'int' object is not iterable
+    ("grid: [1.0e-3", "gird: [1.0e-3", ["unknown ['gird']", "missing ['grid']"]),
+])
+def test_a_wrong_key_of_ones_own_table_definition_is_one_line_naming_it(old, new, named, tmp_path, monkeypatch):
+    from sve.errors import InputError
+
+    project(tmp_path, monkeypatch)
+    (tmp_path / "store").mkdir()
+    assert old in DEFINITION
+    (tmp_path / "tables" / "mine.yaml").write_text(DEFINITION.replace(old, new))
+    with pytest.raises(InputError) as caught:
+        tables.main(["--results", "store", "tables/mine.yaml"])
+    assert str(caught.value).startswith("tables/mine.yaml: ")
+    for part in named:
+        assert part in str(caught.value)
+
+
+def test_every_shipped_definition_passes_the_definition_check():
+    from sve.paper.store import load_spec, table_names
+
+    for name in table_names():
+        load_spec(name)
+        load_spec(name, smoke=True)
