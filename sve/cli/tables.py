@@ -12,13 +12,20 @@ from sve.errors import one_line_errors
 
 def main(argv: list[str] | None = None) -> int:
     from sve.paper.report import build, build_all, table_names
+    from sve.paper.store import is_table
 
     parser = argparse.ArgumentParser(prog="sve-tables", description=__doc__.splitlines()[0].split(": ", 1)[-1])
-    parser.add_argument("names", nargs="*", choices=[[], *table_names()], help="definitions in sve/configs/tables/")
+    # Not argparse choices: a definition of one's own project is named by its file, which no list holds.
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"definitions in sve/configs/tables/ ({', '.join(table_names())}) or your own "
+                             "definition files (<path>.yaml)")
     parser.add_argument("--smoke", action="store_true", help="build from <store>/smoke/ into <store>/smoke/")
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
     parser.add_argument("--results", type=Path, default=None, help="the store (default: ./results)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # names after an option (`--results r table1`) are names too
+    unknown = [name for name in args.names if not is_table(name)]
+    if unknown:
+        parser.error(f"unknown table {unknown}; choose from {table_names()} or name a definition file (<path>.yaml)")
     # A store named on the command line that is not there is a typo, not an empty store: building it would
     # create the directory and fill it with tables of "–" cells, which look like a store with no runs.
     if args.results is not None and not args.results.is_dir():

@@ -36,6 +36,7 @@ from sve.paper.store import (  # noqa: F401 - re-exported
     SMOKE,
     TUNED,
     Run,
+    definition_path,
     first_report,
     load_runs,
     load_spec,
@@ -46,7 +47,7 @@ from sve.paper.store import (  # noqa: F401 - re-exported
     select,
     table_names,
 )
-from sve.paths import CONFIGS, TABLES, shown
+from sve.paths import CONFIGS, shown
 from sve.paths import results_root as store_root
 from sve.runs.results import read_json
 
@@ -147,11 +148,24 @@ def paper_numbers(spec: DictConfig, with_paper: bool) -> tuple[dict, str | None]
     """The paper's rows for a table (``paper``: one CSV or a list, the first file's row winning) and the
     files' names as shown under it; nothing when the table has no paper column."""
     names = spec.get("paper") if with_paper else None
-    paths = [CONFIGS / n for n in ([names] if isinstance(names, str) else list(names or []))]
+    paths = [paper_path(spec, str(n)) for n in ([names] if isinstance(names, str) else list(names or []))]
     paper: dict = {}
-    for path in (p for p in paths if p.exists()):
+    for path in paths:
         paper = {**read_paper(path), **paper}
-    return paper, (", ".join(shown(p) for p in paths if p.exists()) or None) if paper else None
+    return paper, (", ".join(shown(p) for p in paths) or None) if paper else None
+
+
+def paper_path(spec: DictConfig, name: str) -> Path:
+    """A ``paper:`` file beside the definition (one's own table and its CSV), else under ``sve/configs/``.
+    One that is in neither is an error: skipped, the table would be built without its paper column, silently."""
+    source = spec.get("source")
+    candidates = ([Path(source).parent / name] if source else []) + [CONFIGS / name]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise InputError(f"{source or spec.name}: paper: {name} is not a file (looked for "
+                         f"{', '.join(str(p) for p in candidates)}); fix the path or remove the key, or pass "
+                         "sve-tables --no-paper")
+    return found
 
 
 def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric],
@@ -299,7 +313,7 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     elif spec.kind == "figureB":
         written += figures.figure_b(spec, runs, root / "figures")
     else:
-        raise InputError(f"{TABLES / name}.yaml: kind={spec.kind!r} is not a kind of table; choose one of "
+        raise InputError(f"{definition_path(name)}: kind={spec.kind!r} is not a kind of table; choose one of "
                          "metrics, cost, figure2, figure3, figureB")
     return written
 

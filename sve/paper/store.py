@@ -29,16 +29,82 @@ def table_names() -> list[str]:
     return sorted(p.stem for p in TABLES.glob("*.yaml"))
 
 
+def is_definition_path(name: str) -> bool:
+    """A table named by its file (``tables/mine.yaml``): a definition of one's own project, which need not be
+    written into the installed package's ``configs/tables/``."""
+    return name.endswith((".yaml", ".yml"))
+
+
+def is_table(name: str) -> bool:
+    return name in table_names() or is_definition_path(name)
+
+
+def definition_path(name: str) -> Path:
+    return Path(name) if is_definition_path(name) else TABLES / f"{name}.yaml"
+
+
 def load_spec(name: str, smoke: bool = False) -> DictConfig:
-    """``configs/tables/<name>.yaml``; with ``smoke`` its ``smoke`` block replaces the keys it names."""
-    path = TABLES / f"{name}.yaml"
-    if not path.exists():
-        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}")
+    """``configs/tables/<name>.yaml``, or the definition file ``name`` names (``*.yaml``, resolved against the
+    current directory); with ``smoke`` its ``smoke`` block replaces the keys it names."""
+    path = definition_path(name)
+    if not path.is_file():
+        if is_definition_path(name):
+            raise InputError(f"no table definition {path} (resolved from {Path.cwd()}): name an existing .yaml "
+                             f"file, or one of the shipped tables {table_names()}")
+        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
+                         "or name your own definition file (<path>.yaml)")
     spec = OmegaConf.load(path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
-    spec.name = name
+    check_spec(spec, path)
+    spec.name = path.stem  # outputs are named by the file's stem: tables/<stem>.md
+    spec.source = str(path)  # files it names (paper:) are found beside it first
     return spec
+
+
+KINDS = ("metrics", "figure2", "figure3", "figureB", "cost")
+TUNE_KEYS = {"key": True, "grid": True, "metric": True, "seed": True, "per_decade": False, "extend": False}
+
+
+def check_spec(spec: DictConfig, path: Path) -> None:
+    """The keys the sweep and the builder read, checked when the definition is loaded: a definition of one's
+    own with a typo was a KeyError or TypeError traceback from deep in the builder (after its runs trained)."""
+    from sve.paper.registry import METRICS
+
+    def bad(key: str, value, valid: str) -> InputError:
+        return InputError(f"{path}: {key}: {value!r} is not valid; {valid} (the format of sve/configs/tables/*.yaml, "
+                          "docs/extending.md)")
+
+    if spec.get("kind") not in KINDS:
+        raise bad("kind", spec.get("kind"), f"choose one of {list(KINDS)}")
+    if spec.kind not in ("metrics", "figure2"):
+        return  # the figures' and the cost table's own keys are read by their builders
+    for key in ("experiments", "rows", "seeds", "metrics"):
+        if key not in spec:
+            raise InputError(f"{path}: no {key}: a {spec.kind} table needs experiments, rows, seeds and metrics")
+    if not OmegaConf.is_dict(spec.experiments) or not spec.experiments:
+        raise bad("experiments", spec.experiments, "expected a mapping {experiment: label}")
+    if not OmegaConf.is_list(spec.seeds) or not all(isinstance(s, int) for s in spec.seeds):
+        raise bad("seeds", spec.seeds, "expected a list of integers, e.g. [0, 1, 2]")
+    for metric in spec.metrics if OmegaConf.is_list(spec.metrics) else [spec.metrics]:
+        if metric not in METRICS:
+            raise bad("metrics", metric, f"choose from {sorted(METRICS)}")
+    for i, row in enumerate(spec.rows if OmegaConf.is_list(spec.rows) else [spec.rows]):
+        if not OmegaConf.is_dict(row) or not isinstance(row.get("method"), str) or not isinstance(
+                row.get("members"), int):
+            raise bad(f"rows[{i}]", row, "expected {method: <name>, members: <int>, overrides: [...]}")
+    tune = spec.get("tune")
+    if tune is not None:
+        if not OmegaConf.is_dict(tune):
+            raise bad("tune", tune, "expected {key: method.lr, grid: [...], metric: nll, seed: 0}")
+        unknown = sorted(set(tune) - set(TUNE_KEYS))
+        missing = sorted(k for k, needed in TUNE_KEYS.items() if needed and k not in tune)
+        if unknown or missing:
+            raise InputError(f"{path}: tune: {'unknown ' + str(unknown) if unknown else ''}"
+                             f"{'; ' if unknown and missing else ''}{'missing ' + str(missing) if missing else ''}; "
+                             f"its keys are {list(TUNE_KEYS)} (per_decade and extend optional)")
+        if tune.metric not in METRICS:
+            raise bad("tune.metric", tune.metric, f"choose from {sorted(METRICS)}")
 
 
 def results_root(smoke: bool = False, root: Path | None = None) -> Path:

@@ -51,7 +51,17 @@ import torch
 
 from sve.errors import InputError
 from sve.paper.registry import METRICS
-from sve.paper.store import TUNED, first_report, load_spec, members_of, parse_row, results_root, run_dir, table_names
+from sve.paper.store import (
+    TUNED,
+    first_report,
+    is_table,
+    load_spec,
+    members_of,
+    parse_row,
+    results_root,
+    run_dir,
+    table_names,
+)
 from sve.paper.tuning import choice as tuning_choice
 from sve.paper.tuning import next_value, settings
 from sve.paths import CONFIGS
@@ -514,23 +524,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sve-sweep",
                                      description="Train the runs that tables or figures need, then build them.")
     parser.add_argument("items", nargs="+", metavar="NAME|OVERRIDE",
-                        help=f"definitions in configs/tables/ ({', '.join(table_names())}), run in this order, then "
+                        help=f"definitions in configs/tables/ ({', '.join(table_names())}) or your own "
+                             "definition files (<path>.yaml), run in this order, then "
                              "Hydra overrides for every run, e.g. dataset.root=/data/sst2")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
     parser.add_argument("--results", type=Path, default=None,
                         help="the result store (default: ./results, or $SVE_RESULTS)")
+    parser.add_argument("--config-dir", type=Path, default=None,
+                        help="your own config folder (<dir>/experiment/, method/, dataset/ ...), searched as "
+                             "sve-train --config-dir searches it, by every run")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
     parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
     parser.add_argument("--plan", action="store_true",
                         help="print each row's memory plan per device (sve.runs.plan), train and download nothing")
     parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",
                         help="only these rows, e.g. --rows deep_ensemble:4 (default: every row; one table only)")
-    args = parser.parse_args(argv)
+    # Intermixed: overrides after an option (`sve-sweep t.yaml --results r dataset.root=...`) are still items;
+    # plain parse_args stops the positional list at the first option and refuses the rest as unrecognized.
+    args = parser.parse_intermixed_args(argv)
     overrides = [item for item in args.items if "=" in item or item.startswith(("~", "+"))]
     names = [item for item in args.items if item not in overrides]
-    unknown = [name for name in names if name not in table_names()]
+    if args.config_dir is not None:
+        if not args.config_dir.is_dir():
+            parser.error(f"--config-dir {args.config_dir}: no such directory (a config folder holds experiment/, "
+                         "method/, dataset/ ...)")
+        # As an override, so the runs in subprocesses and the smoke runs composed here both search it; absolute,
+        # as each run resolves it on its own.
+        overrides.append(f"hydra.searchpath=[file://{args.config_dir.resolve()}]")
+    unknown = [name for name in names if not is_table(name)]
     if unknown or not names:
-        parser.error(f"unknown table {unknown}; choose from {table_names()}" if unknown else "name a table")
+        parser.error(f"unknown table {unknown}; choose from {table_names()} or name a definition file (<path>.yaml)"
+                     if unknown else "name a table")
     if args.plan:
         from sve.runs.plan import plan_tables
 

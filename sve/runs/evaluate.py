@@ -20,7 +20,8 @@ Every other argument overrides the run's config for the evaluation: ``dataset=<o
 option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run), a dotted
 ``key=value`` changes one value (``dataset.corruptions=all`` adds the shift sets, ``dataset.root=...`` points
 at the data), ``+key=value`` adds one and ``~key`` removes one. ``experiment`` and ``recipe`` cannot be swapped:
-they decide the training.
+they decide the training. Options of one's own config folder are found as sve-train finds them:
+``--config-dir <dir>`` (or ``hydra.searchpath=[file://<dir>]``) adds it to where ``dataset=<option>`` is looked up.
 
 What a method's ``after_fit`` built (Bayes-LoRA's Laplace posterior, a checkpoint ensemble's snapshots) is
 part of its state in ``final.ckpt``, so nothing is refitted: the evaluated model is the tested one.
@@ -119,11 +120,12 @@ def saved_config(run_dir: Path) -> DictConfig:
     return cfg
 
 
-def group_option(group: str, option: str) -> DictConfig:
+def group_option(group: str, option: str, searchpath: list[str] = ()) -> DictConfig:
     """The node ``configs/<group>/<option>.yaml`` composes to (its defaults list followed), unresolved, so
-    its interpolations resolve against the run's config."""
+    its interpolations resolve against the run's config; ``searchpath`` adds one's own config folders."""
+    extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        composed = compose("train", overrides=[f"{group}={option}"])
+        composed = compose("train", overrides=[f"{group}={option}", *extra])
     return OmegaConf.create(OmegaConf.to_container(composed[group], resolve=False))
 
 
@@ -131,8 +133,14 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """A copy of ``cfg`` with Hydra-style command-line overrides applied (see the module docstring)."""
     cfg = copy.deepcopy(cfg)
     absent = object()
-    for override in OverridesParser.create().parse_overrides(overrides):
+    parsed = OverridesParser.create().parse_overrides(list(config_dir_as_searchpath(overrides)))
+    # Where group options are looked up, not a key of the run's config: taken out first, so it applies to every
+    # group override wherever it stands on the command line.
+    searchpath = [str(p) for o in parsed if o.key_or_group == "hydra.searchpath" for p in o.value()]
+    for override in parsed:
         key = override.key_or_group
+        if key == "hydra.searchpath":
+            continue
         if key in GLOBAL_GROUPS:
             raise InputError(f"{key}=... cannot be changed when evaluating: it sets how the run was trained")
         if override.is_delete():
@@ -144,7 +152,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         elif (CONFIGS / key).is_dir():
             if not isinstance(override.value(), str):
                 raise InputError(f"{key}={override.value()!r}: expected an option of configs/{key}/")
-            cfg[key] = group_option(key, override.value())
+            cfg[key] = group_option(key, override.value(), searchpath)
         else:
             adding = override.is_add() or override.is_force_add()
             if OmegaConf.select(cfg, key, default=absent) is absent and not adding:
@@ -153,11 +161,30 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def config_dir_as_searchpath(argv: list[str]):
+    """``--config-dir DIR`` (``-cd``, ``--config-dir=DIR``), as sve-train takes it, as the searchpath override the
+    evaluation's own composition reads: an evaluation of a run on a dataset option of one's own project."""
+    argv = list(argv)
+    while argv:
+        arg = argv.pop(0)
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            if not eq:
+                if not argv:
+                    raise InputError(f"{arg} needs a directory: {arg} <your config folder>")
+                value = argv.pop(0)
+            if not Path(value).is_dir():
+                raise InputError(f"{flag} {value}: no such directory (a config folder holds dataset/, method/, ...)")
+            yield f"hydra.searchpath=[file://{Path(value).resolve()}]"
+        else:
+            yield arg
+
+
 def check_same_model(trained: DictConfig, overrides: list[str]) -> None:
     """The checkpoint holds the trained method's and backbone's tensors: another ``method=`` or ``backbone=``
     option is another model, refused before it is built (an SVD of every layer) only to fail to load. (sve-distill
     swaps the method for its student through ``apply_overrides`` itself, not through here.)"""
-    for override in OverridesParser.create().parse_overrides(overrides):
+    for override in OverridesParser.create().parse_overrides(list(config_dir_as_searchpath(overrides))):
         key = override.key_or_group
         trained_option = OmegaConf.select(trained, f"{key}.name", default=None) if key in MODEL_GROUPS else None
         if trained_option is not None and not override.is_delete() and override.value() != trained_option:

@@ -51,6 +51,31 @@ def check_config(cfg: DictConfig) -> None:
                  f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
     check_accelerator(cfg)
     check_wandb(cfg)
+    check_method_name(cfg)
+
+
+def check_method_name(cfg: DictConfig) -> None:
+    """``method=lora_ensemble method._target_=mypkg.Mine`` trains one's own class under the shipped option's
+    ``name``, which names the run directory, results.json's ``method`` and the tables' rows: its numbers would
+    sit beside (or be averaged with) the shipped method's. A warning, not an error: a saved run keeps building."""
+    import warnings
+
+    from hydra.utils import get_object
+
+    name, target = OmegaConf.select(cfg, "method.name"), OmegaConf.select(cfg, "method._target_")
+    shipped = CONFIGS / "method" / f"{name}.yaml"
+    if not isinstance(name, str) or not isinstance(target, str) or not shipped.is_file():
+        return
+    shipped_target = OmegaConf.load(shipped).get("_target_")
+    try:  # the same class under another import path (a moved module kept as an alias) is the same method
+        same = shipped_target == target or get_object(shipped_target) is get_object(target)
+    except Exception:  # noqa: BLE001 - an unimportable target is check_known_keys' error, named there
+        return
+    if not same:
+        warnings.warn(f"method._target_={target} is not the class of the shipped method {name!r} "
+                      f"({shipped_target}), but method.name={name}: the run directory, results.json and the tables "
+                      f"will call it {name}; set method.name=<your method's name> (or use a config file of your "
+                      "own, configs/method/<name>.yaml under --config-dir)", stacklevel=2)
 
 
 CPU_INSTEAD = "use trainer=cpu, or trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes"
@@ -203,6 +228,10 @@ def accepted_keys(target) -> set[str] | None:
     import torch  # its Module ends the chain; the targets asked about import it anyway
 
     chain = [k for k in target.__mro__ if "__init__" in vars(k)] if inspect.isclass(target) else [target]
+    # A subclass of this framework's classes (one's own method or data module, as docs/extending.md writes them)
+    # passes **kwargs to super().__init__ as the framework's own classes do: its keys are checked against the
+    # chain too, instead of only failing when Hydra builds it, after the data was read.
+    extends_sve = inspect.isclass(target) and any(k.__module__.startswith("sve.") for k in chain)
     names: set[str] = set()
     for owner in chain:
         if owner in (object, torch.nn.Module):  # they take no keyword arguments
@@ -217,7 +246,7 @@ def accepted_keys(target) -> set[str] | None:
         names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return names
-        if not inspect.isclass(owner) or not owner.__module__.startswith("sve."):
+        if not inspect.isclass(owner) or not (owner.__module__.startswith("sve.") or extends_sve):
             return None
     return None
 
@@ -230,6 +259,20 @@ def _unknown(key: str, valid: set[str], where: str) -> InputError:
     hint = f" (did you mean {close[0]}?)" if close else ""
     return InputError(f"{key}: no such option{hint}. {where} reads: {', '.join(sorted(valid))}. A key added "
                       "with + must be one the code reads; nothing would use this one")
+
+
+def _check_importable(target: str, prefix: str) -> None:
+    """A target whose top-level package Python cannot find is most often one's own class in a project folder:
+    the console scripts (sve-train, ...) do not look in the current directory, unlike ``python -m``. Said
+    before Hydra tries the import, which would log an error about an uninstalled module first."""
+    import importlib.util
+
+    package = target.split(".", 1)[0]
+    if package and importlib.util.find_spec(package) is None:
+        raise InputError(f"{prefix}._target_={target!r}: no module named {package!r} on Python's path. For a class "
+                         "of your own project, install the project (pip install -e .) or put its folder on "
+                         f"PYTHONPATH (e.g. PYTHONPATH=$PWD sve-train ...); sve-train does not search the current "
+                         "directory. Otherwise expected a class or function path such as sve.methods.SVE")
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -247,6 +290,7 @@ def check_known_keys(cfg: DictConfig) -> None:
         if isinstance(target, str):
             from hydra.utils import get_object
 
+            _check_importable(target, prefix)
             try:
                 valid = accepted_keys(get_object(target))
             except Exception as err:  # noqa: BLE001 - any import failure is the user's target
