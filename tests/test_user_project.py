@@ -64,6 +64,14 @@ def test_overrides_after_an_option_reach_every_run_of_a_shipped_table(tmp_path, 
     assert commands and all("dataset.root=/my/sst2" in line for line in commands)
 
 
+def test_overrides_written_after_the_rows_are_overrides_not_rows(tmp_path, capsys):
+    # --rows takes every value after it; an override there was read as a row (and refused as one).
+    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8",
+                       "dataset.root=/my/sst2"]) == 0  # fmt: skip
+    commands = [line for line in capsys.readouterr().out.splitlines() if "sve-train" in line]
+    assert commands and all("method=sve " in line and "dataset.root=/my/sst2" in line for line in commands)
+
+
 def test_a_method_class_whose_package_is_not_on_the_path_says_how_to_put_it_there():
     from omegaconf import OmegaConf
 

@@ -542,8 +542,12 @@ def main(argv: list[str] | None = None) -> int:
     # Intermixed: overrides after an option (`sve-sweep t.yaml --results r dataset.root=...`) are still items;
     # plain parse_args stops the positional list at the first option and refuses the rest as unrecognized.
     args = parser.parse_intermixed_args(argv)
-    overrides = [item for item in args.items if "=" in item or item.startswith(("~", "+"))]
-    names = [item for item in args.items if item not in overrides]
+    # --rows takes every value after it: an override or a table name written after the rows (`--rows sve:4
+    # dataset.root=...`) lands among them. A row is METHOD:M, so anything else goes back to the items.
+    rows = [r for r in args.rows if ":" in r and "=" not in r and not r.startswith(("~", "+"))]
+    items = [*args.items, *(r for r in args.rows if r not in rows)]
+    overrides = [item for item in items if "=" in item or item.startswith(("~", "+"))]
+    names = [item for item in items if item not in overrides]
     if args.config_dir is not None:
         if not args.config_dir.is_dir():
             parser.error(f"--config-dir {args.config_dir}: no such directory (a config folder holds experiment/, "
@@ -559,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         from sve.runs.plan import plan_tables
 
         return 1 if plan_tables(names, args.smoke, overrides) else 0
-    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, args.rows)
+    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, rows)
     if args.dry_run:
         return 0
     for name in names:
