@@ -99,9 +99,10 @@ def fitting_subsets(root: Path | None) -> str:
     budget = root / "budget.json" if root is not None else None
     if budget is None or not budget.exists():
         return ""
-    fraction = read_json(budget, "make mini-budget writes it again").get("fraction_to_fit", "absent")
-    if fraction == "absent":  # a budget.json written before it said so
+    record = read_json(budget, "make mini-budget writes it again")
+    if "fraction_to_fit" not in record:  # a budget.json written before it said so
         return ""
+    fraction = record["fraction_to_fit"]
     if fraction is None:
         return " and that evaluation alone exceeds the target, so fitting it needs fewer rows, seeds or test examples"
     return (f" and that the same rows, seeds, grids and evaluation would fit it only with training subsets of at "

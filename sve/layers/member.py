@@ -65,7 +65,7 @@ def weight_matrix(layer: nn.Module) -> Tensor:
     raise TypeError(f"expected nn.Linear, nn.Conv1d/2d/3d or transformers Conv1D, got {type(layer).__name__}")
 
 
-def numeric_padding(conv: nn.Module) -> tuple[int, ...] | str:
+def member_padding(conv: nn.Module) -> tuple[int, ...] | str:
     """A convolution's zero padding per spatial axis, ``padding="same"`` and ``"valid"`` resolved as PyTorch
     pads. Where "same" pads one side more than the other (an even effective kernel size), which one number per
     axis cannot say, it stays the string ``"same"``: PyTorch's functional convolutions take it as the layer does
@@ -110,7 +110,7 @@ class MemberLayer(nn.Module):
                      "transposed" if not isinstance(base, nn.Linear) else "linear")
         if self.kind == "conv":
             self.in_channels, self.kernel_size = base.in_channels, base.kernel_size
-            self.stride, self.padding, self.dilation = base.stride, numeric_padding(base), base.dilation
+            self.stride, self.padding, self.dilation = base.stride, member_padding(base), base.dilation
             self.conv_dims = len(base.kernel_size)
         self.module_name = type(self).__name__  # replaced by the injected path, for error messages
         self._selected: list[int] | None = None

@@ -212,8 +212,7 @@ def run(cfg: DictConfig) -> dict:
         try:
             return _run(cfg, out_dir, start, changes)
         except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
-            raise RunInterrupted(f"run in {out_dir} stopped by SIGTERM; nothing was written to results.json. "
-                                 "Start the same command again to resume from its last checkpoint") from None
+            raise interrupted(out_dir, "SIGTERM", signal.SIGTERM) from None
         except SystemExit as stop:
             # Ctrl-C: Lightning shuts down and exits 1 from inside its KeyboardInterrupt handler, saying only that
             # it detected one. Say what is kept and how to go on, and exit as an interrupted process does.
@@ -223,9 +222,12 @@ def run(cfg: DictConfig) -> dict:
             # after this run must get it back.
             if on_interrupt is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, on_interrupt)
-            raise RunInterrupted(f"run in {out_dir} stopped by Ctrl-C; nothing was written to results.json. "
-                                 "Start the same command again to resume from its last checkpoint",
-                                 signal.SIGINT) from None
+            raise interrupted(out_dir, "Ctrl-C", signal.SIGINT) from None
+
+
+def interrupted(out_dir: Path, by: str, signal_number: int) -> RunInterrupted:
+    return RunInterrupted(f"run in {out_dir} stopped by {by}; nothing was written to results.json. Start the same "
+                          "command again to resume from its last checkpoint", signal_number)
 
 
 def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
