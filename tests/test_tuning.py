@@ -139,3 +139,51 @@ def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypa
     assert trained == [("mini_sst2_mpnet", "sve", 0.01, False)]  # MiniLM's choice (val NLL lowest at 1e-2)
     record = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_mpnet", "sve", 4, 0).parent / "tuned.json").read_text())
     assert record["value"] == "0.01" and record["from"] == "mini_sst2_minilm/sve_m4"
+
+
+def test_a_row_tunes_its_own_key_with_another_rows_choice_fixed(tmp_path, monkeypatch):
+    # The two-rate hybrid (mini_table2_rates): row sve_lora_rates keeps the adapter rate that sve_lora's own tuning
+    # chose (fix_tuned) and tunes method.sv_lr on its row's grid; it fails clearly until sve_lora is tuned.
+    def value(job, key):
+        return float(next(o.split("=")[1] for o in reversed(job.overrides) if o.startswith(f"{key}=")))
+
+    def fake_run(job):
+        lr = value(job, "method.lr")
+        sv_lr = value(job, "method.sv_lr") if job.method == "sve_lora_rates" else 1.0
+        nll = abs(math.log10(lr) + 2) + abs(math.log10(sv_lr) + 1)  # best at lr 1e-2 and sv_lr 0.1
+        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
+                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": nll}}
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        trained.append((job.method, job.seed, lr, sv_lr, job.tuning))
+        return results
+
+    trained = []
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    spec = sweep.load_spec("mini_table2_rates", smoke=True)
+    monkeypatch.setattr(sweep, "load_spec", lambda name, smoke: spec)
+    sve_lora = {"method": "sve_lora", "members": 4, "overrides": ["ensemble_size=4"]}
+    spec.rows = [r for r in spec.rows if r.method != "sve_lora"]  # the hybrid alone: its source is not tuned
+    failures = sweep.sweep("mini_table2_rates", smoke=True, root=tmp_path)
+    assert failures and all("run the table that tunes that row first" in f for f in failures), failures
+    assert trained == []
+    spec.rows = [sve_lora, *spec.rows]
+    assert sweep.sweep("mini_table2_rates", smoke=True, root=tmp_path) == []
+    hybrid = [t for t in trained if t[0] == "sve_lora_rates"]
+    assert {lr for _, _, lr, _, _ in hybrid} == {0.01}  # sve_lora's choice, kept fixed in every run
+    assert [sv for _, _, _, sv, tuning in hybrid if tuning] == [1e-3, 1e-2, 3e-2, 0.1, 0.3]
+    record = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora_rates", 4, 0).parent
+                         / "tuned.json").read_text())
+    assert (record["key"], record["value"]) == ("method.sv_lr", "0.1")
+    plain = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora", 4, 0).parent
+                        / "tuned.json").read_text())
+    assert (plain["key"], plain["value"]) == ("method.lr", "0.01")  # the table's own tune for the other rows
+
+
+def test_a_rows_own_tune_block_is_checked_when_loaded(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("kind: metrics\nexperiments: {mini_sst2_minilm: x}\nseeds: [0]\nmetrics: [acc]\n"
+                    "rows:\n  - {method: sve, members: 4, tune: {key: method.sv_lr, grid: [0.1]}}\n")
+    with pytest.raises(InputError, match=r"rows\[0\].tune: missing \['metric', 'seed'\]"):
+        load_spec(str(path), smoke=False)

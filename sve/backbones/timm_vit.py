@@ -10,8 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
-from sve.errors import OfflineError
+from sve.errors import InputError, OfflineError
 from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
+
+# Training augmentation (sve.data.vision): ImageNet's random resized crop, or the CIFAR recipe (pad by an
+# eighth, random crop, flip), which suits small images upsampled to the input size.
+TRAIN_CROPS = ("random_resized", "pad")
 
 
 class TimmBackbone(Backbone):
@@ -25,6 +29,7 @@ class TimmBackbone(Backbone):
         image_size: input resolution; position embeddings are resampled by timm when it differs (passed as
             ``img_size`` only to models that take one: CNNs run at any size).
         model_kwargs: extra keyword arguments for ``timm.create_model`` (used by the tiny test model).
+        train_crop: ``random_resized`` (ImageNet's augmentation) or ``pad`` (the CIFAR recipe).
     """
 
     modality = "image"
@@ -37,11 +42,15 @@ class TimmBackbone(Backbone):
         checkpoint_path: str | None = None,
         image_size: int = 224,
         model_kwargs: dict | None = None,
+        train_crop: str = "random_resized",
     ):
+        if train_crop not in TRAIN_CROPS:
+            raise InputError(f"backbone.train_crop={train_crop!r} is not valid; choose one of {list(TRAIN_CROPS)}")
         kwargs = plain(dict(model_kwargs or {}))  # OmegaConf containers would reach timm as ListConfig
         model = self.create_model(model_name, pretrained, checkpoint_path, image_size, kwargs)
         super().__init__(model, target_modules)
         self.image_size = image_size
+        self.train_crop = train_crop  # read by sve.data.vision: how training images are augmented
         data_cfg = model.pretrained_cfg or {}
         self.mean = tuple(data_cfg.get("mean", (0.485, 0.456, 0.406)))
         self.std = tuple(data_cfg.get("std", (0.229, 0.224, 0.225)))

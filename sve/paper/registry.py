@@ -71,6 +71,7 @@ METHOD_NAMES = {
     # Beyond the paper (its Sec. 6 future work): sve.layers.sv_lora
     "sve_lora": "SVE + LoRA",
     "sve_lora_shared": "SVE + shared LoRA",
+    "sve_lora_rates": "SVE + LoRA (own SV rate)",  # method.sv_lr tuned apart from the adapters' rate
     "sve_top": "SVE (top-8)",  # beyond the paper: sve.layers.sv_top
     "sve_top32": "SVE (top-32)",
     "distilled_mean": "Distilled (mean)",  # sve-distill: sve.runs.distillation

@@ -93,18 +93,22 @@ def check_spec(spec: DictConfig, path: Path) -> None:
         if not OmegaConf.is_dict(row) or not isinstance(row.get("method"), str) or not isinstance(
                 row.get("members"), int):
             raise bad(f"rows[{i}]", row, "expected {method: <name>, members: <int>, overrides: [...]}")
-    tune = spec.get("tune")
-    if tune is not None:
+    tunes = {"tune": spec.get("tune")}
+    rows = spec.rows if OmegaConf.is_list(spec.rows) else [spec.rows]
+    tunes.update({f"rows[{i}].tune": row.get("tune") for i, row in enumerate(rows)})
+    for where, tune in tunes.items():
+        if tune is None:
+            continue
         if not OmegaConf.is_dict(tune):
-            raise bad("tune", tune, "expected {key: method.lr, grid: [...], metric: nll, seed: 0}")
+            raise bad(where, tune, "expected {key: method.lr, grid: [...], metric: nll, seed: 0}")
         unknown = sorted(set(tune) - set(TUNE_KEYS))
         missing = sorted(k for k, needed in TUNE_KEYS.items() if needed and k not in tune)
         if unknown or missing:
-            raise InputError(f"{path}: tune: {'unknown ' + str(unknown) if unknown else ''}"
+            raise InputError(f"{path}: {where}: {'unknown ' + str(unknown) if unknown else ''}"
                              f"{'; ' if unknown and missing else ''}{'missing ' + str(missing) if missing else ''}; "
                              f"its keys are {list(TUNE_KEYS)} (per_decade and extend optional)")
         if tune.metric not in METRICS:
-            raise bad("tune.metric", tune.metric, f"choose from {sorted(METRICS)}")
+            raise bad(f"{where}.metric", tune.metric, f"choose from {sorted(METRICS)}")
 
 
 def results_root(smoke: bool = False, root: Path | None = None) -> Path:

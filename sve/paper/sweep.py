@@ -31,7 +31,10 @@ seed's run
 (``tune_as: experiment/method:members``: of a row of another experiment, which must have been tuned already,
 e.g. BERT-size rows at the learning rates tuned for the small model)
 (SVE at M = 1, 2, 4 sharing the learning rate tuned for SVF, as the paper's recipe shares it); the choice is
-copied into its own ``tuned.json`` with a ``from`` key.
+copied into its own ``tuned.json`` with a ``from`` key. A row's own ``tune:`` block replaces the table's for that
+row. A row with ``fix_tuned: method:members`` keeps that row's
+tuned value (of whatever key its own table tuned) fixed in every run, tuning runs included, while this table
+tunes its own key: a hybrid's singular-value rate tuned at the adapter rate its plain row chose.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class Job:
     tuning: str | None = None  # "key=value" of a tuning run
     tune_as: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row takes
     tune_from: str | None = None  # the experiment of that row, when it is another one
+    fix_tuned: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row keeps fixed
+    tune: object = None  # the row's own ``tune:`` block (DictConfig), replacing the table's for this row
 
     def __str__(self) -> str:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
@@ -112,8 +117,10 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                              *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
                 tune_from, _, source_row = str(row.get("tune_as") or "").rpartition("/")
                 tune_as = parse_row(source_row) if source_row else None
+                fix_tuned = parse_row(str(row.fix_tuned)) if row.get("fix_tuned") else None
                 out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory,
-                                              tune_as=tune_as, tune_from=tune_from or None))  # fmt: skip
+                                              tune_as=tune_as, tune_from=tune_from or None,
+                                              fix_tuned=fix_tuned, tune=row.get("tune")))  # fmt: skip
     return list(out.values())
 
 
@@ -334,6 +341,14 @@ class Sweep:
 
     def process(self, spec, job: Job, prefix: str, first_jobs: dict) -> object:
         """Tunes the job's row if it must be, then runs the job; ``HELD`` when either is another process's now."""
+        if job.tune is not None:  # the row tunes a key of its own: the table, as this row sees it
+            spec = spec.copy()
+            spec.tune = job.tune
+        if job.fix_tuned:
+            fixed = fixed_choice(self.root, job, self.dry_run, self.failures)
+            if fixed is None:
+                return None
+            job = replace(job, overrides=[*job.overrides[:-1], f"{fixed['key']}={fixed['value']}", job.overrides[-1]])
         if spec.get("tune") and not smoke_skips_tuning(spec, self.smoke):
             row_dir = job.dir.parent
             if job.tune_from:  # another experiment's row: its choice is read, never made here
@@ -469,6 +484,24 @@ def borrowed_choice(spec, source_dir: Path, dry_run: bool, failures: list[str]) 
     if dry_run:
         return {"key": spec.tune.key, "value": f"<the choice in {path}>"}
     failures.append(f"{path} does not exist: its row has not been tuned yet; run the table that tunes it first")
+    return None
+
+
+def fixed_choice(root: Path, job: Job, dry_run: bool, failures: list[str]) -> dict | None:
+    """The tuned value that ``job``'s row keeps fixed (``fix_tuned: method:members``): the ``tuned.json`` of that
+    row of the same experiment, whichever key its own table tuned (a hybrid's adapter rate, say, while this
+    table tunes the singular values' rate). None, with a failure naming what to run first, when it is not tuned."""
+    path = run_dir(root, job.experiment, *job.fix_tuned, 0).parent / TUNED
+    if path.exists():
+        choice = json.loads(path.read_text())
+        if "key" in choice and "value" in choice:
+            return choice
+        failures.append(f"{path} is not a tuned choice (no \"key\" and \"value\"): {job} keeps it fixed")
+        return None
+    if dry_run:
+        return {"key": "<its tuned key>", "value": f"<the choice in {path}>"}
+    failures.append(f"{job}: not run, it keeps the tuned value of {job.fix_tuned[0]}:{job.fix_tuned[1]} fixed, "
+                    f"and {path} does not exist: run the table that tunes that row first")
     return None
 
 
