@@ -203,3 +203,53 @@ def test_a_refused_run_keeps_a_directory_that_was_there_or_that_it_wrote_into(tm
     fresh = tmp_path / "fresh" / "run"
     assert run_main(monkeypatch, [f"hydra.run.dir={fresh}"], writes_then_refuses) == 2
     assert (fresh / "checkpoints").is_dir()
+
+
+# ----- quiet by default -----------------------------------------------------------------------------------------
+
+NOISE = ("`torch.jit.script` is deprecated", "backend not available", "💡 Tip:")
+
+
+def test_a_tiny_run_prints_none_of_the_libraries_notices(tmp_path):
+    code, out, err, _, _ = command("sve-train", "trainer=debug", "callbacks=none", f"hydra.run.dir={tmp_path}/run",
+                                   cwd=tmp_path)  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert (tmp_path / "run" / "results.json").is_file()
+    for notice in NOISE:
+        assert notice not in out + err, notice
+
+
+def test_sve_verbose_keeps_the_notices(monkeypatch):
+    import warnings
+
+    from sve.cli import quiet
+
+    def shown() -> list[str]:
+        seen = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+
+        handler = Keep()
+        lightning = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+        lightning.addHandler(handler)
+        lightning.setLevel(logging.INFO)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # not once per place: each call counts
+                quiet.hide_noise()
+                warnings.warn("`torch.jit.script` is deprecated. Please switch", FutureWarning, stacklevel=1)
+                warnings.warn("the learning rate is large", FutureWarning, stacklevel=1)  # not noise: kept
+                lightning.info("💡 Tip: For seamless cloud uploads, try installing litmodels")
+                lightning.info("Seed set to 0")
+        finally:
+            lightning.removeHandler(handler)
+            for f in [f for f in lightning.filters if isinstance(f, quiet.Noise)]:
+                lightning.removeFilter(f)
+        return [str(w.message) for w in caught] + seen
+
+    monkeypatch.setenv("SVE_VERBOSE", "1")
+    assert len(shown()) == 4
+    monkeypatch.delenv("SVE_VERBOSE")
+    assert shown() == ["the learning rate is large", "Seed set to 0"]

@@ -42,6 +42,9 @@ def arguments() -> argparse.ArgumentParser:
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         arguments().parse_args(sys.argv[1:])  # prints the help and exits, without importing torch
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():
         from sve.bench.benchmark import main as bench
 

@@ -13,6 +13,9 @@ def main() -> None:
         print(module_doc("sve.runs.distillation").replace("``", ""))
         print(f"\nstudent=<option of configs/method>: {', '.join(groups()['method'])}")
         sys.exit(0 if sys.argv[1:] else 2)
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         from sve.runs.distillation import distill_run
 

@@ -44,6 +44,9 @@ def main() -> None:
     if not argv or argv[0] in ("-h", "--help"):  # before torch: the usage answers at once
         print(usage())
         sys.exit(0 if argv else 2)
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         from sve.runs.evaluate import main as evaluate
 

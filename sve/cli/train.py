@@ -142,6 +142,9 @@ def precheck(args) -> None:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def hydra_main(cfg: DictConfig) -> None:
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()  # after Hydra has configured logging for the job
     print(recipe_line(cfg))
     from sve.runs.preflight import check_sources
     from sve.runs.validate import check_values
