@@ -40,8 +40,8 @@ def main() -> None:
     if args.help:
         print(usage())
         raise SystemExit(0)
+    check_launcher(args.overrides)
     with one_line_errors():
-        check_launcher(args.overrides)
         precheck(args)
     hydra_main()
 
@@ -70,6 +70,7 @@ the libraries that are hidden by default; SVE_DEBUG=1 shows the traceback of an 
 def check_launcher(overrides: list[str]) -> None:
     """A launcher whose plugin is not installed is one line with the install command."""
     import importlib.util
+    import sys
 
     for arg in overrides:
         key, _, value = arg.partition("=")
@@ -79,10 +80,11 @@ def check_launcher(overrides: list[str]) -> None:
                 found = importlib.util.find_spec(module) is not None
             except ModuleNotFoundError:  # not even the hydra_plugins namespace
                 found = False
-            if not found:
-                raise InputError(f"hydra/launcher={value} needs the submitit launcher plugin, which is not "
-                                 f"installed: pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip "
-                                 f"install -e '.[{extra}]')")  # fmt: skip
+            if not found:  # the whole answer: no traceback to point to
+                print(f"error: hydra/launcher={value} needs the submitit launcher plugin, which is not installed: "
+                      f"pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip install -e "
+                      f"'.[{extra}]')", file=sys.stderr)  # fmt: skip
+                raise SystemExit(2)
 
 
 # Set by precheck when the composed config passed the checks that need no torch: hydra_main does not repeat the
