@@ -124,11 +124,9 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
     if num_classes is not None and operator.index(num_classes) < 2:
         raise InputError(f"num_classes={num_classes} is not valid: the members are classifiers with a softmax over "
                          "at least 2 classes; a binary task is num_classes=2")  # fmt: skip
-    wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
-    if wrapped is not None:  # wrap works in place: a second wrap would stack members on members
-        raise ValueError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): wrap "
-                         "works in place, as peft's get_peft_model does; wrap a copy made before the first wrap "
-                         "(copy.deepcopy(model)), or use the ensemble the first wrap returned")  # fmt: skip
+    # wrap works in place: a second wrap would stack members on members
+    refuse_wrapped(model, "wrap works in place, as peft's get_peft_model does; wrap a copy made before the first "
+                   "wrap (copy.deepcopy(model)), or use the ensemble the first wrap returned")
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     with unchanged_on_error(model):
@@ -138,6 +136,14 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
             backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
                                       example_input=example_input)
         return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+
+
+def refuse_wrapped(model: nn.Module, advice: str) -> None:
+    """An error, with ``advice``, when ``model`` already holds member layers (a wrap or from_pretrained ran on it)."""
+    wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
+    if wrapped is not None:
+        raise InputError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): "
+                         f"{advice}")
 
 
 @contextmanager
