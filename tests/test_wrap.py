@@ -606,3 +606,40 @@ def test_a_pad_id_inside_the_mask_is_named_because_the_model_reads_another_token
             same = torch.allclose(ensemble(**batch), expected.expand(2, -1, -1), atol=1e-5)
         assert ("hold the pad id 0 at 1 position(s) the attention mask keeps" in caplog.text) is warned
         assert same is not warned  # the warning is said exactly where the ensemble and the model differ
+
+
+# ----- inputs and models the library must refuse clearly, or handle -------------------------------------------------
+def test_predict_names_the_rows_that_hold_nan_or_inf():
+    # The members would give NaN for those rows, and the NaN predictive's label is class 0, without a word.
+    x = torch.randn(5, 6)
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=x)
+    bad = x.clone()
+    bad[1, 3], bad[4, 0] = float("nan"), float("-inf")
+    with pytest.raises(InputError, match=r"predict got NaN or inf values: input 0 in row\(s\) \[1, 4\]"):
+        ensemble.predict(bad)
+    loader = DataLoader(TensorDataset(torch.cat([x, bad])), batch_size=5)  # rows counted over the loader
+    with pytest.raises(InputError, match=r"predicting got NaN or inf values: input 0 in row\(s\) \[6, 9\]"):
+        ensemble.predict_loader(loader, progress=False)
+    assert ensemble.predict(x).probs.isfinite().all()
+
+
+def test_predict_names_an_input_of_another_shape_than_the_example():
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(5, 6))
+    with pytest.raises(InputError, match=r"input 0 of shape \(5, 7\), where the example it was wrapped with has "
+                                         r"\(1, 6\): 7 in dimension 1, not 6"):  # fmt: skip
+        ensemble.predict(torch.randn(5, 7))
+
+
+def test_an_empty_batch_gives_an_empty_prediction():
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(5, 6))
+    prediction = ensemble.predict(torch.randn(0, 6))
+    assert prediction.probs.shape == (0, 3) and prediction.label.shape == (0,)
+    assert ensemble(torch.randn(0, 6)).shape == (2, 0, 3)
+
+
+def test_a_model_on_the_meta_device_is_refused_by_name():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+    with pytest.raises(InputError, match=r"Sequential has tensors on the meta device \(e.g. 0.weight\)"):
+        sve.wrap(model, "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(2, 6))
+

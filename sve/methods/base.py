@@ -247,7 +247,7 @@ class EnsembleMethod(nn.Module):
             return self.members_at_once or members
         if self.training or self.heads.weight.device.type != "cpu":
             return members
-        return min(members, max(1, CPU_EVAL_EXAMPLES // batch_size(batch)))
+        return min(members, max(1, CPU_EVAL_EXAMPLES // max(1, batch_size(batch))))
 
     def training_chunks(self) -> list[list[int]] | None:
         """The member chunks one training step runs and back-propagates one after another
