@@ -40,8 +40,13 @@ class Noise(logging.Filter):
 
 
 def hide_noise() -> None:
-    """Installs the filters (once per process; again after Hydra has configured logging is harmless)."""
+    """Installs the filters (once per process; again after Hydra has configured logging is harmless). Verbose,
+    it removes the log filters an earlier call in this process installed (a notebook, a test run)."""
     if verbose():
+        for name in LOG_RECORDS:
+            logger = logging.getLogger(None if name == "root" else name)
+            for noise in [f for f in logger.filters if isinstance(f, Noise)]:
+                logger.removeFilter(noise)
         return
     for message, category in WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
