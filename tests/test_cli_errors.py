@@ -253,3 +253,22 @@ def test_sve_verbose_keeps_the_notices(monkeypatch):
     assert len(shown()) == 4
     monkeypatch.delenv("SVE_VERBOSE")
     assert shown() == ["the learning rate is large", "Seed set to 0"]
+
+
+def test_the_progress_bar_counts_the_epochs_that_run_and_lightnings_flops_summary_is_off(tmp_path):
+    # Lightning's own bar said "Epoch 1/1" in the second of two epochs, and its summary "Total FLOPs: 0".
+    import pytorch_lightning as pl
+
+    from sve.runs.run import make_trainer
+    from sve.training.progress import EpochProgressBar
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["trainer=cpu", "trainer.max_epochs=2"], tmp_path)
+    trainer = make_trainer(cfg, logger=False, callbacks=[])
+    bars = [c for c in trainer.callbacks if isinstance(c, pl.callbacks.ProgressBar)]
+    assert len(bars) == 1 and isinstance(bars[0], EpochProgressBar)
+    bars[0].setup(trainer, None, "fit")  # where Lightning gives a callback its trainer
+    assert [bars[0]._get_train_description(e).strip() for e in (0, 1)] == ["Epoch 1/2", "Epoch 2/2"]
+    assert not any(isinstance(c, pl.callbacks.ModelSummary) for c in trainer.callbacks)
+    cfg = compose_cfg(["trainer=cpu", "+trainer.enable_model_summary=true"], tmp_path)  # asked for: kept
+    assert any(isinstance(c, pl.callbacks.ModelSummary) for c in make_trainer(cfg, False, []).callbacks)

@@ -2,8 +2,6 @@
 benchmark (``sve.bench.benchmark``), written to ``./results/bench`` unless ``--out`` names another folder.
 ``sve-bench --gpu-check`` (``make gpu-check``): every GPU path checked on this machine (``sve.bench.gpu_check``)."""
 
-import sys
-
 import argparse
 import sys
 from pathlib import Path
