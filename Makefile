@@ -75,7 +75,7 @@ MINI_THREADS ?= 1
 MINI_TABLES := $(subst -,_,$(MINI_PARTS))
 MINI_WORKERS := $(addprefix mini-worker-,$(shell seq $(MINI_JOBS)))
 
-mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet) ## All miniature parts (from scratch: 24.7 h of wall time on 2 CPU cores, measured, against a 6 h target: results/mini/budget.md; committed runs are skipped; SMOKE=1: tiny models, minutes)
+mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet) ## All miniature parts (from scratch: 24.7 h of wall time on 2 CPU cores, measured: results/mini/README.md; committed runs are skipped, and make mini-report alone rebuilds the tables and README from them in minutes; SMOKE=1: tiny models, minutes)
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-distill mini-report)
 $(MINI_WORKERS):
