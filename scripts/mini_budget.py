@@ -19,7 +19,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("results") / "mini", help="the result store")
     parser.add_argument("--tables", nargs="+", default=None,
                         help="table definitions to account for (default: every mini_* table that trains runs)")
-    parser.add_argument("--budget-hours", type=float, default=6.0, help="wall-time budget of make mini")
     parser.add_argument("--workers", type=int, default=2, help="runs trained at a time")
     args = parser.parse_args(argv)
     from sve.paper.store import table_names
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.tables or ()) - set(table_names()))
     if unknown:
         parser.error(f"--tables {unknown}: not table definitions; choose from {table_names()}")
-    text, record = report(args.results, args.tables, args.budget_hours, args.workers)
+    text, record = report(args.results, args.tables, args.workers)
     (args.results / "budget.md").write_text(text)
     (args.results / "budget.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(text)

@@ -275,11 +275,14 @@ def check_paired(a: Statistic, b: Statistic) -> None:
 
 @dataclass(frozen=True)
 class Term:
-    """``coef * statistic`` in a difference; ``seed`` (the run's) keys its resample with the examples."""
+    """``coef * statistic`` in a difference. ``seed`` is the run's training seed; ``unit`` names the seed-averaged
+    difference the term belongs to (a gain subtracts two, one per experiment): the spread of a unit's per-seed
+    differences measures its training variance."""
 
     coef: float
     seed: int
     statistic: Statistic
+    unit: str = ""
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,30 @@ class Interval:
     point: float  # the difference on the full sets
     low: float
     high: float
+    training: bool = True  # the interval covers the seeds' training variance (False: a unit has one seed)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """A difference split into one column per (unit, seed): the column's sum of ``coef * statistic`` on the full
+    sets (``points``) and on each replicate's resample (``replicates``); the difference is the columns' sum.
+    The arrays may carry batch axes between the replicates' and the columns' (the coverage study's data sets):
+    every procedure below then returns bounds with those axes."""
+
+    columns: tuple[tuple[str, int], ...]  # (unit, seed) of each column
+    points: np.ndarray  # (..., K)
+    replicates: np.ndarray  # (R, ..., K)
+
+    @property
+    def point(self) -> np.ndarray:
+        return self.points.sum(-1)
+
+    def units(self) -> dict[str, np.ndarray]:
+        """unit -> the indices of its seeds' columns."""
+        found: dict[str, list[int]] = {}
+        for k, (unit, _) in enumerate(self.columns):
+            found.setdefault(unit, []).append(k)
+        return {unit: np.array(ks) for unit, ks in found.items()}
 
 
 def resample_counts(rng: np.random.Generator, n: int, replicates: int) -> Weights:
@@ -295,31 +322,123 @@ def resample_counts(rng: np.random.Generator, n: int, replicates: int) -> Weight
     return np.bincount(drawn.ravel(), minlength=replicates * n).reshape(replicates, n).astype(np.float64)
 
 
-def stratum(term: Term, examples: Examples) -> tuple:
-    return term.seed, examples.group, examples.fingerprint
+def stratum(term: Term, examples: Examples, joint: bool = True) -> tuple:
+    """What one resample is drawn for: the same examples (index and labels) of the same group, whichever run and
+    seed evaluated them (``joint``); or, as before the joint design, separately for each seed."""
+    return (examples.group, examples.fingerprint) if joint else (term.seed, examples.group, examples.fingerprint)
 
 
-def interval(terms: Sequence[Term], replicates: int = REPLICATES, level: float = LEVEL, seed: int = SEED) -> Interval:
-    """The percentile interval of sum(coef * statistic) over ``replicates`` paired resamples (module docstring)."""
-    if not terms:
-        raise ValueError("a difference needs at least one term")
+def check_options(replicates: int, level: float) -> None:
     if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
         raise ValueError(f"replicates={replicates!r} is not valid; give a positive integer (e.g. {REPLICATES})")
     if not 0 < level < 1:
         raise ValueError(f"level={level!r} is not valid; give a coverage in (0, 1), e.g. {LEVEL}")
-    sizes = {stratum(t, s): s.n for t in terms for s in t.statistic.sets}
-    point = float(sum(t.coef * t.statistic.value() for t in terms))
+
+
+def draw(terms: Sequence[Term], replicates: int = REPLICATES, seed: int = SEED, joint: bool = True) -> Draws:
+    """Every column of the difference on ``replicates`` resamples of the test examples: one resample per stratum
+    per replicate (``stratum``), drawn in the strata's sorted order, chunk by chunk, from one generator."""
+    if not terms:
+        raise ValueError("a difference needs at least one term")
+    check_options(replicates, LEVEL)
+    columns = sorted({(t.unit, t.seed) for t in terms})
+    where = {c: k for k, c in enumerate(columns)}
+    sizes = {stratum(t, s, joint): s.n for t in terms for s in t.statistic.sets}
+    points = np.zeros(len(columns))
+    for t in terms:
+        points[where[t.unit, t.seed]] += t.coef * t.statistic.value()
     rng = np.random.default_rng(seed)
-    draws = np.empty(replicates)
+    out = np.zeros((replicates, len(columns)))
     for start in range(0, replicates, CHUNK):
         r = min(CHUNK, replicates - start)
         weights = {k: resample_counts(rng, sizes[k], r) for k in sorted(sizes)}
-        total = np.zeros(r)
         for t in terms:
-            total += t.coef * t.statistic.evaluate([weights[stratum(t, s)] for s in t.statistic.sets])
-        draws[start:start + r] = total
-    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-    return Interval(point, float(low), float(high))
+            out[start:start + r, where[t.unit, t.seed]] += t.coef * t.statistic.evaluate(
+                [weights[stratum(t, s, joint)] for s in t.statistic.sets])
+    return Draws(tuple(columns), points, out)
+
+
+def percentile(draws: Draws, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """The replicates' percentile interval of the difference, the trained runs taken as fixed."""
+    low, high = np.quantile(draws.replicates.sum(-1), [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return low, high
+
+
+def hierarchical(draws: Draws, level: float = LEVEL, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """The two-level bootstrap: each replicate also draws, for every unit, its seeds with replacement (the test
+    resample stays the replicate's). With 3 seeds it spreads the seeds' variance by (S-1)/S too little and has no
+    t-correction: kept to show that in the coverage study (``sve.paper.coverage``), not used for verdicts."""
+    rng = np.random.default_rng(seed)
+    r = len(draws.replicates)
+    total = 0.0
+    for ks in draws.units().values():
+        picked = ks[rng.integers(0, len(ks), size=(r, len(ks)))]  # (R, S): the seeds drawn in each replicate
+        picked = picked.reshape((r,) + (1,) * (draws.replicates.ndim - 2) + (len(ks),))
+        total = total + np.take_along_axis(draws.replicates, picked, axis=-1).sum(-1)
+    low, high = np.quantile(total, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return low, high
+
+
+def combined(draws: Draws, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """The verdicts' interval: point ± sqrt(z^2 T + sum over units of t_{S-1}^2 E), symmetric.
+
+    T is the joint bootstrap's variance of the difference (every seed and row on one resample of the examples):
+    the test set's noise. A unit's per-seed differences y_s = S x_s (its S columns) scatter by their sample
+    variance s^2, which holds the training variance tau^2 *and* the part of the test set's noise that differs
+    between seeds (each training gets other examples right); the replicates measure that part directly, as
+    the mean over replicates of the across-seed variance of y*_s - y_s (sigma_i^2). So E = max(s^2 - sigma_i^2,
+    0) / S estimates tau^2 / S without counting sigma_i^2, already inside T, twice. The test-set part is known
+    from hundreds of examples (normal quantile z); the training part from S seeds (Student's t with S - 1
+    degrees of freedom); their half-widths add in quadrature. A unit with one seed adds nothing: its training
+    variance is unknown (``covers_training``). Coverage measured in ``sve.paper.coverage``."""
+    total = draws.replicates.sum(-1)
+    square = quantile(level) ** 2 * (total.var(axis=0, ddof=1) if len(total) > 1 else np.zeros_like(total[0]))
+    for ks in draws.units().values():
+        seeds = len(ks)
+        if seeds < 2:
+            continue
+        per_seed = seeds * draws.points[..., ks]  # y_s: each seed's own difference
+        deviations = seeds * (draws.replicates[..., ks] - draws.points[..., ks])  # (R, ..., S): y*_s - y_s
+        interaction = deviations.var(axis=-1, ddof=1).mean(0)
+        excess = np.maximum(per_seed.var(axis=-1, ddof=1) - interaction, 0.0) / seeds
+        square = square + quantile(level, seeds - 1) ** 2 * excess
+    half = np.sqrt(square)
+    return draws.point - half, draws.point + half
+
+
+def covers_training(draws: Draws) -> bool:
+    """Whether ``combined`` includes every unit's training variance (each has two seeds or more)."""
+    return all(len(ks) > 1 for ks in draws.units().values())
+
+
+def as_interval(draws: Draws, bounds: tuple[np.ndarray, np.ndarray], training: bool = True) -> Interval:
+    return Interval(float(draws.point), float(bounds[0]), float(bounds[1]), training)
+
+
+@functools.lru_cache(maxsize=256)
+def quantile(level: float, df: int | None = None) -> float:
+    """The two-sided ``level`` quantile of the normal (``df`` None) or of Student's t with ``df`` degrees of freedom."""
+    from scipy import stats
+
+    upper = (1 + level) / 2
+    return float(stats.norm.ppf(upper) if df is None else stats.t.ppf(upper, df))
+
+
+def interval(terms: Sequence[Term], replicates: int = REPLICATES, level: float = LEVEL, seed: int = SEED) -> Interval:
+    """The verdicts' interval of sum(coef * statistic): ``combined`` over the joint resamples (module docstring)."""
+    check_options(replicates, level)
+    draws = draw(terms, replicates, seed, joint=True)
+    return as_interval(draws, combined(draws, level), covers_training(draws))
+
+
+def per_seed_bootstrap(terms: Sequence[Term], replicates: int = REPLICATES, level: float = LEVEL,
+                       seed: int = SEED) -> Interval:
+    """The procedure before the joint design, kept to show what changed (the README's list of changed verdicts)
+    and its coverage: every seed's examples resampled apart, the percentile interval of the sum, the runs fixed.
+    It draws the resamples it drew then (same generator, strata and order)."""
+    check_options(replicates, level)
+    draws = draw(terms, replicates, seed, joint=False)
+    return as_interval(draws, percentile(draws, level), training=False)
 
 
 # --- runs evaluated before these files existed -------------------------------------------------------------------
@@ -361,4 +480,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["PREDICTIVE", "KEYS", "Examples", "Statistic", "Term", "Interval", "predictive_arrays", "write_predictive",
-           "read_predictive", "ece_bins", "statistic", "check_paired", "interval", "backfill"]
+           "read_predictive", "ece_bins", "statistic", "check_paired", "Draws", "draw", "percentile", "hierarchical",
+           "combined", "interval", "per_seed_bootstrap", "backfill"]

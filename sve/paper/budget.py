@@ -3,11 +3,11 @@
 The budget rule. A budget chosen on one method favours it (methods that train fewer parameters may need more
 steps), so the miniature does not choose its budget on any method: every experiment trains for the paper's
 epoch count (Table 7: 3 on SST-2, 10 on the vision tasks, 5 on ARC-Easy) on one training subset per
-experiment, sized for the time budget of ``make mini`` before any method ran. This module is the measurement
-behind both halves of the rule, read from the runs of a result store (tuning runs included):
+experiment, fixed before any method ran. This module is the measurement behind both halves of the rule, read from
+the runs of a result store (tuning runs included):
 
 - **time**: minutes per run by experiment and method (``wall_time_s``), how many runs each table needs
-  (its rows x seeds plus the tuning runs its grid grew to), and the total against the time budget;
+  (its rows x seeds plus the tuning runs its grid grew to), and the total: what retraining costs;
 - **convergence**: for every method at its tuned learning rate, the validation NLL along its learning curve
   (``sve.training.curves``; mean over seeds): where the best point lies, and whether the curve was still falling at
   the end (the last point better than the one before by more than the tolerance). A method still falling
@@ -87,17 +87,6 @@ def evaluation_seconds(results: dict) -> float:
     return seconds + (share * float(results["wall_time_s"]) if share else 0.0)
 
 
-def training_fraction_to_fit(minutes: float, evaluation_minutes: float, budget_minutes: float) -> float | None:
-    """The largest fraction of today's training subsets at which the same runs fit ``budget_minutes`` (run
-    minutes, all workers together), the paper's epoch count kept: training time scales with the subset,
-    evaluation does not. None when evaluation alone exceeds the budget. An upper bound, as the evaluation
-    it subtracts is."""
-    training = minutes - evaluation_minutes
-    if budget_minutes <= evaluation_minutes or training <= 0:
-        return None
-    return min(1.0, (budget_minutes - evaluation_minutes) / training)
-
-
 def all_runs(root: Path) -> list[tuple[Path, dict]]:
     """(results.json path, results) of every finished run under ``root/runs``: tuning runs included, copies
     of a tuning run left out (their time is the tuning run's). A file that is not valid JSON is an error
@@ -113,7 +102,7 @@ def mini_tables() -> list[str]:
             and not load_spec(n).get("written_by")]  # fmt: skip
 
 
-def report(root: Path, tables: list[str] | None, budget_hours: float, workers: int = 2) -> tuple[str, dict]:
+def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str, dict]:
     """``budget.md`` and ``budget.json``: time by experiment and method, each table's run count, and every
     row's convergence at its tuned learning rate."""
     tables = mini_tables() if tables is None else tables
@@ -130,16 +119,14 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
     lines = ["# The miniature's budget, measured for every method", "",
              "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
              "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
-             "method ran and sized for the time budget; no method chooses it. The end of this file says how the "
-             "runs measured against the budget.", ""]  # fmt: skip
-    record: dict = {"tables": {}, "budget_hours": budget_hours, "workers": workers}
+             "method ran; no method chooses it. The end of this file says what the runs took.", ""]  # fmt: skip
+    record: dict = {"tables": {}, "workers": workers}
     trained = {path.parent: results for path, results in runs}  # each run once: its time counts
     loaded = dict(trained)  # and the seed copies of tuning runs, whose curves count for their seed
     for path in Path(root, "runs").rglob("REUSED.txt"):
         if (path.parent / "results.json").exists():
             loaded.setdefault(path.parent, read_results(path.parent / "results.json"))
     total_minutes = tuning_minutes = seeds_only_minutes = evaluation_minutes = 0.0
-    train_sizes: dict[str, set[int]] = defaultdict(set)  # experiment -> the training subsets its runs used
     seen_runs: set[Path] = set()
     for name in tables:
         spec = load_spec(name)
@@ -162,9 +149,6 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
                 spent = {d: float(trained[d].get("wall_time_s") or 0.0) / 60 for d in fresh}
                 total_minutes += sum(spent.values())
                 evaluation_minutes += sum(evaluation_seconds(trained[d]) / 60 for d in fresh if spent[d])
-                for d in fresh:
-                    if size := ((trained[d].get("config") or {}).get("dataset") or {}).get("train_size"):
-                        train_sizes[experiment].add(int(size))
                 tuning_minutes += sum(m for d, m in spent.items() if d.relative_to(row_dir).parts[0] == "tune")
                 per_run = statistics.fmean(minutes[key]) if minutes[key] else None
                 # At the row's first table: what its seeds alone cost, had no rate been tuned.
@@ -193,37 +177,21 @@ def report(root: Path, tables: list[str] | None, budget_hours: float, workers: i
                    if c else "– | no curve yet |"))
         lines.append("")
     hours, tuning, seeds_only = total_minutes / 60, tuning_minutes / 60, seeds_only_minutes / 60
-    record.update(core_hours=hours, tuning_core_hours=tuning, seeds_only_core_hours=seeds_only)
+    record.update(core_hours=hours, tuning_core_hours=tuning, seeds_only_core_hours=seeds_only,
+                  evaluation_core_hours=evaluation_minutes / 60)
     lines += [f"Measured: {hours:.2f} h of runs (one CPU thread each), {hours / workers:.2f} h of wall time at "
-              f"{workers} runs at a time, against a budget of {budget_hours:g} h. Curves are means over the seeds "
-              f"found at the tuned learning rate; a change under {TOLERANCE} nats between the last two points "
-              "is not called falling.", ""]  # fmt: skip
-    # Where the time goes, so that whoever sizes the miniature sees what a cut would buy: the tuning grids
-    # (seed 0 at the chosen rate is one of their runs) against the seeds, and the seeds alone at the measured
-    # minutes per run, as if every learning rate were given.
-    over = seeds_only / workers > budget_hours
+              f"{workers} runs at a time. Curves are means over the seeds found at the tuned learning rate; a change "
+              f"under {TOLERANCE} nats between the last two points is not called falling.", ""]  # fmt: skip
+    # Where the time goes: the tuning grids (seed 0 at the chosen rate is one of their runs) against the seeds,
+    # and the seeds alone at the measured minutes per run, as if every learning rate were given.
     lines += [f"Of these, {tuning:.2f} h trained the tuning grids (seed 0 at the chosen rate is one of their "
               f"runs) and {hours - tuning:.2f} h the other seeds. With every learning rate given instead of "
               f"tuned, the seeds alone would take about {seeds_only:.1f} h of runs ({seeds_only / workers:.1f} h "
-              f"of wall time; the tables' seeds times each row's measured minutes per run): "
-              + ("more than the budget, so fitting it takes cheaper runs or fewer rows, not only less tuning."
-                 if over else "within the budget."), ""]  # fmt: skip
-    # What "cheaper runs" means in numbers: the training subsets at which these runs would fit the budget.
-    fraction = training_fraction_to_fit(total_minutes, evaluation_minutes, budget_hours * 60 * workers)
-    record.update(evaluation_core_hours=evaluation_minutes / 60, fraction_to_fit=fraction)
-    if hours / workers > budget_hours:
-        sizes = ", ".join(f"`{e}` {'/'.join(str(n) for n in sorted(ns))} → "
-                          f"{'/'.join(str(int(n * fraction)) for n in sorted(ns))}"
-                          for e, ns in sorted(train_sizes.items())) if fraction else ""
-        lines += [f"Evaluation (the test split and the curves, timed; validation, OOD and corruption passes are "
-                  f"not timed apart) took at least {evaluation_minutes / 60:.2f} h of these runs. "
-                  + (f"With the same rows, seeds, grids and evaluation, fitting {budget_hours:g} h of wall time "
-                     f"needs training subsets of at most {100 * fraction:.0f}% of today's (training examples"
-                     + (f": {sizes}" if sizes else "") + ")."
-                     if fraction else f"Evaluation alone exceeds {budget_hours:g} h of wall time at {workers} runs "
-                     "at a time: fitting the budget needs fewer rows, seeds or evaluation examples.")
-                  + " The times are the runs' own, measured while they ran, at times beside other work on the same "
-                  "cores: on an otherwise idle machine a run takes less, and the fraction is larger.", ""]  # fmt: skip
+              f"of wall time; the tables' seeds times each row's measured minutes per run). Evaluation (the test "
+              f"split and the curves, timed; validation, OOD and corruption passes are not timed apart) took at "
+              f"least {evaluation_minutes / 60:.2f} h of these runs. The times are the runs' own, measured while "
+              f"they ran, at times beside other work on the same cores: on an otherwise idle machine a run takes "
+              f"less.", ""]  # fmt: skip
     return "\n".join(lines), record
 
 
