@@ -70,3 +70,14 @@ def shared_text(*parts: str) -> str:
     base = os.environ.get(SHARED_ENV) or "../shared"
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
+
+def missing_file(key: str, value, what: str) -> str:
+    """Why ``key=value`` names no file, for a one-line error: the path tried (a relative one is relative to the
+    directory the command runs in) and what to set; for a path under the shared folder, ``SVE_SHARED`` too."""
+    text = str(value)
+    tried = os.path.abspath(os.path.expanduser(text))
+    relative = "" if os.path.isabs(os.path.expanduser(text)) else ", relative to the directory you run in"
+    fixes = [f"{key}=<{what}>"]
+    if text.startswith(shared_text()):
+        fixes.append(f"{SHARED_ENV}=<the folder of the shared weights and data> (default ../shared)")
+    return f"{key}={text}: no file at {tried}{relative}; set " + ", or ".join(fixes)

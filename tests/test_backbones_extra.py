@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone
+from sve.errors import InputError
 from sve.layers import SVLinear
 from sve.methods.sve import SVE
 from sve.runs.run import instantiate
@@ -45,7 +46,8 @@ def test_pretrained_resnet_head_is_reused_only_for_its_own_task():
 
 
 def test_resnet_missing_checkpoint_names_key_and_layout():
-    with pytest.raises(FileNotFoundError, match=r"resnet20_cifar.*backbone.checkpoint_path.*module.conv1.weight"):
+    with pytest.raises(InputError, match=r"resnet20_cifar: backbone.checkpoint_path=/nonexistent/resnet20.th: no file "
+                                         r"at /nonexistent/resnet20.th; set .*module.conv1.weight"):  # fmt: skip
         ResNetCIFARBackbone(20, ["conv1"], checkpoint_path="/nonexistent/resnet20.th")
 
 

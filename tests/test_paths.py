@@ -4,13 +4,16 @@ and what only a make target installs is a skip naming the target."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from sve.paths import cache_root, cache_text, shared_text
-from tests.conftest import CONFIGS, ROOT, compose_cfg, make_targets, skip_unless_installed
+from tests.conftest import CONFIGS, ROOT, SHARED, compose_cfg, make_targets, skip_unless_installed
 
 
 @pytest.fixture
@@ -97,3 +100,24 @@ def test_the_shared_folder_is_sve_shared_else_beside_the_checkout(monkeypatch, t
     assert compose_cfg(["backbone=resnet56_cifar"]).backbone.checkpoint_path.startswith(f"{tmp_path}/models/")
     assert compose_cfg(["experiment=mini_sst2_minilm"]).dataset.root == f"{tmp_path}/data/sst2"
 
+
+def test_a_resnet_run_from_another_directory_names_the_checkpoint_key_the_path_and_sve_shared(tmp_path, monkeypatch):
+    # ../shared is relative to where a command runs: from elsewhere it is not there, which is one line naming
+    # the key, the path tried and how to point at the file, before any model is built.
+    env = {**{k: v for k, v in os.environ.items() if k != "SVE_SHARED"}, "PYTHONPATH": str(ROOT)}  # this checkout
+    done = subprocess.run([sys.executable, "-m", "sve.cli.train", "backbone=resnet20_cifar", "dataset=synthetic_image",
+                           "trainer=debug"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    tried = tmp_path.parent / "shared" / "models" / "resnet_cifar10" / "resnet20-12fca82f.th"
+    assert ("backbone.checkpoint_path=../shared/models/resnet_cifar10/resnet20-12fca82f.th: no file at "
+            f"{tried}, relative to the directory you run in; set backbone.checkpoint_path=<a weights file>, or "
+            "SVE_SHARED=<the folder of the shared weights and data>") in errors[0], errors[0]
+    if (SHARED / "models" / "resnet_cifar10").is_dir():  # and with SVE_SHARED the file is found from anywhere
+        from sve.runs.preflight import backbone_needs
+
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("SVE_SHARED", str(SHARED))
+        assert backbone_needs(compose_cfg(["backbone=resnet20_cifar"]).backbone) == []

@@ -119,3 +119,14 @@ def test_the_offline_headline_answers_before_torch_is_imported(tmp_path):
     assert len(errors) == 1 and "Traceback" not in proc.stderr
     assert "backbone.checkpoint_path=" in errors[0] and "dataset.root=" in errors[0]
     assert "torch" not in imported and "pytorch_lightning" not in imported
+
+
+def test_a_missing_checkpoint_file_is_one_error_naming_the_key_unless_unused(caches, monkeypatch):
+    monkeypatch.setattr(preflight, "hub_reachable", lambda: pytest.fail("asked the network"))
+    resnet = {"name": "resnet20_cifar", "pretrained": True, "checkpoint_path": "~/nowhere/resnet20.th"}
+    with pytest.raises(InputError, match=r"^backbone resnet20_cifar: backbone.checkpoint_path=~/nowhere/resnet20.th: "
+                                         rf"no file at {Path.home()}/nowhere/resnet20.th; set backbone.checkpoint_path="
+                                         r"<a weights file>, or backbone.pretrained=false$"):  # fmt: skip
+        preflight.check_sources(config(resnet))
+    preflight.check_sources(config({**resnet, "pretrained": False}))  # not read: no error
+    preflight.check_sources(config({**resnet, "checkpoint_path": "pkg://some_package/w.pth"}))  # the loader's

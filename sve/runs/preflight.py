@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError, OfflineError
 from sve.offline import endpoint_answers, hub_reachable
-from sve.paths import cache_root, xdg_cache
+from sve.paths import cache_root, missing_file, xdg_cache
 
 LOCAL = ("~", "/", ".")  # a name_or_path starting so is a local directory, never a Hub id
 
@@ -106,6 +106,11 @@ def backbone_needs(backbone: DictConfig) -> list[tuple[str, str, str, bool]]:
         if not timm_weights_cached(str(get("model_name"))):
             instead = "backbone.checkpoint_path=<a local weights file> or backbone.pretrained=false"
             needs.append((what, f"timm's pretrained weights of {get('model_name')}", instead, True))
+    checkpoint = get("checkpoint_path")  # a local weights file, read when pretrained (not a pkg:// one)
+    if checkpoint and get("pretrained") is not False and "://" not in str(checkpoint):
+        if not Path(str(checkpoint)).expanduser().is_file():
+            raise InputError(f"{what}: {missing_file('backbone.checkpoint_path', checkpoint, 'a weights file')}, "
+                             "or backbone.pretrained=false")  # fmt: skip
     return needs
 
 
