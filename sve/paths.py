@@ -78,6 +78,6 @@ def missing_file(key: str, value, what: str) -> str:
     tried = os.path.abspath(os.path.expanduser(text))
     relative = "" if os.path.isabs(os.path.expanduser(text)) else ", relative to the directory you run in"
     fixes = [f"{key}=<{what}>"]
-    if text.startswith(shared_text()):
+    if text.startswith(f"{shared_text()}/"):
         fixes.append(f"{SHARED_ENV}=<the folder of the shared weights and data> (default ../shared)")
     return f"{key}={text}: no file at {tried}{relative}; set " + ", or ".join(fixes)
