@@ -48,8 +48,10 @@ def wheel_env(tmp_path_factory):
                                    capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
     Path(site_packages, "tests-interpreter.pth").write_text("\n".join(ours) + "\n")
+    # --ignore-installed: the sve that the venv sees through that .pth file (an editable install, or a checkout's
+    # egg-info on PYTHONPATH) has the wheel's version, and pip would keep it instead of installing the wheel.
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                              "--no-build-isolation", str(wheel)],
+                              "--ignore-installed", "--no-build-isolation", str(wheel)],
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
     return root, python
