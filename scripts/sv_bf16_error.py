@@ -7,8 +7,8 @@ them), and report
 - the same two numbers for simply storing W in bf16 (what the frozen bf16 backbone already pays).
 
 Matrices: random Gaussian ones of LLaMA-2-7B's shapes (4096x4096 attention, 11008x4096 MLP; the SVD of the
-large one takes minutes on a laptop CPU, so it is opt-in with --llama-mlp) and, when
-``~/.cache/sve/smollm2_135m`` exists (``scripts/convert_smollm2.py``), real SmolLM2 weights.
+large one takes minutes on a laptop CPU, so it is opt-in with --llama-mlp) and, when ``smollm2_135m`` in the
+project's cache (``$XDG_CACHE_HOME/sve``) exists (``scripts/convert_smollm2.py``), real SmolLM2 weights.
 
 Usage: python scripts/sv_bf16_error.py [--sizes 1024 4096] [--llama-mlp]
 """
@@ -16,11 +16,11 @@ Usage: python scripts/sv_bf16_error.py [--sizes 1024 4096] [--llama-mlp]
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from sve.layers import SVLinear
+from sve.paths import cache_root
 
 
 def errors(W: torch.Tensor, n_inputs: int = 64) -> dict[str, float]:
@@ -62,7 +62,7 @@ def main() -> None:
         report(f"random Gaussian {n}x{n}", torch.randn(n, n) / n**0.5)
     if args.llama_mlp:
         report("random Gaussian (LLaMA-2-7B MLP)", torch.randn(11008, 4096) / 64)
-    smol = Path("~/.cache/sve/smollm2_135m/model.safetensors").expanduser()
+    smol = cache_root("smollm2_135m", "model.safetensors")
     if smol.exists():
         from safetensors.torch import load_file
 

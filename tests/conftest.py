@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import sve.runs.resolvers  # noqa: F401 - ${sve_cache:}, ${shared:}, ... before any config is composed
+from sve.paths import cache_root
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "sve" / "configs"
@@ -50,6 +55,44 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"needs {path} (the project's shared data, absent here)")
     return path
+
+
+def make_targets() -> dict[str, str]:
+    """{path in the project's cache: the make target that installs it}, read from the Makefile's help texts
+    ("... into $XDG_CACHE_HOME/sve/<path>"), so the Makefile stays the one place that says which target installs
+    what."""
+    found = re.findall(r"^([\w-]+):.*## .*\$XDG_CACHE_HOME/sve/([\w./-]+)", (ROOT / "Makefile").read_text(), re.M)
+    return {path.rstrip("."): target for target, path in found}
+
+
+def installed(*parts: str) -> Path:
+    """A path in the project's cache that a make target installs (MPNet's weights: make mpnet; the CIFAR-10
+    JPEGs: make mini-data), or a skip naming the target: a fresh machine has none of them."""
+    path = cache_root(*parts)
+    if not path.exists():
+        relative = "/".join(parts)
+        target = next((t for p, t in make_targets().items() if relative == p or relative.startswith(f"{p}/")), None)
+        pytest.skip(f"needs {path} ({f'`make {target}` installs it' if target else 'no make target installs it'})")
+    return path
+
+
+def skip_unless_installed(cfg) -> None:
+    """Skips, naming the make target, when the config's backbone or dataset reads a path in the project's cache
+    that is not there."""
+    root = cache_root().resolve()
+
+    def strings(node):
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    for group in ("backbone", "dataset"):
+        for value in strings(OmegaConf.to_container(cfg[group], resolve=True)) if group in cfg else []:
+            path = Path(value).expanduser().resolve()
+            if path.is_relative_to(root):
+                installed(*path.relative_to(root).parts)
 
 
 def config_options(group: str) -> list[str]:

@@ -1,16 +1,15 @@
 """The added backbones: CIFAR ResNets, random ViT-S, LLaMA-2-7B settings (bf16 + checkpointing, on a tiny
 config), SmolLM2 from its converted cache, and the bf16 cost of SVE's factors."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone
+from sve.errors import InputError
 from sve.layers import SVLinear
 from sve.methods.sve import SVE
 from sve.runs.run import instantiate
-from tests.conftest import compose_cfg, shared_path
+from tests.conftest import compose_cfg, installed, shared_path
 
 TINY_LLAMA = "{model_type: llama, vocab_size: 193, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64, max_position_embeddings: 256, pad_token_id: 0}"  # noqa: E501
 
@@ -47,7 +46,8 @@ def test_pretrained_resnet_head_is_reused_only_for_its_own_task():
 
 
 def test_resnet_missing_checkpoint_names_key_and_layout():
-    with pytest.raises(FileNotFoundError, match=r"resnet20_cifar.*backbone.checkpoint_path.*module.conv1.weight"):
+    with pytest.raises(InputError, match=r"resnet20_cifar: backbone.checkpoint_path=/nonexistent/resnet20.th: no file "
+                                         r"at /nonexistent/resnet20.th; set .*module.conv1.weight"):  # fmt: skip
         ResNetCIFARBackbone(20, ["conv1"], checkpoint_path="/nonexistent/resnet20.th")
 
 
@@ -105,9 +105,7 @@ def test_smollm2_missing_cache_names_the_script():
 
 @pytest.mark.slow
 def test_smollm2_loads_from_the_converted_cache_without_gguf(monkeypatch):
-    model_dir = Path("~/.cache/sve/smollm2_135m").expanduser()
-    if not (model_dir / "config.json").exists():
-        pytest.skip(f"needs {model_dir}: run `python scripts/convert_smollm2.py` first")
+    installed("smollm2_135m", "config.json")
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # importing gguf would now fail
     backbone = instantiate(compose_cfg(["backbone=smollm2_135m"]).backbone)
     assert backbone.feature_dim == 576 and len(backbone.model.model.layers) == 30

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -26,7 +27,8 @@ def files_under(path: Path) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def wheel_env(tmp_path_factory):
-    """A venv (seeing this machine's packages, so nothing is downloaded) with the wheel of this checkout."""
+    """A venv (seeing the packages of the interpreter running the tests, so nothing is downloaded) with the wheel
+    of this checkout."""
     root = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools builds in the source tree (build/, *.egg-info), which must stay untouched.
     source = root / "source"
@@ -36,10 +38,20 @@ def wheel_env(tmp_path_factory):
                             str(root / "dist"), str(source)], capture_output=True, text=True, timeout=600)  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next((root / "dist").glob("singular_value_ensembles-*.whl"))
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    venv.EnvBuilder(with_pip=False).create(root / "venv")
     python = root / "venv" / "bin" / "python"
+    # The packages of the interpreter running the tests, not those of its base interpreter (which
+    # system_site_packages would give): in a venv the dependencies are installed there. Listed as plain paths,
+    # after the venv's own site-packages, so the wheel's sve wins over an editable one and its .pth files are
+    # not run.
+    site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                   capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    Path(site_packages, "tests-interpreter.pth").write_text("\n".join(ours) + "\n")
+    # --ignore-installed: the sve that the venv sees through that .pth file (an editable install, or a checkout's
+    # egg-info on PYTHONPATH) has the wheel's version, and pip would keep it instead of installing the wheel.
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                              "--no-build-isolation", str(wheel)],
+                              "--ignore-installed", "--no-build-isolation", str(wheel)],
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
     return root, python

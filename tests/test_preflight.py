@@ -22,7 +22,7 @@ def caches(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setattr(preflight, "DATA_CACHE", tmp_path / "data")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the project's cache: xdg/sve
     monkeypatch.setattr(preflight, "hub_reachable", lambda: False)
     monkeypatch.setattr(preflight, "network_reachable", lambda: False)
     return tmp_path
@@ -50,14 +50,14 @@ def test_offline_every_missing_source_is_named_in_one_error(caches):
 
 
 def test_what_is_on_disk_is_not_named(caches):
-    hub = caches / "hf" / "hub"
+    hub, data = caches / "hf" / "hub", caches / "xdg" / "sve" / "data"
     (hub / "models--timm--vit_small_patch16_224.dino" / "snapshots" / "abc").mkdir(parents=True)
-    (caches / "data" / "flowers102" / "flowers-102").mkdir(parents=True)
+    (data / "flowers102" / "flowers-102").mkdir(parents=True)
     with pytest.raises(OfflineError, match="flowers102"):  # empty folders (a failed download) are not data
         preflight.check_sources(config(TIMM, FLOWERS))
-    (caches / "data" / "flowers102" / "flowers-102" / "setid.mat").write_bytes(b"")
+    (data / "flowers102" / "flowers-102" / "setid.mat").write_bytes(b"")
     preflight.check_sources(config(TIMM, FLOWERS))  # the data module decides what else is missing
-    local = {**FLOWERS, "root": str(caches / "data" / "flowers102")}
+    local = {**FLOWERS, "root": str(data / "flowers102")}
     preflight.check_sources(config({**TIMM, "pretrained": False}, local))
 
 
@@ -119,3 +119,14 @@ def test_the_offline_headline_answers_before_torch_is_imported(tmp_path):
     assert len(errors) == 1 and "Traceback" not in proc.stderr
     assert "backbone.checkpoint_path=" in errors[0] and "dataset.root=" in errors[0]
     assert "torch" not in imported and "pytorch_lightning" not in imported
+
+
+def test_a_missing_checkpoint_file_is_one_error_naming_the_key_unless_unused(caches, monkeypatch):
+    monkeypatch.setattr(preflight, "hub_reachable", lambda: pytest.fail("asked the network"))
+    resnet = {"name": "resnet20_cifar", "pretrained": True, "checkpoint_path": "~/nowhere/resnet20.th"}
+    with pytest.raises(InputError, match=r"^backbone resnet20_cifar: backbone.checkpoint_path=~/nowhere/resnet20.th: "
+                                         rf"no file at {Path.home()}/nowhere/resnet20.th; set backbone.checkpoint_path="
+                                         r"<a weights file>, or backbone.pretrained=false$"):  # fmt: skip
+        preflight.check_sources(config(resnet))
+    preflight.check_sources(config({**resnet, "pretrained": False}))  # not read: no error
+    preflight.check_sources(config({**resnet, "checkpoint_path": "pkg://some_package/w.pth"}))  # the loader's

@@ -9,10 +9,10 @@ import torch
 
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone, load_checkpoint
 from sve.data import CIFAR10Data
+from sve.paths import cache_root
 from sve.runs.run import run
-from tests.conftest import compose_cfg, shared_path
+from tests.conftest import compose_cfg, installed, shared_path
 
-CACHE = Path("~/.cache/sve/data/cifar10_jpg").expanduser()
 CHECKPOINTS = {20: "resnet20-12fca82f.th", 32: "resnet32-d509ac18.th", 44: "resnet44-014dd654.th",
                56: "resnet56-4bfd9763.th"}  # fmt: skip
 
@@ -21,8 +21,9 @@ CHECKPOINTS = {20: "resnet20-12fca82f.th", 32: "resnet32-d509ac18.th", 44: "resn
 def cifar10_tree(tmp_path_factory) -> Path:
     """The JPEG CIFAR-10 as an ImageFolder tree: the user's unpacked cache if complete, else unpacked here."""
     archive = shared_path("data", "cifar10_jpg.tar.gz")
-    if all(len(list((CACHE / "test").glob(f"{c}/*.jpg"))) == 1000 for c in ("airplane", "truck")):
-        return CACHE
+    cache = cache_root("data", "cifar10_jpg")  # make mini-data
+    if all(len(list((cache / "test").glob(f"{c}/*.jpg"))) == 1000 for c in ("airplane", "truck")):
+        return cache
     out = tmp_path_factory.mktemp("cifar10_jpg")
     with tarfile.open(archive) as tar:
         tar.extractall(out, filter="data")
@@ -70,9 +71,7 @@ def test_sve_resnet20_cifar10_cpu_run(cifar10_tree, tmp_path):
 
 @pytest.mark.slow
 def test_sve_smollm2_arc_easy_cpu_run(tmp_path):
-    model_dir = Path("~/.cache/sve/smollm2_135m").expanduser()
-    if not (model_dir / "config.json").exists():
-        pytest.skip(f"needs {model_dir}: run `python scripts/convert_smollm2.py` first")
+    installed("smollm2_135m", "config.json")
     root = shared_path("data", "arc_easy")
     cfg = compose_cfg(["method=sve", "backbone=smollm2_135m", "dataset=arc_easy", f"dataset.root={root}",
                        "backbone.target_modules=['layers\\.29\\.self_attn\\.(q|v)_proj']",

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
+import sve.runs.resolvers  # noqa: F401 - ${sve_cache:} in svd_cache's default, resolved below
 from sve.api.module_backbone import ARG, ModuleBackbone, to_batch
 from sve.backbones.base import Backbone
 from sve.errors import InputError
@@ -53,7 +54,7 @@ def method_names() -> list[str]:
 
 def method_class_and_defaults(method: str) -> tuple[type, dict]:
     """The class of ``method`` and its config's defaults: environment defaults resolved (``svd_cache`` is
-    ``$SVE_SVD_CACHE`` or ``~/.cache/sve/svd``, as for ``train.py``), values taken from a run's recipe
+    ``$SVE_SVD_CACHE`` or ``$XDG_CACHE_HOME/sve/svd``, as for ``train.py``), values taken from a run's recipe
     (``sigma_init``) left to the class's own default."""
     cfg = method_config(method)
     module, _, name = cfg._target_.rpartition(".")

