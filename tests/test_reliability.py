@@ -252,6 +252,14 @@ def test_divergence_names_the_step_and_learning_rate(tmp_path):
     assert not (tmp_path / "results.json").exists()
 
 
+def test_divergence_names_the_configured_learning_rate_beside_the_scheduled_one(tmp_path):
+    # Found at the last step of a cosine schedule, whose rate is 0 there: the message said "learning rate 0",
+    # not the configured 1e6 that caused it.
+    with pytest.raises(TrainingDiverged, match=r"after optimiser step 3 \(epoch 0\) with learning rate 0 \(scheduled "
+                                               r"at this step; configured 1e\+06\)"):
+        run(compose_cfg(["optimizer.lr=1e6"], tmp_path))
+
+
 def test_non_finite_inputs_are_the_data_s_fault(tmp_path, monkeypatch):
     from sve.data.synthetic import SyntheticImageData
 
