@@ -138,6 +138,10 @@ def distill_run(argv: list[str]) -> dict:
     run_dir = Path(options["run_dir"]).expanduser()
     teacher_cfg, _, teacher_module, _ = load_run(run_dir, trainer=False)  # the teacher only predicts
     teacher = teacher_module.method.eval()
+    if options["objective"] == "dirichlet" and teacher.num_members() < 2:  # one probability vector: no spread to fit
+        raise InputError(f"objective=dirichlet fits a Dirichlet to the spread of the teacher's members and needs at "
+                         f"least 2; run_dir={run_dir} (method={teacher_cfg.method.name}) predicts with "
+                         f"{teacher.num_members()} member(s); use objective=mean, or distil an ensemble's run")
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
     check_accelerator(student_cfg, instead=ON_THE_CPU)  # the student is evaluated by a trainer of this config
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
