@@ -49,6 +49,7 @@ from sve.runs.results import command_line, git_commit, numerics, package_version
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.runs.validate import check_accelerator
 from sve.training.distill import check_objective, dirichlet_samples, distill
+from sve.training.loops import stopped_by_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,9 @@ def distill_run(argv: list[str]) -> dict:
     trainer = make_trainer(student_cfg, logger=False, callbacks=[])
     student_data.distribute(trainer.world_size, trainer.global_rank)
     student_data.order_seed = int(student_cfg.seed)
-    evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
-                          **prediction_options(student_cfg))  # fmt: skip
+    with stopped_by_sigterm(f"distillation into {out}"):
+        evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
+                              **prediction_options(student_cfg))  # fmt: skip
     batches = [to_device(b, device) for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
     student.to(device)  # Lightning's evaluation may have moved the student back
     cost = {"teacher": {"members": teacher.num_members(), **teacher.parameter_counts(),

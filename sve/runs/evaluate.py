@@ -57,6 +57,7 @@ from sve.runs.rundir import claim
 from sve.runs.validate import accepted_keys, check_accelerator, check_values
 from sve.runs.writable import check_writable
 from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
+from sve.training.loops import stopped_by_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -415,8 +416,9 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
         datamodule.distribute(trainer.world_size, trainer.global_rank)
         datamodule.order_seed = int(cfg.seed)
         save_to = PREDICTIONS if update_results else f"{EVALUATIONS}/{name}/{PREDICTIONS}"
-        evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
-                              **prediction_options(cfg))  # fmt: skip
+        with stopped_by_sigterm(f"evaluation of {run_dir}"):
+            evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
+                                  **prediction_options(cfg))  # fmt: skip
         record = {
             "name": name,
             "method": cfg.method.name,
