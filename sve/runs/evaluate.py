@@ -17,7 +17,8 @@ naming the key, its value and the valid keys, and the commit that trained the ru
 ``git_commit``) to check out; so is an unreadable results.json, config.yaml or checkpoint, naming the file.
 
 Every other argument overrides the run's config for the evaluation: ``dataset=<option>`` swaps in another
-option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run), a dotted
+option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run; the keys that
+shape the model, its data module's ``model_keys``, keep the run's values: ``keep_own_values``), a dotted
 ``key=value`` changes one value (``dataset.corruptions=all`` adds the shift sets, ``dataset.root=...`` points
 at the data), ``+key=value`` adds one and ``~key`` removes one. ``experiment`` and ``recipe`` cannot be swapped:
 they decide the training. Options of one's own config folder are found as sve-train finds them:
@@ -153,13 +154,38 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         elif (CONFIGS / key).is_dir():
             if not isinstance(override.value(), str):
                 raise InputError(f"{key}={override.value()!r}: expected an option of configs/{key}/")
-            cfg[key] = group_option(key, override.value(), searchpath)
+            option = group_option(key, override.value(), searchpath)
+            if key == "dataset":
+                given = {o.key_or_group.split(".", 2)[1] for o in parsed if o.key_or_group.startswith("dataset.")}
+                option = keep_own_values(cfg, option, given)
+            cfg[key] = option
         else:
             adding = override.is_add() or override.is_force_add()
             if OmegaConf.select(cfg, key, default=absent) is absent and not adding:
                 raise InputError(f"{key}: not a key of the run's config; +{key}=... adds it")
             OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
     return cfg
+
+
+def keep_own_values(cfg: DictConfig, option: DictConfig, given: set[str]) -> DictConfig:
+    """``option`` (the dataset option swapped in) with the run's own values of the keys that shape the model
+    (its data module's ``model_keys``: ARC's ``scoring`` sets what the head reads), unless the evaluation's command
+    line gives them (``given``). Composed afresh, ``dataset=arc_challenge`` dropped ``dataset.scoring=cloze`` of
+    ``experiment=mini_arc_smollm2`` and rebuilt another head than the checkpoint's. Everything else of the option
+    is its own (its files, sizes, subsets). One warning names what was kept."""
+    try:
+        model_keys = getattr(locate(str(option.get("_target_"))), "model_keys", ())
+    except (ImportError, AttributeError):  # check_targets names it
+        return option
+    own = cfg.get("dataset") or {}
+    kept = {k: own[k] for k in model_keys if k in own and k in option and k not in given and own[k] != option[k]}
+    if kept:
+        option = copy.deepcopy(option)
+        for k, v in kept.items():
+            option[k] = v
+        log.warning("dataset=%s keeps the run's %s: it shapes the trained model", option.get("name"),
+                    ", ".join(f"dataset.{k}={v}" for k, v in kept.items()))  # fmt: skip
+    return option
 
 
 def config_dir_as_searchpath(argv: list[str]):
@@ -314,6 +340,13 @@ def mismatch_cause(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> str:
     if changed:
         return (f"the overrides change the model: {', '.join(changed)}. An evaluation keeps the model as it was "
                 "trained; drop those overrides")
+    # The data module shapes the model too (its classes, ARC's scoring): name the dataset keys that differ.
+    evaluated, own = (OmegaConf.to_container(c.dataset, resolve=False) for c in (cfg, trained))
+    data = [f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in sorted(set(evaluated) | set(own))
+            if k != "name" and evaluated.get(k) != own.get(k)]  # fmt: skip
+    if data:
+        return (f"the evaluated dataset differs from the trained one in {', '.join(data[:6])}; one of them shapes "
+                "the model (e.g. dataset.scoring): give it its trained value")
     return f"the run's own config no longer builds the model its checkpoint holds; {rebuild_hint(run_dir)}"
 
 
