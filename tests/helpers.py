@@ -53,8 +53,9 @@ class Crash(pl.Callback):
 class KillAt(pl.Callback):
     """SIGKILLs its own process at one point of training, once (the marker file makes the rerun go through):
     ``point`` is ``step:N`` (after training batch N, 0-based, before that step's checkpoint), ``epoch:N`` (at
-    the start of epoch N, after the previous epoch-end checkpoint) or ``validation:N`` (in epoch N's
-    validation). ``signal`` may be ``SIGTERM`` instead."""
+    the start of epoch N, after the previous epoch-end checkpoint), ``validation:N`` (in epoch N's
+    validation) or ``test_end:N`` (in the last batch of evaluation pass N, 0-based: Lightning stops a pass at
+    SIGTERM after any other batch). ``signal`` may be ``SIGTERM`` instead."""
 
     def __init__(self, point: str, marker: str, signal: str = "SIGKILL"):
         self.kind, self.value = point.split(":")[0], int(point.split(":")[1])
@@ -78,4 +79,12 @@ class KillAt(pl.Callback):
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self.kind == "validation" and trainer.current_epoch == self.value and not trainer.sanity_checking:
+            self._kill()
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.passes = getattr(self, "passes", -1) + 1
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        last = batch_idx == trainer.num_test_batches[dataloader_idx] - 1
+        if self.kind == "test_end" and self.passes == self.value and last:
             self._kill()

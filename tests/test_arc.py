@@ -180,3 +180,29 @@ def test_failed_hub_download_names_key_and_layout(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(InputError, match=r"arc_easy.*allenai/ai2_arc.*dataset\.root.*ARC-Easy-"):
         ARCEasyData(root=None).load_splits()
+
+
+def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, caplog):
+    # sve-eval dataset=arc_challenge on a run of experiment=mini_arc_smollm2 rebuilt the letter head (the option's
+    # default scoring): "the checkpoint was written by another model ... method.heads.weight".
+    import logging
+
+    from sve.runs.evaluate import evaluate_run
+
+    _write_arc(tmp_path / "easy")
+    _write_arc(tmp_path / "challenge", copies=2, subset="ARC-Challenge")
+    run_dir = tmp_path / "run"
+    run(compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'easy'}", "method=sve",
+                                       "dataset.scoring=cloze", "ensemble_size=2", "dataset.batch_size=4",
+                                       "dataset.max_length=64", "callbacks=default"], run_dir))  # fmt: skip
+    challenge = ["dataset=arc_challenge", f"dataset.root={tmp_path / 'challenge'}"]
+    with caplog.at_level(logging.WARNING, logger="sve.runs.evaluate"):
+        record = evaluate_run(run_dir, challenge)
+    assert record["dataset"] == "arc_challenge" and record["metrics"]["test/examples"] == 2  # 2 debug batches of 1
+    evaluated = record["config"]["dataset"]  # the option's own values but the one that shapes the model
+    assert (evaluated["scoring"], evaluated["max_length"], evaluated["hub_config"]) == ("cloze", 512, "ARC-Challenge")
+    assert [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()] == \
+        ["dataset=arc_challenge keeps the run's dataset.scoring=cloze: it shapes the trained model"]  # fmt: skip
+    # What the command line gives wins; the checkpoint then refuses the model, naming the key that differs.
+    with pytest.raises(InputError, match=r"does not fit the model .* dataset.scoring=letters \(trained with cloze\)"):
+        evaluate_run(run_dir, [*challenge, "dataset.scoring=letters"])

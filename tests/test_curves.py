@@ -42,3 +42,20 @@ def test_a_curve_records_its_steps_and_does_not_change_training(tmp_path):
 def test_val_batches_scores_a_fixed_prefix(tmp_path):
     results = run(compose_cfg(RUN + CURVE + ["++callbacks.curve.val_batches=1"], tmp_path))
     assert {p["examples"] for p in results["curve"]["points"]} == {8}
+
+
+def test_debug_scores_two_batches_of_every_set_and_every_curve_point(tmp_path, caplog):
+    # trainer=debug scored the whole validation split at every curve point (ARC-Easy: 15 minutes, no word).
+    import logging
+
+    import numpy as np
+
+    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "callbacks=default",
+                 "dataset.num_val=80", "dataset.num_test=80", "dataset.corruptions=[contrast]",
+                 "dataset.severities=[2]"]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="sve.runs.evaluation"):
+        results = run(compose_cfg(overrides, tmp_path))  # trainer=debug: limit_val_batches=limit_test_batches=2
+    assert {p["examples"] for p in results["curve"]["points"]} == {16}  # 2 batches of 8, not 80
+    for name in ("val", "test", "shift/contrast/2"):
+        assert len(np.load(tmp_path / "predictions" / f"{name}.npz")["labels"]) == 16, name
+    assert "scoring shift/contrast/2 (set 3 of 3): 2 batch(es)" in caplog.text  # progress without a bar

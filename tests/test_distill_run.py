@@ -216,3 +216,13 @@ def test_unlabeled_inputs_are_the_training_splits_next_ones_and_bounded(teacher,
         distill_run([f"run_dir={teacher}", "unlabeled=1", f"out={tmp_path / 'w'}"])
     with pytest.raises(InputError, match=r"unlabeled='some' is not valid; expected an integer"):
         distill_run([f"run_dir={teacher}", "unlabeled=some"])
+
+
+def test_a_dirichlet_student_of_one_member_is_refused(tmp_path):
+    # A Dirichlet fitted to one member's probabilities has no spread to learn; it was built without a word.
+    single = tmp_path / "single"
+    run(compose_cfg(["method=single", "trainer.max_epochs=1", *TINY], single))
+    with pytest.raises(InputError, match=rf"objective=dirichlet .* needs at least 2; run_dir={single} "
+                                         r"\(method=single\) predicts with 1 member\(s\); use objective=mean"):
+        distill_run([f"run_dir={single}", "objective=dirichlet", "epochs=1", f"out={tmp_path / 'student'}"])
+    assert not (tmp_path / "student").exists()

@@ -187,3 +187,40 @@ def test_original_weights_are_freed_after_wrapping():
 
     gc.collect()
     assert method.sv_layers() and all(r() is None for r in refs)
+
+
+# The CPU evaluates one member per pass (members_at_once=auto, batch 8): M passes, which a plan counted one by one.
+HUGE = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "trainer=cpu"]
+
+
+def test_the_evaluation_plan_of_two_passes_equals_the_plan_of_every_pass(monkeypatch):
+    # Every pass after the second holds what the second does: the two-pass plan's numbers are those of all M.
+    short = P.plan(config([*HUGE, "ensemble_size=12"]), alternatives=False)
+    monkeypatch.setattr(P, "two_passes", lambda method: method.logits_in_passes)
+    every = P.plan(config([*HUGE, "ensemble_size=12"]), alternatives=False)
+    assert short.eval == every.eval and short.eval["peak"] > 0
+
+
+def test_a_huge_ensemble_is_planned_in_a_few_passes_and_an_impossible_one_refused(monkeypatch):
+    # plan=true ensemble_size=1000000 ran for hours: M heads built as M nn.Linear on fake tensors (3.6 ms each),
+    # and M evaluation passes.
+    import time
+
+    from sve.backbones.timm_vit import TimmBackbone
+
+    forward, calls = TimmBackbone.forward, []
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        assert len(calls) <= 8, "the plan runs the backbone once per member"
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(TimmBackbone, "forward", counted)
+    start = time.perf_counter()
+    p = P.plan(config([*HUGE, "ensemble_size=20000", "plan_memory_gib=24", "trainer.accelerator=cpu"]))
+    assert time.perf_counter() - start < 60 and len(calls) <= 8
+    assert p.stored["trainable parameters"] >= 20000 * (4 * 32 + 4) * 4  # the heads alone: (M, C, D) and (M, C)
+    M = 10**12
+    with pytest.raises(InputError, match=rf"ensemble_size={M} cannot run in .*: the member logits of one evaluation "
+                                         rf"batch \({M} x 8 x 4 float32\) alone take .* GiB; at most \d+ members"):
+        P.plan(config([*HUGE, f"ensemble_size={M}"]))

@@ -89,6 +89,93 @@ def test_sigterm_ends_train_py_with_143_and_one_line(tmp_path):
     assert not (run_dir / "results.json").exists() and (run_dir / "checkpoints" / "last.ckpt").exists()
 
 
+# A command run in a process of its own whose validation and test batches take SLOW_BATCH seconds each when
+# SVE_TEST_SLOW names a marker file (touched at the first such batch): scoring long enough to be stopped in it.
+SLOW_BATCH = 1.0
+SLOWED = """
+import os, pathlib, sys, time
+from sve.training.module import EnsembleModule
+marker = pathlib.Path(os.environ["SVE_TEST_SLOW"])
+def slowed(method):
+    def slow(self, *args, **kwargs):
+        marker.touch()
+        time.sleep({pause})
+        return method(self, *args, **kwargs)
+    return slow
+EnsembleModule.val_predictive = slowed(EnsembleModule.val_predictive)
+EnsembleModule.test_step = slowed(EnsembleModule.test_step)
+from sve.cli.{command} import main
+main()
+"""
+
+
+def stopped_in_scoring(command: str, args: list[str], marker: Path) -> tuple[int, float, str]:
+    """(exit status, seconds from SIGTERM to exit, stderr) of ``command`` (train or evaluate) stopped once it
+    scores its first slowed batch."""
+    import os
+    import time
+
+    code = SLOWED.format(pause=SLOW_BATCH, command=command)
+    process = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.DEVNULL, env={**os.environ, "SVE_TEST_SLOW": str(marker)})
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate(timeout=60)[1][-3000:]
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+        return process.returncode, time.monotonic() - sent, stderr
+    finally:
+        process.kill()
+
+
+def test_sigterm_in_a_learning_curve_point_ends_the_run_within_seconds_and_it_resumes(tmp_path):
+    # trainer=debug on ARC-Easy: a curve point scored the whole validation split (570 questions) before the run
+    # looked at the signal again; SIGTERM took more than 60 s. Here a point is 20 batches of 1 s.
+    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "trainer=cpu",
+                 "trainer.max_epochs=1", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=0",
+                 "callbacks=default", "dataset.num_val=160", "+trainer.enable_progress_bar=false"]  # fmt: skip
+    run_dir = tmp_path / "run"
+    status, seconds, stderr = stopped_in_scoring("train", [*overrides, f"hydra.run.dir={run_dir}"],
+                                                 tmp_path / "scoring")  # fmt: skip
+    assert status == 128 + signal.SIGTERM, stderr[-3000:]
+    assert seconds < 10, seconds
+    assert stderr.strip().splitlines()[-1].startswith(f"error: run in {run_dir} stopped by SIGTERM")
+    assert not (run_dir / "results.json").exists()
+    assert run(compose_cfg(overrides, run_dir))["curve"]["points"][0]["examples"] == 160  # the same command goes on
+
+
+def test_sigterm_ends_a_re_evaluation_with_143_not_0(tmp_path):
+    # sve-eval stopped in scoring exited 0, as if it had finished: Lightning's stop is a SystemExit without a code.
+    run_dir = tmp_path / "run"
+    run(compose_cfg(["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default",
+                     "dataset.num_test=200"], run_dir))  # fmt: skip
+    args = [f"run_dir={run_dir}", "trainer.limit_test_batches=null"]
+    status, seconds, stderr = stopped_in_scoring("evaluate", args, tmp_path / "scoring")
+    assert status == 128 + signal.SIGTERM and seconds < 10, (status, seconds, stderr[-3000:])
+    assert stderr.strip().splitlines()[-1].startswith(f"error: evaluation of {run_dir} stopped by SIGTERM")
+    from sve.runs.evaluate import evaluate_run
+
+    assert evaluate_run(run_dir, ["trainer.limit_test_batches=null"])["metrics"]["test/examples"] == 200
+
+
+def test_sigterm_in_the_last_batch_of_an_evaluation_set_stops_before_the_next(tmp_path):
+    # Lightning looks at the signal after every test batch but a pass's last, and forgets it at its next call:
+    # the run went on through every set after it and wrote results.json.
+    from sve.errors import RunInterrupted
+
+    overrides = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default",
+                 "+callbacks.kill._target_=tests.helpers.KillAt", "+callbacks.kill.point=test_end:0",
+                 f"+callbacks.kill.marker={tmp_path / 'killed'}", "+callbacks.kill.signal=SIGTERM"]  # fmt: skip
+    with pytest.raises(RunInterrupted, match="stopped by SIGTERM"):
+        run(compose_cfg(overrides, tmp_path / "run"))
+    assert not (tmp_path / "run" / "results.json").exists()
+    resumed = run(compose_cfg(overrides, tmp_path / "run"))
+    assert resumed["resumed_from"] == str(tmp_path / "run" / "checkpoints" / "last.ckpt")
+
+
 def crashed_run(tmp_path, *extra):
     """A run that crashed after 4 training batches (its checkpoint holds step 3)."""
     overrides = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default",
@@ -250,6 +337,14 @@ def test_divergence_names_the_step_and_learning_rate(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"diverged: .* step \d+ \(epoch 0\) with learning rate \d\S*e\+(19|20)"):
         run(cfg)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_divergence_names_the_configured_learning_rate_beside_the_scheduled_one(tmp_path):
+    # Found at the last step of a cosine schedule, whose rate is 0 there: the message said "learning rate 0",
+    # not the configured 1e6 that caused it.
+    with pytest.raises(TrainingDiverged, match=r"after optimiser step 3 \(epoch 0\) with learning rate 0 \(scheduled "
+                                               r"at this step; configured 1e\+06\)"):
+        run(compose_cfg(["optimizer.lr=1e6"], tmp_path))
 
 
 def test_non_finite_inputs_are_the_data_s_fault(tmp_path, monkeypatch):

@@ -60,6 +60,9 @@ class ClassificationData(pl.LightningDataModule):
 
     modality: str  # "image" or "text"; must match the backbone's
     num_classes: int
+    # Arguments that change the model built on this data (what ``attach`` makes the backbone's features, so the
+    # heads' shapes): ``sve-eval`` with another dataset option keeps the trained run's values of these.
+    model_keys: tuple[str, ...] = ()
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 from sve.backbones.base import Backbone
 from sve.errors import InputError
@@ -59,6 +60,10 @@ class MemberHeads(nn.Module):
 
     def __init__(self, ensemble_size: int, in_features: int, num_classes: int):
         super().__init__()
+        if is_fake(torch.empty(0)):  # a memory plan (sve.runs.plan): shapes only, no draws, no Python loop over M
+            self.weight = nn.Parameter(torch.empty(ensemble_size, num_classes, in_features))
+            self.bias = nn.Parameter(torch.empty(ensemble_size, num_classes))
+            return
         heads = [nn.Linear(in_features, num_classes) for _ in range(ensemble_size)]
         self.weight = nn.Parameter(torch.stack([h.weight.detach() for h in heads]))  # (M, C, D)
         self.bias = nn.Parameter(torch.stack([h.bias.detach() for h in heads]))  # (M, C)

@@ -49,6 +49,7 @@ from sve.runs.results import command_line, git_commit, numerics, package_version
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.runs.validate import check_accelerator
 from sve.training.distill import check_objective, dirichlet_samples, distill
+from sve.training.loops import stopped_by_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,10 @@ def distill_run(argv: list[str]) -> dict:
     run_dir = Path(options["run_dir"]).expanduser()
     teacher_cfg, _, teacher_module, _ = load_run(run_dir, trainer=False)  # the teacher only predicts
     teacher = teacher_module.method.eval()
+    if options["objective"] == "dirichlet" and teacher.num_members() < 2:  # one probability vector: no spread to fit
+        raise InputError(f"objective=dirichlet fits a Dirichlet to the spread of the teacher's members and needs at "
+                         f"least 2; run_dir={run_dir} (method={teacher_cfg.method.name}) predicts with "
+                         f"{teacher.num_members()} member(s); use objective=mean, or distil an ensemble's run")
     student_cfg = apply_overrides(teacher_cfg, [f"method={options['student']}", "ensemble_size=1", *overrides])
     check_accelerator(student_cfg, instead=ON_THE_CPU)  # the student is evaluated by a trainer of this config
     out = Path(options["out"] or run_dir / "distilled" / f"{options['objective']}_{options['student']}").expanduser()
@@ -179,8 +184,9 @@ def distill_run(argv: list[str]) -> dict:
     trainer = make_trainer(student_cfg, logger=False, callbacks=[])
     student_data.distribute(trainer.world_size, trainer.global_rank)
     student_data.order_seed = int(student_cfg.seed)
-    evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
-                          **prediction_options(student_cfg))  # fmt: skip
+    with stopped_by_sigterm(f"distillation into {out}"):
+        evaluation = evaluate(trainer, student_module, student_data, out, int(student_cfg.seed),
+                              **prediction_options(student_cfg))  # fmt: skip
     batches = [to_device(b, device) for _, b in zip(range(COST_BATCHES), student_data.evaluation_loader("test"))]
     student.to(device)  # Lightning's evaluation may have moved the student back
     cost = {"teacher": {"members": teacher.num_members(), **teacher.parameter_counts(),

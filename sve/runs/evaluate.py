@@ -17,7 +17,8 @@ naming the key, its value and the valid keys, and the commit that trained the ru
 ``git_commit``) to check out; so is an unreadable results.json, config.yaml or checkpoint, naming the file.
 
 Every other argument overrides the run's config for the evaluation: ``dataset=<option>`` swaps in another
-option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run), a dotted
+option of ``configs/dataset`` (with the same classes, e.g. ``cifar100_c`` for a CIFAR-100 run; the keys that
+shape the model, its data module's ``model_keys``, keep the run's values: ``keep_own_values``), a dotted
 ``key=value`` changes one value (``dataset.corruptions=all`` adds the shift sets, ``dataset.root=...`` points
 at the data), ``+key=value`` adds one and ``~key`` removes one. ``experiment`` and ``recipe`` cannot be swapped:
 they decide the training. Options of one's own config folder are found as sve-train finds them:
@@ -57,6 +58,7 @@ from sve.runs.rundir import claim
 from sve.runs.validate import accepted_keys, check_accelerator, check_values, root_keys
 from sve.runs.writable import check_writable
 from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
+from sve.training.loops import stopped_by_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,11 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         elif (CONFIGS / key).is_dir():
             if not isinstance(override.value(), str):
                 raise InputError(f"{key}={override.value()!r}: expected an option of configs/{key}/")
-            cfg[key] = group_option(key, override.value(), searchpath)
+            option = group_option(key, override.value(), searchpath)
+            if key == "dataset":
+                given = {o.key_or_group.split(".", 2)[1] for o in parsed if o.key_or_group.startswith("dataset.")}
+                option = keep_own_values(cfg, option, given)
+            cfg[key] = option
         else:
             adding = override.is_add() or override.is_force_add()
             if OmegaConf.select(cfg, key, default=absent) is absent and not adding:
@@ -164,6 +170,27 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
                                  f"reads it; the top-level keys are: {', '.join(known)}")  # fmt: skip
             OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
     return cfg
+
+
+def keep_own_values(cfg: DictConfig, option: DictConfig, given: set[str]) -> DictConfig:
+    """``option`` (the dataset option swapped in) with the run's own values of the keys that shape the model
+    (its data module's ``model_keys``: ARC's ``scoring`` sets what the head reads), unless the evaluation's command
+    line gives them (``given``). Composed afresh, ``dataset=arc_challenge`` dropped ``dataset.scoring=cloze`` of
+    ``experiment=mini_arc_smollm2`` and rebuilt another head than the checkpoint's. Everything else of the option
+    is its own (its files, sizes, subsets). One warning names what was kept."""
+    try:
+        model_keys = getattr(locate(str(option.get("_target_"))), "model_keys", ())
+    except (ImportError, AttributeError):  # check_targets names it
+        return option
+    own = cfg.get("dataset") or {}
+    kept = {k: own[k] for k in model_keys if k in own and k in option and k not in given and own[k] != option[k]}
+    if kept:
+        option = copy.deepcopy(option)
+        for k, v in kept.items():
+            option[k] = v
+        log.warning("dataset=%s keeps the run's %s: it shapes the trained model", option.get("name"),
+                    ", ".join(f"dataset.{k}={v}" for k, v in kept.items()))  # fmt: skip
+    return option
 
 
 def config_dir_as_searchpath(argv: list[str]):
@@ -318,6 +345,13 @@ def mismatch_cause(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> str:
     if changed:
         return (f"the overrides change the model: {', '.join(changed)}. An evaluation keeps the model as it was "
                 "trained; drop those overrides")
+    # The data module shapes the model too (its classes, ARC's scoring): name the dataset keys that differ.
+    evaluated, own = (OmegaConf.to_container(c.dataset, resolve=False) for c in (cfg, trained))
+    data = [f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in sorted(set(evaluated) | set(own))
+            if k != "name" and evaluated.get(k) != own.get(k)]  # fmt: skip
+    if data:
+        return (f"the evaluated dataset differs from the trained one in {', '.join(data[:6])}; one of them shapes "
+                "the model (e.g. dataset.scoring): give it its trained value")
     return f"the run's own config no longer builds the model its checkpoint holds; {rebuild_hint(run_dir)}"
 
 
@@ -420,8 +454,9 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
         datamodule.distribute(trainer.world_size, trainer.global_rank)
         datamodule.order_seed = int(cfg.seed)
         save_to = PREDICTIONS if update_results else f"{EVALUATIONS}/{name}/{PREDICTIONS}"
-        evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
-                              **prediction_options(cfg))  # fmt: skip
+        with stopped_by_sigterm(f"evaluation of {run_dir}"):
+            evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
+                                  **prediction_options(cfg))  # fmt: skip
         record = {
             "name": name,
             "method": cfg.method.name,

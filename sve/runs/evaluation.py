@@ -56,6 +56,7 @@ from sve.metrics.calibration import fit_temperature, temperature_scaled
 from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score, uncertainty
 from sve.paper.bootstrap import PREDICTIVE, write_predictive
 from sve.runs.writable import atomic_write
+from sve.training.loops import limited_batches, stop_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,18 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
     aggregate = module.aggregate
     kept, paths, by_corruption, seconds, members = {}, {}, {}, {}, set()
     pooled = classification_metrics(sync_on_compute=False)
-    for name in datamodule.evaluation_sets():
+    sets = list(datamodule.evaluation_sets())
+    for i, name in enumerate(sets, 1):
         seed_pass(seed, name)
+        loader = datamodule.evaluation_loader(name)
+        if trainer.is_global_zero:  # the set whose batches Lightning's progress bar counts (without one: how many)
+            log.info("scoring %s (set %d of %d): %d batch(es)", name, i, len(sets),
+                     limited_batches(len(loader), trainer.limit_test_batches))  # fmt: skip
         start = time.perf_counter()
-        trainer.test(module, dataloaders=datamodule.evaluation_loader(name), verbose=False)
+        trainer.test(module, dataloaders=loader, verbose=False)
+        # Lightning stops a pass at SIGTERM after any batch but its last, and forgets the signal at its next call:
+        # a signal in a pass's last batch would leave the run going through every set after it.
+        stop_if_asked(trainer)
         seconds[name] = time.perf_counter() - start
         found = module.predictions
         members.add(found.member_logits.shape[0])

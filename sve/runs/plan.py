@@ -272,6 +272,7 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
     # text_table, unless dataset.num_classes says it) reads them with real tensors.
     datamodule = instantiate(cfg.dataset)
     num_classes = datamodule.num_classes
+    check_member_count(int(cfg.ensemble_size), int(getattr(datamodule, "eval_batch_size", 1)), num_classes, capacity)
     with FakeTensorMode(allow_non_fake_inputs=True) as fake:
         backbone = build_backbone(OmegaConf.create(offline_backbone(cfg.backbone)), fake, instantiate)
         datamodule.attach(backbone)
@@ -324,6 +325,17 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
     shapes = [(layer.out_features, layer.in_features, layer.U.element_size()) for layer in member_layers(method)
               if isinstance(getattr(layer, "U", None), Tensor) and getattr(layer, "residual", None) is None]
     return Plan(title, layout, capacity, stored, train, evaluation, others, per_device, notes, unit, shapes)
+
+
+def check_member_count(M: int, rows: int, num_classes: int, capacity: int) -> None:
+    """Refuses, before anything is built, an ensemble whose member logits of one evaluation batch, (M, rows, C)
+    in float32 as the evaluator keeps them, alone exceed the device memory: no run of it can exist, and building
+    it (lists of M member indices, M heads) would take as long as M is large."""
+    need = M * rows * num_classes * 4
+    if need > capacity:
+        raise InputError(f"ensemble_size={M} cannot run in {gib(capacity)} GiB: the member logits of one evaluation "
+                         f"batch ({M} x {rows} x {num_classes} float32) alone take {gib(need)} GiB; at most "
+                         f"{capacity // (rows * num_classes * 4)} members fit that, fewer with the model")  # fmt: skip
 
 
 def build_backbone(node: DictConfig, fake: FakeTensorMode, instantiate) -> nn.Module:
@@ -528,12 +540,36 @@ def eval_step(method, batch: dict, how, block: int = 1) -> dict[str, int]:
     method.eval()
     tracker = LiveMemory(block)
     batch = {k: v for k, v in batch.items()}
-    with tracker, torch.no_grad(), autocast(how):
-        logits = method(batch)
-        cache = sum(layer.cache_bytes() for layer in member_layers(method) if hasattr(layer, "cache_bytes"))
-        del logits
-    method.train()
+    method.logits_in_passes = two_passes(method)
+    try:
+        with tracker, torch.no_grad(), autocast(how):
+            logits = method(batch)
+            cache = sum(layer.cache_bytes() for layer in member_layers(method) if hasattr(layer, "cache_bytes"))
+            del logits
+    finally:
+        del method.logits_in_passes
+        method.train()
     return {"merged cache": cache, "peak": tracker.peak}
+
+
+def two_passes(method):
+    """``method.logits_in_passes`` that runs only its first two backbone passes: every later pass holds what the
+    second does (the same shapes; a merged-weight cache is built for all members in the first), so the plan of
+    a million members on the CPU, one member per pass, takes two passes, not a million. The logits the other
+    passes would have kept are allocated (empty) after the first, so the second pass peaks as the last would."""
+    from sve.layers.shared_inputs import share_inputs
+
+    whole = method.logits_in_passes
+
+    def passes(batch: dict, members: list[int], chunk: int) -> Tensor:
+        if len(members) <= 2 * chunk:
+            return whole(batch, members, chunk)
+        with share_inputs(method.backbone, batch) if chunk == 1 else nullcontext():  # as logits_in_passes
+            first = method.member_logits(batch, members[:chunk])  # (K, B, C)
+            rest = first.new_empty((len(members) - 2 * chunk, *first.shape[1:]))
+            return torch.cat([first, rest, method.member_logits(batch, members[chunk:2 * chunk])])
+
+    return passes
 
 
 def fsdp_units(method: nn.Module, block: int = 1) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import torch
 from pytorch_lightning import Callback
 
 from sve.metrics.scores import classification_metrics
+from sve.training.loops import limited_batches, progress, stop_if_asked
 
 
 class LearningCurve(Callback):
@@ -31,7 +32,12 @@ class LearningCurve(Callback):
             step and the one after the last (null: only ``every_n_steps``).
         every_n_steps: evaluate every this many optimiser steps (null: only ``points``).
         val_batches: evaluate on the first this many validation batches (null: the whole split); the batches
-            are fixed (``sve.data.sampling``), so every point scores the same examples.
+            are fixed (``sve.data.sampling``), so every point scores the same examples. Never more than
+            ``trainer.limit_val_batches`` lets Lightning's validation run (``trainer=debug``: 2), unless that is 0
+            (Lightning's validation off; the curve then validates by itself).
+
+    Each point shows a progress bar when the trainer does, and stops at the batch in which the run received
+    SIGTERM (``sve.training.loops``).
     """
 
     def __init__(self, points: int | None = 4, every_n_steps: int | None = None, val_batches: int | None = None):
@@ -84,21 +90,32 @@ class LearningCurve(Callback):
         # is put back so that training continues with exactly the numbers it would have drawn.
         with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
             pl_module.eval()
+            loader = datamodule.val_dataloader()
+            total = self.batches(len(loader), trainer.limit_val_batches)
+            shown = trainer.progress_bar_callback is not None
+            bar = progress(total, f"learning curve, step {trainer.global_step}", shown)
             try:
-                for i, batch in enumerate(datamodule.val_dataloader()):
-                    if self.val_batches is not None and i >= self.val_batches:
-                        break
+                for _, batch in zip(range(total), loader):
                     probs, labels = pl_module.val_predictive(trainer.strategy.batch_to_device(batch))
                     if labels.numel():
                         metrics.update(probs, labels)
                         examples += int(labels.numel())
+                    bar.update()
+                    stop_if_asked(trainer)
             finally:
+                bar.close()
                 pl_module.train(was_training)
         values = {f"val/{k}": float(v) for k, v in metrics.compute().items()}
         if trainer.world_size > 1:  # each process scored its own batches
             examples = int(trainer.strategy.reduce(torch.tensor(examples, device=pl_module.device), reduce_op="sum"))
         self.curve.append({"step": int(trainer.global_step), "epoch": round(self.epoch(trainer), 4),
                            "examples": examples, **values})  # fmt: skip
+
+    def batches(self, available: int, limit: int | float | None) -> int:
+        """The validation batches a point scores: ``val_batches``, within Lightning's ``limit_val_batches``
+        (0 turns Lightning's validation off, not the curve's)."""
+        count = available if self.val_batches is None else min(available, self.val_batches)
+        return count if limit == 0 else min(count, limited_batches(available, limit))
 
     def epoch(self, trainer) -> float:
         """Epochs done at the current step, as a fraction (the x axis a reader of a curve may prefer)."""

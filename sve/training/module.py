@@ -167,12 +167,18 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         return "none" if self.last_finite_loss is None else "{1:.6g} at step {0}".format(*self.last_finite_loss)
 
     def learning_rates(self) -> str:
-        """The optimiser's current learning rate(s), as the schedule has set them at this step."""
+        """The optimiser's learning rate(s) as the schedule has set them at this step, and the configured ones
+        (``initial_lr``, where a schedule scales from) when they differ: a run that diverged at the end of a
+        cosine schedule has rate 0 there, and it is the configured rate that the user has to lower."""
         try:
-            rates = sorted({group["lr"] for group in self.trainer.optimizers[0].param_groups})
+            groups = self.trainer.optimizers[0].param_groups
         except (AttributeError, IndexError, RuntimeError):
             return "unknown"
-        return ", ".join(f"{r:.3g}" for r in rates)
+        show = lambda rates: ", ".join(f"{r:.3g}" for r in sorted(set(rates)))  # noqa: E731
+        scheduled, configured = show(g["lr"] for g in groups), show(g.get("initial_lr", g["lr"]) for g in groups)
+        if scheduled == configured:
+            return scheduled
+        return f"{scheduled} (scheduled at this step; configured {configured})"
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
