@@ -66,6 +66,10 @@ BENCH_ARGS ?=
 bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, BERT-base), Table 5, inference rule, batch-1 weight reads -> results/bench/ (~12 min on 2 CPU cores)
 	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
 
+GPU_ARGS ?=
+gpu-check: ## On a CUDA machine: every method under bf16/fp16 mixed precision, SV layers and inference paths, Table 5 latency, the memory plan against measured peaks, DDP/FSDP over NCCL (2+ GPUs) -> results/bench/gpu.md (minutes; without CUDA: one line, exit 0)
+	$(PYTHON) scripts/bench.py --gpu-check $(GPU_ARGS)
+
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
@@ -147,4 +151,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

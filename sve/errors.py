@@ -75,3 +75,25 @@ def user_error(err: BaseException) -> BaseException | None:
         if type(err).__name__ != "InstantiationException":
             return None
         err = err.__cause__
+
+
+def typo_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) from ``a`` to ``b``: ``sev`` is one from ``sve``
+    and two from ``svf``, which difflib's ratio ranks the same."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean X?)`` for the closest of ``choices`` that difflib finds close, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=5, cutoff=0.6)
+    if not close:
+        return ""
+    return f" (did you mean {min(close, key=lambda c: typo_distance(str(word), c))}?)"

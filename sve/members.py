@@ -123,6 +123,18 @@ __all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members"
            "check_member_logits", "predictive", "log_predictive"]
 
 
+def non_finite_rows(batch: Mapping) -> dict[str, list[int]]:
+    """The examples (rows of the leading dimension; [0] for a 0-d tensor) that hold NaN or inf, for every
+    floating-point tensor of ``batch`` that has any."""
+    found = {}
+    for k, v in batch.items():
+        if not isinstance(v, Tensor) or not (v.is_floating_point() or v.is_complex()) or bool(torch.isfinite(v).all()):
+            continue
+        rows = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(1) if v.dim() else torch.ones(1, dtype=torch.bool)
+        found[k] = rows.nonzero().flatten().tolist()
+    return found
+
+
 def to_device(batch: dict, device) -> dict:
     """A batch dict with its tensors on ``device`` (other values, e.g. a tokenizer's strings, as they are)."""
     return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}

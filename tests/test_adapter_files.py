@@ -163,3 +163,80 @@ def test_a_model_that_refuses_zero_token_ids_reloads_from_the_example_it_was_wra
     # The first example's structure only: <s> (0) and </s> (2) where they were, every other token one filler (3,
     # the smallest id BART does not name special): a shared adapter never holds the user's text.
     assert recorded == {"shape": [1, 5], "dtype": "int64", "values": [0, 3, 3, 3, 2]}
+
+
+def wide() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 3))
+
+
+def test_a_base_that_differs_in_one_unsampled_weight_of_a_wide_layer_is_refused(tmp_path):
+    # The fingerprint of version 1 hashed 1,024 evenly spaced values per tensor: in the 16,384 weights of a
+    # 256 x 64 layer it read every 16th, so this base passed and predicted differently. Every value counts now.
+    from sve.backbones.base import fingerprint
+
+    x = torch.randn(4, 64)
+    sve.wrap(wide(), "sve", ensemble_size=2, num_classes=3, example_input=x).save_pretrained(tmp_path)
+    other = wide()
+    with torch.no_grad():
+        other[0].weight[0, 1] += 0.5  # flat index 1: between the sampled indices 0 and 16
+    assert fingerprint(other, without="2").sampled == fingerprint(wide(), without="2").sampled
+    with pytest.raises(InputError, match="trained on another base model"):
+        sve.from_pretrained(other, tmp_path)
+    assert json.loads((tmp_path / adapter_files.CONFIG).read_text())["version"] == 2
+
+
+def test_a_file_of_version_1_is_checked_with_its_sampled_fingerprint_and_a_warning(tmp_path):
+    x = torch.randn(4, 64)
+    ensemble = sve.wrap(wide(), "sve", ensemble_size=2, num_classes=3, example_input=x)
+    ensemble.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / adapter_files.CONFIG).read_text())
+    config.update(version=1, base_fingerprint=ensemble.method.base_fingerprint.sampled)  # as version 1 wrote it
+    (tmp_path / adapter_files.CONFIG).write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="sampled 1,024 values per tensor"):
+        loaded = sve.from_pretrained(wide(), tmp_path)
+    ensemble.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(ensemble(x), loaded(x))
+    other = wide()
+    with torch.no_grad():
+        other[0].weight[0, 0] += 0.5  # a sampled value: version 1 detects this one
+    with pytest.warns(UserWarning), pytest.raises(InputError, match="trained on another base model"):
+        sve.from_pretrained(other, tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
+def test_a_damaged_or_missing_tensor_file_is_named_before_any_svd(damage, tmp_path, monkeypatch):
+    ensemble, _ = trained("sve")
+    ensemble.save_pretrained(tmp_path)
+    path = tmp_path / adapter_files.TENSORS
+    data = path.read_bytes()
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a safetensors file" * 4)
+    import sve.layers.sv_linear as sv_linear
+
+    monkeypatch.setattr(sv_linear, "decompose", lambda *a, **k: pytest.fail("an SVD ran before the file was read"))
+    with pytest.raises(InputError, match=rf"{path}: no such file" if damage == "missing"
+                       else rf"{path} is not a readable safetensors file"):  # fmt: skip
+        sve.from_pretrained(base(), tmp_path)
+
+
+def test_a_base_of_another_input_size_is_refused_by_its_fingerprint_not_a_matmul(tmp_path):
+    ensemble, _ = trained("sve")
+    ensemble.save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    other = nn.Sequential(nn.Linear(7, 12), nn.Tanh(), nn.Dropout(0.1), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 3))
+    modules = [(n, type(m)) for n, m in other.named_modules()]
+    with pytest.raises(InputError, match="trained on another base model"):  # the probe on (1, 6) fails inside
+        sve.from_pretrained(other, tmp_path)
+    assert [(n, type(m)) for n, m in other.named_modules()] == modules
+
+
+def test_from_pretrained_on_the_wrapped_model_itself_says_it_is_already_wrapped(tmp_path):
+    model = base()
+    ensemble = sve.wrap(model, "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(2, 6))
+    ensemble.save_pretrained(tmp_path)
+    with pytest.raises(InputError, match=r"Sequential is already wrapped .*from_pretrained needs the base model"):
+        sve.from_pretrained(model, tmp_path)

@@ -120,7 +120,7 @@ def test_help_and_a_config_error_load_no_torch():
                               timeout=120)  # fmt: skip
         assert "TORCH False False" in done.stdout, (args, done.stdout[-2000:], done.stderr[-2000:])
         said[args[0]] = done.stdout + done.stderr
-    assert "Could not find 'method/nope'" in said["method=nope"]
+    assert "error: method=nope: no such option; the options of method are: " in said["method=nope"]
     assert "error: method.lr=-1 is not valid; expected a positive number or null" in said["method.lr=-1"]
     assert "error: dataset.batch_size=0 is not valid; expected a positive integer" in said["dataset.batch_size=0"]
 

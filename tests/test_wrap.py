@@ -606,3 +606,106 @@ def test_a_pad_id_inside_the_mask_is_named_because_the_model_reads_another_token
             same = torch.allclose(ensemble(**batch), expected.expand(2, -1, -1), atol=1e-5)
         assert ("hold the pad id 0 at 1 position(s) the attention mask keeps" in caplog.text) is warned
         assert same is not warned  # the warning is said exactly where the ensemble and the model differ
+
+
+# ----- inputs and models the library must refuse clearly, or handle -------------------------------------------------
+def test_predict_names_the_rows_that_hold_nan_or_inf():
+    # The members would give NaN for those rows, and the NaN predictive's label is class 0, without a word.
+    x = torch.randn(5, 6)
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=x)
+    bad = x.clone()
+    bad[1, 3], bad[4, 0] = float("nan"), float("-inf")
+    with pytest.raises(InputError, match=r"predict got NaN or inf values: input 0 in row\(s\) \[1, 4\]"):
+        ensemble.predict(bad)
+    loader = DataLoader(TensorDataset(torch.cat([x, bad])), batch_size=5)  # rows counted over the loader
+    with pytest.raises(InputError, match=r"predicting got NaN or inf values: input 0 in row\(s\) \[6, 9\]"):
+        ensemble.predict_loader(loader, progress=False)
+    assert ensemble.predict(x).probs.isfinite().all()
+
+
+def test_predict_names_an_input_of_another_shape_than_the_example():
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(5, 6))
+    with pytest.raises(InputError, match=r"input 0 of shape \(5, 7\), where the example it was wrapped with has "
+                                         r"\(1, 6\): 7 in dimension 1, not 6"):  # fmt: skip
+        ensemble.predict(torch.randn(5, 7))
+
+
+def test_an_empty_batch_gives_an_empty_prediction():
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(5, 6))
+    prediction = ensemble.predict(torch.randn(0, 6))
+    assert prediction.probs.shape == (0, 3) and prediction.label.shape == (0,)
+    assert ensemble(torch.randn(0, 6)).shape == (2, 0, 3)
+
+
+def test_a_model_on_the_meta_device_is_refused_by_name():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+    with pytest.raises(InputError, match=r"Sequential has tensors on the meta device \(e.g. 0.weight\)"):
+        sve.wrap(model, "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(2, 6))
+
+
+def merged_member_logits(ensemble, member: int, *args) -> torch.Tensor:
+    """Member ``member``'s logits from a copy of the backbone whose member layers are their plain merged layers."""
+    backbone = copy.deepcopy(ensemble.method.backbone).eval()
+    for name in ensemble.method.wrapped:
+        parent, _, child = name.rpartition(".")
+        owner = backbone.model.get_submodule(parent) if parent else backbone.model
+        setattr(owner, child, getattr(owner, child).merge(member))
+    assert not [m for m in backbone.modules() if isinstance(m, MemberLayer)]
+    heads = ensemble.method.heads
+    with torch.no_grad():
+        return backbone(sve.api.module_backbone.to_batch(args, {})) @ heads.weight[member].T + heads.bias[member]
+
+
+def test_sve_on_torchvision_vit_trains_in_member_chunks_and_its_members_are_their_merged_layers(caplog):
+    # nn.MultiheadAttention reads out_proj.weight itself: no member-major stacking. The probe at build time finds
+    # it, and the members run one at a time, said once; before, chunked training (members_at_once=2) refused.
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                              num_classes=3)
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    with caplog.at_level("WARNING", logger="sve"):
+        ensemble = sve.wrap(model, "sve", ensemble_size=3, num_classes=3, example_input=x[:1], sigma_init=0.1,
+                            members_at_once=2)
+    assert [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()] == [
+        next(r.getMessage() for r in caplog.records if "self_attention.out_proj" in r.getMessage())]
+    assert "encoder.layers.encoder_layer_0.self_attention.out_proj" in ensemble.method.wrapped
+    method, before = ensemble.method, ensemble.method.state_dict()["backbone.model.conv_proj.singular_values"].clone()
+    optimizer = torch.optim.AdamW(ensemble.parameter_groups(), lr=1e-2)
+    ensemble.train()
+    for _ in range(3):  # as sve.training.module.chunked_step trains members_at_once=k: chunk by chunk
+        for members in method.training_chunks():
+            method.loss(method.chunk_logits({"_arg0": x, "labels": y}, members), y, ensemble_size=3).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert not torch.equal(before, method.state_dict()["backbone.model.conv_proj.singular_values"])
+    prediction = ensemble.predict(x)
+    assert prediction.probs.shape == (4, 3) and torch.allclose(prediction.probs.sum(1), torch.ones(4, dtype=float))
+    ensemble.eval()
+    with torch.no_grad():
+        logits = ensemble(x)
+    for k in range(3):
+        torch.testing.assert_close(logits[k], merged_member_logits(ensemble, k, x), atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(logits[0], logits[1])
+
+
+def test_a_time_major_layer_is_found_even_where_its_length_equals_the_member_rows(caplog):
+    # XLNet's feed-forward sees (T, N, D). With 2 members of 3 examples, T = 6 equals the 6 member-major rows: the
+    # layer's check on the leading dimension passed, and it split the time axis among the members, without a word.
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
+    torch.manual_seed(0)
+    model = XLNetForSequenceClassification(XLNetConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_inner=32,
+                                                       num_labels=3)).eval()  # fmt: skip
+    ids = torch.randint(1, 40, (3, 6))
+    with caplog.at_level("WARNING", logger="sve"):
+        ensemble = sve.wrap(model, "sve", ensemble_size=2, num_classes=3, example_input={"input_ids": ids[:1]},
+                            sigma_init=0.5).eval()
+    assert ensemble.method.fallback == "transformer.layer.0.ff.layer_1" and "one at a time" in caplog.text
+    with torch.no_grad():
+        logits = ensemble(input_ids=ids)  # the first call: T = 6 = 2 x 3 rows
+        for k in range(2):  # member k alone, which no layout can mix
+            torch.testing.assert_close(logits[k], ensemble.method.member_logits({"input_ids": ids}, [k])[0])
+    assert not torch.allclose(logits[0], logits[1])

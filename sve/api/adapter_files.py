@@ -13,9 +13,11 @@ A directory holds:
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
 of the trainable parameters, and it is only meaningful on the base it was trained on: the fingerprint
-(``Backbone.fingerprint``) hashes every tensor's name, dtype, shape and a sample of its values, taken before
-any layer is wrapped, and ``from_pretrained`` refuses a base whose
-fingerprint differs, before any SVD.
+(``sve.backbones.base.fingerprint``) hashes every tensor's name, dtype, shape and bytes, taken before any layer
+is wrapped (the head aside), and ``from_pretrained`` refuses a base whose fingerprint differs, before any SVD.
+Files of version 1 recorded a fingerprint of 1,024 sampled values per tensor: they are still read, checked
+against that sampled fingerprint, with a warning that a base differing elsewhere would pass (saving the
+ensemble again writes version 2).
 
 Hub sharing: ``save_pretrained(dir, push_to_hub=True, repo_id=...)`` uploads the directory with
 ``huggingface_hub`` and ``from_pretrained(model, "<user>/<repo>")`` downloads it, when that package is installed
@@ -25,6 +27,7 @@ Hub sharing: ``save_pretrained(dir, push_to_hub=True, repo_id=...)`` uploads the
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -37,7 +40,8 @@ CONFIG = "adapter_config.json"
 TENSORS = "adapter_model.safetensors"
 EXTRA = "extra_state.pt"
 FORMAT = "sve-adapter"
-VERSION = 1
+VERSION = 2  # 2: the fingerprint hashes every value; 1: a sample of each tensor (module docstring)
+READABLE_VERSIONS = (1, 2)
 
 
 def trained_state(method: nn.Module) -> tuple[dict[str, Tensor], dict]:
@@ -80,28 +84,59 @@ def read_config(directory: str | Path) -> dict:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON ({err})") from err
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise InputError(f"{path} is not an SVE adapter config of version {VERSION} (format "
-                         f"{config.get('format')!r}, version {config.get('version')!r})")
+    if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
+        raise InputError(f"{path} is not an SVE adapter config of a version this SVE reads "
+                         f"({', '.join(map(str, READABLE_VERSIONS))}): format {config.get('format')!r}, version "
+                         f"{config.get('version')!r}")  # fmt: skip
     return config
 
 
 def check_fingerprint(config: dict, actual: str, directory) -> None:
+    """Refuses a base whose fingerprint is not the one ``config`` recorded; ``actual`` is the base's
+    ``Fingerprint`` (a file of version 1 is checked against its ``sampled`` form, module docstring)."""
     saved = config.get("base_fingerprint")
+    if config.get("version") == 1:
+        warnings.warn(f"the adapter in {directory} was written by an SVE whose fingerprint of the base sampled "
+                      "1,024 values per tensor: a base that differs elsewhere is not detected; save the ensemble "
+                      "again to record the fingerprint of every value", stacklevel=3)  # fmt: skip
+        actual = getattr(actual, "sampled", actual)
     if saved != actual:
         raise InputError(f"the adapter in {directory} was trained on another base model: its base fingerprint is "
                          f"{str(saved)[:12]}..., this model's is {actual[:12]}... (names, shapes or weights "
                          "differ); load it on the model it was trained on, with the same head and pooling")
 
 
-def load_trained_state(method: nn.Module, directory: str | Path) -> None:
-    """Loads the adapter's tensors (and extra state) into ``method``; every trainable tensor must be in the
-    file and every tensor of the file must be one of them, with its shape."""
+def read_trained_state(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
+    """(tensors, extra states) of an adapter directory; a file that is missing or cannot be read (a copy or
+    download cut short) is an error naming it."""
     from safetensors.torch import load_file
 
     directory = Path(directory).expanduser()
-    tensors = load_file(str(directory / TENSORS))
-    extra = torch.load(directory / EXTRA, weights_only=True) if (directory / EXTRA).exists() else {}
+    path = directory / TENSORS
+    if not path.is_file():
+        raise InputError(f"{path}: no such file; an adapter directory holds {CONFIG} and {TENSORS} (written "
+                         "together by save_pretrained): copy or download the whole directory")  # fmt: skip
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors' own error type, or an OSError: the file is damaged either way
+        raise InputError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err}); it is "
+                         "truncated or damaged: copy or download the adapter directory again") from err
+    extra = {}
+    if (directory / EXTRA).exists():
+        try:
+            extra = torch.load(directory / EXTRA, weights_only=True)
+        except Exception as err:
+            raise InputError(f"{directory / EXTRA} cannot be read ({type(err).__name__}: {err}); it is truncated "
+                             "or damaged: copy or download the adapter directory again") from err
+    return tensors, extra
+
+
+def load_trained_state(method: nn.Module, directory: str | Path,
+                       trained: tuple[dict[str, Tensor], dict] | None = None) -> None:
+    """Loads the adapter's tensors (and extra state) into ``method``, from ``trained`` when it was read
+    already (``read_trained_state``); every trainable tensor must be in the file and every tensor of the file
+    must be one of them, with its shape."""
+    tensors, extra = trained if trained is not None else read_trained_state(directory)
     expected, _ = trained_state(method)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -223,21 +258,32 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, **overrides):
     ``overrides`` replace recorded method options that do not change the trained state (``inference``,
     ``members_at_once``, ``svd_cache``, ...)."""
     from sve.api.module_backbone import ModuleBackbone
-    from sve.api.wrap import build_ensemble, unchanged_on_error
+    from sve.api.wrap import build_ensemble, refuse_wrapped, unchanged_on_error
+    from sve.backbones.base import fingerprint
 
+    refuse_wrapped(model, "from_pretrained needs the base model as it was before wrapping (a fresh copy of it)")
     directory = locate(name_or_path)
     config = read_config(directory)
     if config.get("backbone") != "ModuleBackbone":
         raise InputError(f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
                          f"with `sve-eval {directory}`, or rebuild its backbone from the run's config")
+    trained = read_trained_state(directory)  # a damaged file is named now, not after the SVD
     spec = config.get("example_input")
     with unchanged_on_error(model):  # a refused adapter (another base model, say) leaves the model as it was
-        backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
-                                  pooling=config["pooling"], example_input=example_from_spec(spec) if spec else None)
+        try:
+            backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
+                                      pooling=config["pooling"],
+                                      example_input=example_from_spec(spec) if spec else None)
+        except Exception:
+            # The backbone probes the model on the recorded example, which fails deep inside a model of
+            # another input size: the fingerprint (of the model without its head, as the backbone takes it)
+            # names the cause, if it is the cause.
+            check_fingerprint(config, fingerprint(model, without=config["head"]), directory)
+            raise
         check_fingerprint(config, backbone.fingerprint(), directory)
         options = {**config["options"], **overrides}
         ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
                                   None if config["keep_head"] else config["num_classes"], config["target_modules"],
                                   config["pooling"], options)
-        load_trained_state(ensemble.method, directory)
+        load_trained_state(ensemble.method, directory, trained)
     return ensemble

@@ -32,6 +32,7 @@ from sve.backbones.hf import POOLINGS, pool
 from sve.errors import InputError
 from sve.layers.inject import adaptable
 from sve.layers.member import ADAPTABLE_TYPES
+from sve.members import MemberLayoutError
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,37 @@ def described_input(model: nn.Module) -> dict | None:
     return None
 
 
+def refuse_meta(model: nn.Module) -> None:
+    """A model whose tensors are on the meta device has shapes but no values: nothing could run or train."""
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.device.type == "meta":
+            raise InputError(f"{type(model).__name__} has tensors on the meta device (e.g. {name}): shapes without "
+                             "values, as torch.device('meta') or accelerate's init_empty_weights builds them; load "
+                             "its weights first (model.to_empty(device='cpu') then load_state_dict, or build it on "
+                             "a real device), then wrap it")  # fmt: skip
+
+
+def other_shapes(batch: dict, example: dict) -> list[str]:
+    """The tensors of ``batch`` whose shape past the leading (batch) dimension is not the example's, said as
+    'input 0 of shape (5, 17), where the example it was wrapped with has (1, 16): 17 in dimension 1, not 16'."""
+    found = []
+    for k, v in batch.items():
+        known = example.get(k)
+        if not isinstance(v, Tensor) or not isinstance(known, Tensor) or v.dim() == 0 or known.dim() == 0:
+            continue
+        if v.shape[1:] == known.shape[1:]:
+            continue
+        name = f"input {k[len(ARG):]}" if k.startswith(ARG) else k
+        if v.dim() != known.dim():
+            found.append(f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
+                         f"{tuple(known.shape)}: {v.dim()} dimensions, not {known.dim()}")
+            continue
+        dims = [f"{a} in dimension {i}, not {b}" for i, (a, b) in enumerate(zip(v.shape, known.shape)) if i and a != b]
+        found.append(f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
+                     f"{tuple(known.shape)}: {', '.join(dims)}")
+    return found
+
+
 def first_example(batch: dict) -> dict:
     """The batch's first example: every tensor whose leading dimension is the batch's (the first tensor's)
     cut to one row; tensors the examples share (a mask, a 0-d scale) as they are."""
@@ -161,6 +193,7 @@ class ModuleBackbone(Backbone):
                  pooling: str | None = None, example_input=None, freeze_bn: bool = True):
         if pooling is not None and pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)} or None")
+        refuse_meta(model)
         super().__init__(model, target_modules or [])
         self.pooling = pooling
         self.keep_head = False  # set by ``wrap`` when the members keep the model's classes
@@ -200,11 +233,19 @@ class ModuleBackbone(Backbone):
             self.target_modules = self.default_targets()
 
     def call_model(self, args: list, kwargs: dict):
-        """The model on its arguments. While the model's own description of its input is probed, a failure is
-        named as such: the model was most likely built for another input (a timm model built at another image
-        size that it does not record), and the shape error from deep inside it does not say so."""
+        """The model on its arguments. A failure on an input whose shape is not the example's is named as such
+        (``other_shapes``): the error from deep inside the model (a reshape, a matmul) does not say so. While
+        the model's own description of its input is probed, a failure is named as such too: the model was most
+        likely built for another input (a timm model built at another image size that it does not record)."""
         if not self.probing_described:
-            return self.model(*args, **kwargs)
+            try:
+                return self.model(*args, **kwargs)
+            except (RuntimeError, ValueError, TypeError, AssertionError, IndexError) as err:
+                differ = other_shapes(to_batch(tuple(args), kwargs), self.example)
+                if isinstance(err, MemberLayoutError) or not differ:  # the layout error is the method's to handle
+                    raise
+                raise InputError(f"{type(self.model).__name__} fails on {'; '.join(differ)} ({type(err).__name__}: "
+                                 f"{err})") from err
         try:
             return self.model(*args, **kwargs)
         except (RuntimeError, ValueError, TypeError, AssertionError, IndexError) as err:

@@ -33,10 +33,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
-from sve.api.module_backbone import ModuleBackbone, to_batch
+from sve.api.module_backbone import ARG, ModuleBackbone, to_batch
 from sve.backbones.base import Backbone
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
+from sve.members import non_finite_rows
 from sve.methods import registry
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
@@ -117,11 +118,9 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
     if num_classes is not None and operator.index(num_classes) < 2:
         raise InputError(f"num_classes={num_classes} is not valid: the members are classifiers with a softmax over "
                          "at least 2 classes; a binary task is num_classes=2")  # fmt: skip
-    wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
-    if wrapped is not None:  # wrap works in place: a second wrap would stack members on members
-        raise ValueError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): wrap "
-                         "works in place, as peft's get_peft_model does; wrap a copy made before the first wrap "
-                         "(copy.deepcopy(model)), or use the ensemble the first wrap returned")  # fmt: skip
+    # wrap works in place: a second wrap would stack members on members
+    refuse_wrapped(model, "wrap works in place, as peft's get_peft_model does; wrap a copy made before the first "
+                   "wrap (copy.deepcopy(model)), or use the ensemble the first wrap returned")
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     with unchanged_on_error(model):
@@ -131,6 +130,14 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
             backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
                                       example_input=example_input)
         return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+
+
+def refuse_wrapped(model: nn.Module, advice: str) -> None:
+    """An error, with ``advice``, when ``model`` already holds member layers (a wrap or from_pretrained ran on it)."""
+    wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
+    if wrapped is not None:
+        raise InputError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): "
+                         f"{advice}")
 
 
 @contextmanager
@@ -214,11 +221,27 @@ class Ensemble(nn.Module):
         return self.method.ensemble_size
 
     def forward(self, *args, **kwargs) -> Tensor:
-        return self.method(to_batch(args, kwargs))
+        batch = to_batch(args, kwargs)
+        if examples(batch) == 0:  # nothing to run the model on (a last, empty batch): no member logits
+            heads = self.method.heads.weight
+            return heads.new_empty(self.method.num_members(), 0, self.method.num_classes)
+        return self.method(batch)
 
     def predict(self, *args, aggregate: str = "probs", **kwargs):
-        """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored)."""
-        return self.method.predict(to_batch(args, kwargs), aggregate)
+        """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored); an input row that
+        holds NaN or inf is an error naming it (training refuses such inputs too)."""
+        from sve.metrics.scores import uncertainty
+
+        batch = to_batch(args, kwargs)
+        refuse_non_finite(batch, "predict")
+        if examples(batch) == 0:
+            was_training = self.training
+            self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
+            try:
+                return uncertainty(self(batch), aggregate)
+            finally:
+                self.train(was_training)
+        return self.method.predict(batch, aggregate)
 
     def predict_loader(self, loader, aggregate: str = "probs", progress: bool = True):
         """``predict`` over every batch of ``loader``: one ``sve.Prediction`` for all its examples, in order.
@@ -253,10 +276,13 @@ class Ensemble(nn.Module):
         self.eval()
         try:
             with torch.no_grad():
+                seen = 0  # examples before this batch: errors name rows of the whole loader
                 for raw in tqdm(loader, desc=f"sve: {doing}", disable=not progress, leave=False):
                     batch = to_device(as_batch(raw, labelled=False), device)
                     labels.append(batch.pop("labels", None))
-                    logits.append(self.method(batch).float().cpu())
+                    refuse_non_finite(batch, doing, seen)
+                    logits.append(self(batch).float().cpu())
+                    seen += examples(batch)
         finally:
             self.train(was_training)
         if not logits:
@@ -307,6 +333,23 @@ class Ensemble(nn.Module):
         from sve.api.adapter_files import load_adapter
 
         return load_adapter(model, directory, **overrides)
+
+
+def examples(batch: dict) -> int | None:
+    """The batch's example count (the leading dimension of its first tensor that has one); None without one."""
+    return next((v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0), None)
+
+
+def refuse_non_finite(batch: dict, doing: str, first_row: int = 0) -> None:
+    """An error naming the inputs and rows (counted from ``first_row``) that hold NaN or inf: the members would
+    predict NaN for them, and a NaN's arg-max is class 0, without a word."""
+    bad = non_finite_rows(batch)
+    if bad:
+        where = "; ".join(f"{'input ' + k[len(ARG):] if k.startswith(ARG) else k} in row(s) "
+                          f"{[first_row + r for r in rows[:10]]}{' ...' if len(rows) > 10 else ''}"
+                          for k, rows in bad.items())  # fmt: skip
+        raise InputError(f"{doing} got NaN or inf values: {where}; the inputs must be finite, as training requires "
+                         "(fix or drop those examples)")
 
 
 class Batches:

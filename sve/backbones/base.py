@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 log = logging.getLogger(__name__)
 
-FINGERPRINT_VALUES = 1024  # sampled values per tensor (Backbone.fingerprint)
+FINGERPRINT_VALUES = 1024  # values per tensor of the sampled fingerprint (adapter files of version 1)
 
 
 @dataclass
@@ -123,29 +123,48 @@ class Backbone(nn.Module):
         unused_params = [p for p in self.parameters() if id(p) not in leaves]
         return Usage(unused_modules=all_probed - used, unused_parameters=unused_params)
 
-    def fingerprint(self) -> str:
-        """sha256 of the names, dtypes, shapes and up to ``FINGERPRINT_VALUES`` evenly spaced values of every
-        tensor of ``model``: what an adapter file was trained on (``sve.api.adapter_files``). A sample, so that
-        a 7B model hashes in seconds; two different trained weights agree on every sampled value with
-        negligible chance."""
-        digest = hashlib.sha256()
-        for name, tensor in sorted(self.model.state_dict().items()):
-            if not isinstance(tensor, Tensor):
-                continue
-            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            if tensor.device.type == "meta" or is_fake(tensor) or tensor.numel() == 0:
-                continue  # no values to sample: a model built for a memory plan (sve.runs.plan)
-            flat = tensor.detach().reshape(-1)
-            if flat.numel() > FINGERPRINT_VALUES:
-                # Integer steps: a float32 linspace rounds the last index of a large tensor past its end.
-                index = torch.arange(FINGERPRINT_VALUES, device=flat.device) * (flat.numel() - 1) // (
-                    FINGERPRINT_VALUES - 1)
-                flat = flat[index]
-            digest.update(flat.to(torch.float64).cpu().numpy().tobytes())
-        return digest.hexdigest()
+    def fingerprint(self) -> Fingerprint:
+        """The fingerprint of ``model`` as it is now (``fingerprint``): what an adapter file was trained on
+        (``sve.api.adapter_files``)."""
+        return fingerprint(self.model)
 
     def extra_repr(self) -> str:
         return f"target_modules={self.target_modules}"
+
+
+class Fingerprint(str):
+    """The sha256 of every tensor's name, dtype, shape and bytes, with ``sampled``: the fingerprint that adapter
+    files of version 1 recorded (``FINGERPRINT_VALUES`` evenly spaced values per tensor), so that those files
+    are still checked as they were."""
+
+    sampled: str
+
+
+def fingerprint(model: nn.Module, without: str | None = None) -> Fingerprint:
+    """The ``Fingerprint`` of every tensor of ``model``'s state dict, except those of the module ``without``
+    (a head not yet replaced by the backbone's feature tap). Every value counts: a base whose weights differ
+    in a few rows of one wide layer predicts differently, and a sample of 1,024 values per tensor missed that;
+    hashing the bytes runs at the speed of reading them (seconds for a 7B model)."""
+    full, sampled = hashlib.sha256(), hashlib.sha256()
+    skip = f"{without}." if without else None
+    for name, tensor in sorted(model.state_dict().items()):
+        if not isinstance(tensor, Tensor) or (skip and name.startswith(skip)):
+            continue
+        for digest in (full, sampled):
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        if tensor.device.type == "meta" or is_fake(tensor) or tensor.numel() == 0:
+            continue  # no values: a model built for a memory plan (sve.runs.plan)
+        flat = tensor.detach().reshape(-1)
+        full.update(memoryview(flat.contiguous().cpu().view(torch.uint8).numpy()))  # any dtype, bfloat16 included
+        if flat.numel() > FINGERPRINT_VALUES:
+            # Integer steps: a float32 linspace rounds the last index of a large tensor past its end.
+            index = torch.arange(FINGERPRINT_VALUES, device=flat.device) * (flat.numel() - 1) // (
+                FINGERPRINT_VALUES - 1)
+            flat = flat[index]
+        sampled.update(flat.to(torch.float64).cpu().numpy().tobytes())
+    result = Fingerprint(full.hexdigest())
+    result.sampled = sampled.hexdigest()
+    return result
 
 
 def keep_batchnorm_statistics(model: nn.Module) -> None:

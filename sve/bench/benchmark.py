@@ -55,7 +55,6 @@ Writes ``<out>/{vit_s,bert_base,table5,front,rule,weights}.json`` (with the comm
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import json
@@ -80,6 +79,7 @@ from sve.bench.counters import (
     resident_bytes,
     verdict,
 )
+from sve.cli.bench import PARTS, arguments
 from sve.layers import LoRALayer, SVLinear, weight_matrix
 from sve.layers.svd_cache import default_dir
 from sve.members import to_device
@@ -87,7 +87,7 @@ from sve.methods import registry
 from sve.paths import CONFIGS
 from sve.runs.results import command_line, git_commit, package_versions, write_json
 from sve.runs.run import instantiate
-from sve.training.allocator import POLICIES, set_cpu_allocator
+from sve.training.allocator import set_cpu_allocator
 
 MB = 2**20
 
@@ -777,29 +777,11 @@ def write_markdown(out: Path, parts: dict) -> None:
     (out / "bench.md").write_text("\n".join(lines))
 
 
-PARTS = ("vit_s", "bert_base", "table5", "front", "rule", "weights")  # each writes <out>/<part>.json
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--layers", type=int, default=1, help="transformer blocks in the vit_s/bert_base parts")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after warm-up)")
-    parser.add_argument("--full-depth-eval", nargs="*", default=["vit_s"], choices=["vit_s", "bert_base"],
-                        help="settings whose evaluation at batch 16 is also timed at the full depth (SVE, M dense)")
-    parser.add_argument("--train-batch", type=int, default=4, help="training batch per member")
-    parser.add_argument("--table5-methods", nargs="+", default=TABLE5_DEFAULT)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads; default 1 on the CPU (a shared machine stalls multi-threaded small "
-                             "operators at thread barriers, so times would measure the other processes)")
-    parser.add_argument("--cpu-allocator", default="tuned", choices=POLICIES,
-                        help="the C allocator's policy for this process (sve/training/allocator.py): tuned keeps freed "
-                             "memory for reuse, system leaves glibc's defaults (which fault pages in every step)")
-    parser.add_argument("--svd-cache", default=str(default_dir()), help="SVD cache directory ('' for none)")
-    parser.add_argument("--out", type=Path, default=Path("results") / "bench")
-    parser.add_argument("--tiny", action="store_true", help="tiny backbones and 1 repeat (tests)")
+    parser = arguments()  # sve.cli.bench: the options are defined where --help answers without torch
     args = parser.parse_args(argv)
+    args.table5_methods = args.table5_methods or TABLE5_DEFAULT
+    args.svd_cache = str(default_dir()) if args.svd_cache is None else args.svd_cache
     if args.tiny:
         args.repeats, args.layers, args.train_batch = 1, 1, 2
     try:

@@ -8,10 +8,14 @@ from sve.errors import one_line_errors
 
 def main() -> None:
     if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
-        from sve.runs.distillation import __doc__ as usage
+        from sve.cli.configs import groups, module_doc  # the usage without importing torch: it answers at once
 
-        print(usage)
+        print(module_doc("sve.runs.distillation").replace("``", ""))
+        print(f"\nstudent=<option of configs/method>: {', '.join(groups()['method'])}")
         sys.exit(0 if sys.argv[1:] else 2)
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         from sve.runs.distillation import distill_run
 

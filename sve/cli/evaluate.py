@@ -5,12 +5,52 @@ import sys
 
 from sve.errors import one_line_errors
 
+# The command's own options (sve.runs.evaluate.OPTIONS), one line each.
+OPTIONS = {"run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
+           "name": "the evaluation's name: evaluations/<name>.json (default: the evaluated dataset's name)",
+           "ckpt_path": "another checkpoint of the run (default: checkpoints/final.ckpt)",
+           "update_results": "true: replace the evaluation keys of the run's results.json (default false)"}  # fmt: skip
+# What the trained model and its training are made of (an evaluation cannot swap these groups), and what an
+# evaluation does not read (no optimiser, no logger, no callbacks).
+FIXED_GROUPS = ("method", "backbone", "experiment", "recipe")
+NOT_READ = ("optimizer", "scheduler", "logger", "callbacks", "hydra/launcher")
+
+
+def usage() -> str:
+    from sve.cli.configs import groups_help, module_doc
+
+    usage_line = module_doc("sve.runs.evaluate").split("\n\n")[1].replace("``", "")
+    usage_line = usage_line.replace("python evaluate.py", "sve-eval")
+    options = "\n".join(f"  {key}=...{' ' * (16 - len(key))}{text}" for key, text in OPTIONS.items())
+    return f"""usage: {usage_line}
+
+{__doc__.split(": ", 1)[1].replace("``", "")}
+
+Options:
+{options}
+
+Config groups an evaluation may swap (group=option; the default is the trained run's own); {', '.join(FIXED_GROUPS)}
+stay the trained run's:
+{groups_help(leave_out=FIXED_GROUPS + NOT_READ, with_defaults=False)}
+
+Any other key=value overrides the run's config for the evaluation (dataset.root=DIR, dataset.corruptions=all,
+trainer.accelerator=cpu); +key=value adds a key, ~key removes one; --config-dir DIR adds your own config folder.
+SVE_VERBOSE=1 keeps the notices of the libraries that are hidden by default; SVE_DEBUG=1 shows the traceback of
+an error. More: the docstring of sve/runs/evaluate.py."""
+
 
 def main() -> None:
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):  # before torch: the usage answers at once
+        print(usage())
+        sys.exit(0 if argv else 2)
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         from sve.runs.evaluate import main as evaluate
 
-        sys.exit(evaluate(sys.argv[1:]))
+        sys.exit(evaluate(argv))
 
 
 if __name__ == "__main__":

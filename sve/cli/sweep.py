@@ -7,6 +7,9 @@ from sve.errors import one_line_errors
 
 
 def main() -> None:
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
         from sve.paper.sweep import main as sweep
 

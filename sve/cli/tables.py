@@ -14,7 +14,9 @@ def main(argv: list[str] | None = None) -> int:
     from sve.paper.report import build, build_all, table_names
     from sve.paper.store import is_table
 
-    parser = argparse.ArgumentParser(prog="sve-tables", description=__doc__.splitlines()[0].split(": ", 1)[-1])
+    # The docstring after its usage line (``...``: ...), whole: its first line alone stopped mid-sentence.
+    description = " ".join(__doc__.replace("``", "").split()).split("): ", 1)[-1]
+    parser = argparse.ArgumentParser(prog="sve-tables", description=description[0].upper() + description[1:])
     # Not argparse choices: a definition of one's own project is named by its file, which no list holds.
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"definitions in sve/configs/tables/ ({', '.join(table_names())}) or your own "

@@ -6,6 +6,8 @@ under the current directory (``outputs/``, ``multirun/``) unless ``hydra.run.dir
 """
 
 import logging
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -14,7 +16,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}, before Hydra composes
-from sve.errors import debugging, one_line_errors, user_error
+from sve.errors import InputError, debugging, one_line_errors, user_error
+from sve.runs import rundir
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +29,50 @@ LAUNCHER_PLUGINS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
 
 
 def main() -> None:
-    """``sve-train``: a launcher whose plugin is not installed is one line with the install command."""
+    """``sve-train``: ``--help`` lists the config groups and keys; a mistake Hydra would report on several lines
+    (an unknown option, key or group) and a bad value are one line, before Hydra creates a run directory and
+    before torch is imported."""
+    import sys
+
+    from hydra._internal.utils import get_args_parser  # the command line as @hydra.main reads it
+
+    args = get_args_parser().parse_args(sys.argv[1:])
+    if args.help:
+        print(usage())
+        raise SystemExit(0)
+    check_launcher(args.overrides)
+    with one_line_errors():
+        precheck(args)
+    hydra_main()
+
+
+def usage() -> str:
+    from sve.cli.configs import groups_help, keys_help
+
+    head = __doc__.split("\n\n")[0].replace("``", "")
+    return f"""usage: sve-train [group=option ...] [key=value ...] [-m] [--config-dir DIR] [--cfg job]
+
+{head}
+
+Config groups (group=option; every key of the chosen option is set as group.key=value, e.g. dataset.root=DIR):
+{groups_help()}
+
+Main keys (key=default):
+{keys_help()}
+
++key=value adds a key the chosen option lacks (one its code reads), ~key removes one. --config-dir DIR adds your
+own config folder (DIR/method/*.yaml, DIR/experiment/*.yaml, ...). --cfg job prints the composed config without
+running it. -m runs a sweep (method=sve,deep_ensemble seed=0,1). Environment: SVE_VERBOSE=1 keeps the notices of
+the libraries that are hidden by default; SVE_DEBUG=1 shows the traceback of an error. Hydra's own options:
+--hydra-help."""
+
+
+def check_launcher(overrides: list[str]) -> None:
+    """A launcher whose plugin is not installed is one line with the install command."""
     import importlib.util
     import sys
 
-    for arg in sys.argv[1:]:
+    for arg in overrides:
         key, _, value = arg.partition("=")
         if key.lstrip("+") == "hydra/launcher" and value in LAUNCHER_PLUGINS:
             module, extra = LAUNCHER_PLUGINS[value]
@@ -38,31 +80,90 @@ def main() -> None:
                 found = importlib.util.find_spec(module) is not None
             except ModuleNotFoundError:  # not even the hydra_plugins namespace
                 found = False
-            if not found:
+            if not found:  # the whole answer: no traceback to point to
                 print(f"error: hydra/launcher={value} needs the submitit launcher plugin, which is not installed: "
                       f"pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip install -e "
                       f"'.[{extra}]')", file=sys.stderr)  # fmt: skip
                 raise SystemExit(2)
-    hydra_main()
+
+
+# Set by precheck when the composed config passed the checks that need no torch: hydra_main does not repeat the
+# sources check (it may probe the network).
+_checked_before_hydra = False
+
+
+def precheck(args) -> None:
+    """Composes the run as Hydra will (0.2 s, no torch) and answers a composition error or a bad value in one
+    line before Hydra starts, so a refused run creates no run directory. Left to Hydra: its own commands
+    (--cfg, --info, ...) and another primary config; a multirun's values are checked option by option."""
+    global _checked_before_hydra
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from sve.cli.configs import check_group_values, compose_error, search_dirs
+    from sve.paths import CONFIGS
+
+    if args.cfg or args.info or args.shell_completion or args.hydra_help or args.config_path or \
+            args.config_name not in (None, "train"):  # fmt: skip
+        return
+    if args.config_dir is not None and not Path(args.config_dir).is_dir():
+        raise InputError(f"--config-dir {args.config_dir}: no such directory; expected your config folder (holding "
+                         "method/, dataset/, experiment/ ... with *.yaml options)")  # fmt: skip
+    overrides = list(args.overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message points into the override
+        return
+    searchpath = [str(p) for o in parsed if o.key_or_group == "hydra.searchpath" for p in o.value()]
+    dirs = search_dirs(args.config_dir, searchpath)
+    if args.multirun or any(o.is_sweep_override() for o in parsed):
+        check_group_values(overrides, dirs)  # a sweep's values cannot be composed as one run
+        return
+    if args.config_dir is not None:  # where @hydra.main puts --config-dir: after the package's configs
+        searchpath = [f"file://{Path(args.config_dir).resolve()}", *searchpath]
+        overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.searchpath=")]
+        overrides.append(f"hydra.searchpath=[{','.join(searchpath)}]")
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    except Exception as err:  # noqa: BLE001 - any other composition error is Hydra's to report, as before
+        rewritten = compose_error(err, dirs)
+        if rewritten is not None:
+            raise rewritten from None
+        return
+    if str(OmegaConf.select(cfg, "hydra.mode", default="")).endswith("MULTIRUN"):
+        return
+    from sve.runs.preflight import check_sources
+    from sve.runs.validate import check_values
+
+    check_values(cfg)
+    if not cfg.get("plan"):
+        check_sources(cfg)
+    _checked_before_hydra = True
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def hydra_main(cfg: DictConfig) -> None:
+    from sve.cli.quiet import hide_noise
+
+    hide_noise()  # after Hydra has configured logging for the job
     print(recipe_line(cfg))
     from sve.runs.preflight import check_sources
     from sve.runs.validate import check_values
 
     if cfg.get("plan"):  # the memory a run would take per device, on fake tensors: nothing trained or downloaded
-        with one_line_errors():
+        with nothing_left_if_refused(), one_line_errors():
             check_values(cfg)
             from sve.runs.plan import print_plan
 
             print_plan(cfg)
         return
     if HydraConfig.get().mode != RunMode.MULTIRUN:
-        with one_line_errors():  # a user error is one line naming what to change; a bug keeps its traceback
+        # a user error is one line naming what to change; a bug keeps its traceback
+        with nothing_left_if_refused(), one_line_errors():
             check_values(cfg)  # a bad value answers before torch is imported
-            check_sources(cfg)  # and so does a download that cannot happen (no network)
+            if not _checked_before_hydra:
+                check_sources(cfg)  # and so does a download that cannot happen (no network)
             from sve.runs.run import run  # torch and Lightning: only once there is a run to do
 
             run(cfg)
@@ -89,6 +190,45 @@ def hydra_main(cfg: DictConfig) -> None:
         else:
             log.exception("run failed; the sweep goes on")
         record_failure(Path(cfg.paths.output_dir), err)
+
+
+# What every run directory holds before the run does any work (Hydra's .hydra/ and <job>.log, the lock, the
+# config the directory remembers: sve.runs.rundir): a directory holding only these holds nothing of value.
+BOOKKEEPING = (".hydra", rundir.LOCK, rundir.RUN_CONFIG)
+
+
+@contextmanager
+def nothing_left_if_refused():
+    """A run refused with a user error (exit status 2) before it wrote anything removes the directory Hydra
+    created for it (and the parents Hydra created), so a typo leaves no ``outputs/.../<time>/`` behind; a
+    directory that existed before the run, or one the run wrote into, is kept."""
+    try:
+        yield
+    except SystemExit as stop:
+        top = rundir.created_by_this_run
+        if stop.code == 2 and top is not None and HydraConfig.initialized():
+            directory = Path(HydraConfig.get().runtime.output_dir)
+            log_file = f"{HydraConfig.get().job.name}.log"
+            written = [p for p in directory.iterdir() if p.name not in (*BOOKKEEPING, log_file)] \
+                if directory.is_dir() else []  # fmt: skip
+            if directory.is_dir() and not written and (directory == top or top in directory.parents):
+                release_log_files(directory)
+                shutil.rmtree(directory, ignore_errors=True)
+                for parent in directory.parents:  # the parents Hydra made for it, when they hold nothing else
+                    if parent == top.parent or any(parent.iterdir()):
+                        break
+                    parent.rmdir()
+        raise
+
+
+def release_log_files(directory: Path) -> None:
+    """Closes and detaches the logging handlers writing into ``directory`` (Hydra's ``<job>.log``), so nothing
+    is written there once it is removed."""
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in list(getattr(logger, "handlers", [])):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(directory):
+                logger.removeHandler(handler)
+                handler.close()
 
 
 def recipe_line(cfg: DictConfig) -> str:

@@ -21,8 +21,10 @@ overflow the CPU's caches, so one member per pass is faster, while the few examp
 still run best at once (the batched and one-at-a-time rows of results/bench/bench.md). With one member per
 pass, the member-free layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once,
 not once per member (``sve.layers.shared_inputs``). When a member layer reports that its input is not
-batch-first (``MemberLayoutError``), the method falls back to one member at a time, with a warning naming the
-module: never a silently wrong result.
+batch-first, or that its owner reads its weight (``MemberLayoutError``), the method runs its members one at a
+time from then on, with one warning in the log naming the module: never a silently wrong result. A probe finds
+such layers when the method is built (``probe_member_layout``), so that a time-major length that happens to
+equal a batch's rows cannot pass for the member layout, and the first training step needs no retry.
 """
 
 from __future__ import annotations
@@ -235,7 +237,47 @@ class EnsembleMethod(nn.Module):
                 log.info("%s: %s takes %d layers: %s", type(self).__name__,
                          "the default target_modules" if default else "target_modules=all", len(self.wrapped),
                          ", ".join(self.wrapped))  # fmt: skip
+            self.probe_member_layout()
         self.log_summary()
+
+    def probe_member_layout(self) -> None:
+        """Finds, before any real batch, a member layer that cannot take the members stacked member-major:
+        one whose owner calls it time-major ((T, N, D): XLNet's feed-forward, a ``batch_first=False``
+        transformer) would mix them, one whose owner reads its ``.weight`` itself (``nn.MultiheadAttention``'s
+        ``out_proj``, timm BEiT's and EVA's ``qkv``) cannot stack them. Two members run on the probe input,
+        with one copy of it each and then with two: a time-major length can equal the rows of one pass, not of
+        both (at run time it could equal a batch's rows, and the members would mix without a word). Such a
+        layer makes the members run one at a time (``fall_back``); nothing else of the model changes (modes,
+        random generators)."""
+        layers = [layer for layer in self.member_layers() if layer.num_members() > 1]
+        batch = self.backbone.probe_batch() if layers and self.members_at_once != 1 else None
+        if batch is None or any(p.device.type == "meta" for p in layers[0].parameters()):
+            return
+        device = next(iter(layers[0].parameters())).device
+        batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        B, modes, generators = batch_size(batch), {m: m.training for m in self.modules()}, rng_states(batch)
+        try:
+            self.backbone.eval()
+            with torch.enable_grad(), ExitStack() as stack:  # training's (factored) paths: no merged weights kept
+                for layer in layers:
+                    stack.enter_context(layer.select([0, 1]))
+                for copies in (1, 2):
+                    with member_rows(2 * copies * B):
+                        self.backbone(repeat_batch(batch, 2 * copies, batch_size=B))
+        except MemberLayoutError as err:
+            self.fall_back(err)
+        except Exception as err:  # noqa: BLE001 - not the layout's: the first real batch raises it where it belongs
+            log.debug("%s: the member layout probe failed: %s: %s", type(self).__name__, type(err).__name__, err)
+        finally:
+            for module, mode in modes.items():
+                module.training = mode
+            restore_rng_states(generators)
+
+    def fall_back(self, err: MemberLayoutError) -> None:
+        """From now on the members run one at a time, where a layer's input may have any layout; said once."""
+        self.fallback = err.module or "a member layer"
+        log.warning("%s runs its members one at a time (%d backbone passes per batch, about %d times less "
+                    "activation memory): %s", type(self).__name__, self.ensemble_size, self.ensemble_size, err)
 
     # ----- members --------------------------------------------------------------------------------------------
     def num_members(self) -> int:
@@ -270,7 +312,7 @@ class EnsembleMethod(nn.Module):
             return self.members_at_once or members
         if self.training or self.heads.weight.device.type != "cpu":
             return members
-        return min(members, max(1, CPU_EVAL_EXAMPLES // batch_size(batch)))
+        return min(members, max(1, CPU_EVAL_EXAMPLES // max(1, batch_size(batch))))
 
     def training_chunks(self) -> list[list[int]] | None:
         """The member chunks one training step runs and back-propagates one after another
@@ -281,8 +323,16 @@ class EnsembleMethod(nn.Module):
         return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
 
     def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
-        """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members."""
-        return check_member_logits(mask_choices(self.member_logits(batch, members), batch), len(members))
+        """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members (one at a time
+        after a layer refused the member layout, as in ``forward``)."""
+        if len(members) > 1 and not self.fallback:
+            generators = rng_states(batch)
+            try:
+                return check_member_logits(mask_choices(self.member_logits(batch, members), batch), len(members))
+            except MemberLayoutError as err:
+                self.fall_back(err)
+                restore_rng_states(generators)
+        return check_member_logits(mask_choices(self.logits_in_passes(batch, members, 1), batch), len(members))
 
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
@@ -297,8 +347,7 @@ class EnsembleMethod(nn.Module):
         except MemberLayoutError as err:
             if chunk == 1:
                 raise
-            self.fallback = err.module or "a member layer"
-            warnings.warn(f"{err}. Falling back to one member at a time for this run.", stacklevel=2)
+            self.fall_back(err)
             restore_rng_states(generators)
             logits = self.logits_in_passes(batch, members, 1)
         return check_member_logits(mask_choices(logits, batch), len(members))

@@ -53,13 +53,32 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
                              f"file, or one of the shipped tables {table_names()}")
         raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
                          "or name your own definition file (<path>.yaml)")
-    spec = OmegaConf.load(path)
+    spec = load_yaml(path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
     check_spec(spec, path)
     spec.name = path.stem  # outputs are named by the file's stem: tables/<stem>.md
     spec.source = str(path)  # files it names (paper:) are found beside it first
     return spec
+
+
+def load_yaml(path: Path) -> DictConfig:
+    """``path`` as a config; a YAML syntax error is one line naming the file, the line and the parser's problem
+    (the parser's own report is a 60-line traceback)."""
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise InputError(f"{where}: not valid YAML ({problem}); fix the file (the format of "
+                         "sve/configs/tables/*.yaml, docs/extending.md)") from None  # fmt: skip
+    if not isinstance(loaded, DictConfig):
+        raise InputError(f"{path}: expected a mapping of keys (kind:, experiments:, rows: ...), found a "
+                         f"{type(loaded).__name__}")  # fmt: skip
+    return loaded
 
 
 KINDS = ("metrics", "figure2", "figure3", "figureB", "cost")

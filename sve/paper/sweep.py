@@ -50,8 +50,6 @@ from contextlib import ExitStack, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 from sve.errors import InputError
 from sve.paper.registry import METRICS
 from sve.paper.store import (
@@ -218,6 +216,7 @@ def recorded_members(results: dict, path: Path) -> int:
 
 
 def run_in_process(job: Job) -> dict:
+    import torch  # here, not at the top: `sve-sweep --help` and a typo answer without it
     from hydra import compose, initialize_config_dir
 
     from sve.runs.run import run

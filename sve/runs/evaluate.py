@@ -48,13 +48,13 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from sve.api import adapter_files
-from sve.errors import InputError
+from sve.errors import InputError, did_you_mean
 from sve.paths import CONFIGS
 from sve.runs.evaluation import PREDICTIONS, evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, read_results, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim
-from sve.runs.validate import accepted_keys, check_accelerator, check_values
+from sve.runs.validate import accepted_keys, check_accelerator, check_values, root_keys
 from sve.runs.writable import check_writable
 from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
 
@@ -157,6 +157,11 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             adding = override.is_add() or override.is_force_add()
             if OmegaConf.select(cfg, key, default=absent) is absent and not adding:
                 raise InputError(f"{key}: not a key of the run's config; +{key}=... adds it")
+            top = key.split(".")[0]
+            if adding and top not in cfg and top not in root_keys():  # `+datset.root=...`: nothing would read it
+                known = sorted(set(root_keys()) | {str(k) for k in cfg})
+                raise InputError(f"+{key}: the run's config has no {top}{did_you_mean(top, known)}, and nothing "
+                                 f"reads it; the top-level keys are: {', '.join(known)}")  # fmt: skip
             OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
     return cfg
 

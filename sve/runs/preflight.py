@@ -118,6 +118,12 @@ def dataset_needs(dataset: DictConfig) -> list[tuple[str, str, str, bool]]:
                              "to a local copy (docs/datasets-and-backbones.md gives its layout), or "
                              "dataset.download=true")  # fmt: skip
         return [(what, f"a download into {path}", "dataset.root=<a local copy>", False)]
+    # A local copy that is not there at all is a typo whatever the dataset's layout: said here, before torch is
+    # imported (the data module checks the layout of one that exists).
+    if root and not Path(str(root)).expanduser().exists():
+        raise InputError(f"{what}: dataset.root={root}: no such file or directory; set dataset.root to your local "
+                         "copy (docs/datasets-and-backbones.md gives its layout)"
+                         + ("" if not get("hub_name") else f", or dataset.root=null to load {get('hub_name')}"))
     if get("hub_name") and not root and not hub_dataset_cached(str(get("hub_name"))):
         return [(what, f"the Hub dataset {get('hub_name')}", "dataset.root=<a local copy>", True)]
     return []

@@ -101,7 +101,17 @@ def make_loggers(cfg: DictConfig):
 def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
     # Checkpoints only where the callbacks config asks for them (Lightning would otherwise add its own).
     checkpointing = any(isinstance(c, pl.callbacks.Checkpoint) for c in callbacks)
-    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing)
+    if cfg.trainer.get("enable_progress_bar", True) and not any(
+            isinstance(c, pl.callbacks.ProgressBar) for c in callbacks):
+        from sve.training.progress import EpochProgressBar
+
+        callbacks = [*callbacks, EpochProgressBar()]
+    # Lightning's model summary is off unless the trainer config asks for it: the method logs its own (trainable
+    # parameters against the backbone's, sve.methods.base.log_summary), and Lightning's adds a FLOPs column that
+    # reads 0 for every model it cannot trace.
+    summary = bool(cfg.trainer.get("enable_model_summary", False))
+    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing,
+                                   enable_model_summary=summary)
 
 
 def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | None:

@@ -205,12 +205,21 @@ def remember_config(directory: Path, config: dict) -> None:
     os.replace(partial, path)
 
 
+# The topmost folder that Hydra is about to create for this process's run (the run directory, or the first of its
+# parents that did not exist), None when the run directory existed before: a run refused before it wrote
+# anything removes what it created (sve.cli.train), and never a directory that was there before it.
+created_by_this_run: Path | None = None
+
+
 class WritableRunDir(Callback):
     """Hydra callback: the run (or sweep) directory can be written, checked before Hydra sets up its log file
     there, which would otherwise fail with ``ValueError: Unable to configure handler 'file'``."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        self._check(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+        global created_by_this_run
+        directory = Path(str(config.hydra.run.dir)).absolute()
+        created_by_this_run = next((p for p in [*reversed(directory.parents), directory] if not p.exists()), None)
+        self._check(directory, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._check(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")

@@ -163,6 +163,14 @@ def check_values(cfg: DictConfig) -> None:
     if get("ckpt_path") is not None:
         _require(Path(str(get("ckpt_path"))).expanduser().is_file(), "ckpt_path", get("ckpt_path"),
                  "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)")  # fmt: skip
+    # plan=true on the CPU plans against the machine's free memory, so a bad plan_memory_gib was never read
+    # there and the command answered as if it were fine (plan_memory_gib=-1 or abc).
+    if "plan" in cfg:
+        _require(isinstance(get("plan"), bool), "plan", get("plan"), "true or false")
+    if "plan_memory_gib" in cfg:
+        _require(_number(get("plan_memory_gib")) and get("plan_memory_gib") > 0, "plan_memory_gib",
+                 get("plan_memory_gib"), "the device memory in GiB that plan=true checks against, a positive "
+                 "number (e.g. 24 for an RTX 4090)")  # fmt: skip
     check_logger_installed(cfg)
 
 
