@@ -154,6 +154,8 @@ def test_every_shipped_option_has_its_facts():
         assert not i.sampled or i.cls.fixed_ensemble_size == 1, i.option
         # A method that fits data after training has a step after training (the base's hook does nothing).
         assert not i.fits_after_training or i.cls.after_fit is not EnsembleMethod.after_fit, i.option
+        # Members from epoch-end snapshots: a schedule with too few epochs is refused before training.
+        assert not i.epoch_snapshots or i.cls.check_training is not EnsembleMethod.check_training, i.option
 
 
 def test_every_method_class_is_registered_where_it_is_defined():
@@ -190,6 +192,9 @@ ALLOWED = {
     ("sve/bench/benchmark.py", "FRONT", "*"): "the front's rows and their settings",
     ("sve/bench/benchmark.py", "weight_steps", "*"): "one shared weight against LoRA-Ensemble's",
     ("sve/bench/benchmark.py", "table5_part", "deep_ensemble"): "its training memory is M x Single's, not measured",
+    ("sve/bench/gpu_inference.py", "CANDIDATES", "*"): "the GPU check's inference paths and what they run",
+    ("sve/bench/gpu_inference.py", "AGREEMENT", "*"): "which path each is held equal to",
+    ("sve/bench/gpu_inference.py", "agreement", "*"): "the same references",
     # Costs are relative to the single model (Table 5).
     ("sve/bench/benchmark.py", "table5_part", "single"): "the reference of every cost",
     ("sve/bench/benchmark.py", "front_part", "single"): "the reference of every cost",

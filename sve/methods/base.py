@@ -129,6 +129,8 @@ class EnsembleMethod(nn.Module):
             ``ensemble_size`` is 1 and ``method.num_samples`` sets the member count.
         fits_after_training: the data ``after_fit`` reads (``"train"``: the training split, as a Laplace
             posterior is fitted), or None when it reads none.
+        epoch_snapshots: members are the last ``ensemble_size`` epoch-end snapshots of one run, so a run
+            trains at least that many epochs.
         trains: what the optimiser updates, in words.
         Whatever ``after_fit`` builds (a Laplace posterior, snapshots in use) must live in the state dict
         (``get_extra_state``): checkpoints written after it carry it, and ``evaluate.py`` never refits.
@@ -151,6 +153,7 @@ class EnsembleMethod(nn.Module):
     option_display_names: dict[str, str] = {}
     sampled: bool = False
     fits_after_training: str | None = None
+    epoch_snapshots: bool = False
     trains: str = ""
 
     def __init_subclass__(cls, **kwargs):

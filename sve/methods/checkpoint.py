@@ -28,6 +28,7 @@ class CheckpointEnsemble(LoRAEnsemble):
     """
 
     display_name = "Ckpt Ensemble"
+    epoch_snapshots = True
     trains = "one LoRA adapter and the head; its last epoch-end snapshots are the members"
 
     adapters_per_member = False  # one trained model ...

@@ -3,11 +3,12 @@
 A method class registers itself where it is defined (``EnsembleMethod.__init_subclass__``, as timm's
 ``register_model`` and peft's ``register_peft_method`` do) and states its facts as class attributes:
 ``display_name`` (its row label in the tables), ``sampled`` (members are ``num_samples`` samples of one
-model), ``fits_after_training`` (the data ``after_fit`` reads) and ``trains`` (what its optimiser updates).
+model), ``fits_after_training`` (the data ``after_fit`` reads), ``epoch_snapshots`` (members are epoch-end
+snapshots) and ``trains`` (what its optimiser updates).
 The options are the group's files (``sve/configs/method/*.yaml``) and what Hydra's ``ConfigStore`` holds
 under ``method``; each is composed by Hydra itself, so a run, ``sve.wrap``, the plan, the benchmark and the
 tables read the same settings and the same class. Nothing else lists methods by name
-(``tests/test_method_names.py``).
+(``tests/test_registry.py``).
 
 Importing this module loads no torch: the class behind an option is imported when its facts are asked for.
 """
@@ -91,6 +92,7 @@ class MethodInfo:
     sampled: bool  # members are num_samples samples of one model: ensemble_size is 1
     num_samples: int | None  # the option's default sample count (sampled methods only)
     fits_after_training: str | None  # the data after_fit reads ("train": the training split), or None
+    epoch_snapshots: bool  # members are the last epoch-end snapshots: a run trains at least ensemble_size epochs
     trains: str
 
     def members(self, ensemble_size: int) -> int:
@@ -111,7 +113,8 @@ def info(option: str) -> MethodInfo:
     name = vars(cls).get("option_display_names", {}).get(option, cls.display_name)
     samples = int(option_config(option).num_samples) if cls.sampled else None
     return MethodInfo(option=option, cls=cls, display_name=name, sampled=cls.sampled, num_samples=samples,
-                      fits_after_training=cls.fits_after_training, trains=cls.trains)
+                      fits_after_training=cls.fits_after_training, epoch_snapshots=cls.epoch_snapshots,
+                      trains=cls.trains)
 
 
 def display_name(option: str) -> str:
