@@ -5,7 +5,8 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
 - ``layers``: the member layers (SV, LoRA, BatchEnsemble, BLoB; SV inference paths), ``inject`` (wraps a
   backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files).
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the
-  (M, B, C) layout of ``members`` (which also forms the predictive).
+  (M, B, C) layout of ``members`` (which also forms the predictive); ``registry`` (every method option, its
+  class and the facts the class states).
 - ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
 - ``data``: data modules, their up-front checks, samplers, the corruption generator.
 - ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics).
@@ -15,7 +16,7 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
   locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
   ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
 - ``paper``: ``sweep`` (table sweeps) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
-  definitions, run directories, the runs of a store), ``registry`` (metric and method names), ``report``
+  definitions, run directories, the runs of a store), ``registry`` (metric names, method labels), ``report``
   (the table builder), ``render``, ``figures``, ``claims`` with ``bootstrap`` (paired intervals), ``budget``.
 - ``bench``: memory and FLOP counters (``counters``), the cost benchmark (``benchmark``) and the GPU check
   (``gpu_check``, ``make gpu-check``).

@@ -1,5 +1,6 @@
 """Every method config through ``run()`` (trainer=debug, tiny_bert, synthetic_text): no config can rot.
-The list comes from configs/method, so a new method is run here without an edit."""
+The list and each method's member count come from the registry of methods (``sve.methods.registry``), so a
+new method is run here without an edit."""
 
 from __future__ import annotations
 
@@ -9,23 +10,23 @@ import numpy as np
 import pytest
 import torch
 
+from sve.methods import registry
 from sve.runs.run import run
-from tests.conftest import compose_cfg, config_options
+from tests.conftest import compose_cfg
 
-BASELINES = config_options("method")
-
-SAMPLED = ("mc_dropout", "mc_dropout_lora", "blob", "bayes_lora_llla", "bayes_lora_la")  # 10 passes or samples
+BASELINES = registry.options()
 FAST = ["backbone=tiny_bert", "dataset=synthetic_text", "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1", "ensemble_size=2"]
 
 
 @pytest.mark.parametrize("method", BASELINES)
 def test_every_baseline_config_runs(method, tmp_path):
-    extra = ["method.marglik_steps=3"] if method.startswith("bayes_lora") else []
+    facts = registry.info(method)
+    extra = ["method.marglik_steps=3"] if "marglik_steps" in registry.option_config(method) else []
     if method == "checkpoint_ensemble":  # one epoch-end checkpoint per member
         extra = ["trainer.max_epochs=2", "trainer.limit_train_batches=2"]
     results = run(compose_cfg([f"method={method}", *FAST, *extra], tmp_path))
-    assert results["num_members"] == (10 if method in SAMPLED else results["ensemble_size"])
+    assert results["num_members"] == facts.members(2)
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["method"] == method and 0 <= written["metrics"]["test/acc"] <= 100
     assert results["parameters"]["trainable"] > 0
@@ -34,9 +35,9 @@ def test_every_baseline_config_runs(method, tmp_path):
         assert report["mode"] == "in_memory"  # CPU: M copies fit
     if method == "deep_ensemble_lora":
         assert (report["mode"], report["rounds"]) == ("sequential", 2)  # one run per member
-    if method in SAMPLED:
-        assert report["num_samples"] == 10 and results["num_members"] == 10
-    if method.startswith("bayes_lora"):
+    if facts.sampled:  # the option's samples, not ensemble_size=2
+        assert report["num_samples"] == results["num_members"] == 10 and results["ensemble_size"] == 1
+    if facts.fits_after_training:  # a Laplace posterior
         assert report["prior_precision"] > 0
     if method in ("sve", "svf"):  # the SVD's one-time cost and the cache's hits and misses
         cache = report["svd_cache"]

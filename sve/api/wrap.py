@@ -39,17 +39,16 @@ from sve.backbones.base import Backbone
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
 from sve.members import non_finite_rows
+from sve.methods import registry
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
-from sve.paths import CONFIGS
 
-METHOD_CONFIGS = CONFIGS / "method"
 # Config keys that are the training recipe's, not the method's (a hand loop sets its own optimizer).
 RECIPE_KEYS = ("_target_", "name", "lr")
 
 
 def method_names() -> list[str]:
-    return sorted(p.stem for p in METHOD_CONFIGS.glob("*.yaml"))
+    return registry.options()
 
 
 def method_class_and_defaults(method: str) -> tuple[type, dict]:
@@ -57,8 +56,7 @@ def method_class_and_defaults(method: str) -> tuple[type, dict]:
     ``$SVE_SVD_CACHE`` or ``$XDG_CACHE_HOME/sve/svd``, as for ``train.py``), values taken from a run's recipe
     (``sigma_init``) left to the class's own default."""
     cfg = method_config(method)
-    module, _, name = cfg._target_.rpartition(".")
-    cls = getattr(__import__(module, fromlist=[name]), name)
+    cls = registry.method_class(method)
     defaults = {}
     for key in cfg:
         if key in RECIPE_KEYS:
@@ -72,13 +70,8 @@ def method_class_and_defaults(method: str) -> tuple[type, dict]:
 
 
 def method_config(method: str):
-    """The method's config file with the files of its defaults list merged under it, as Hydra composes it."""
-    path = METHOD_CONFIGS / f"{method}.yaml"
-    if not path.is_file():
-        raise ValueError(f"method={method!r} is not valid; choose one of {method_names()}")
-    own = OmegaConf.load(path)
-    parents = [d for d in own.pop("defaults", []) if d != "_self_"]
-    return OmegaConf.merge(*[method_config(p) for p in parents], own)
+    """The method's config as ``train.py method=<method>`` composes it (Hydra's compose, through the registry)."""
+    return registry.option_config(method)
 
 
 def valid_options(cls: type, defaults: dict) -> list[str]:

@@ -83,6 +83,7 @@ from sve.cli.bench import PARTS, arguments
 from sve.layers import LoRALayer, SVLinear, weight_matrix
 from sve.layers.svd_cache import default_dir
 from sve.members import to_device
+from sve.methods import registry
 from sve.paths import CONFIGS
 from sve.runs.results import command_line, git_commit, package_versions, write_json
 from sve.runs.run import instantiate
@@ -158,7 +159,8 @@ class Builder:
 
     def method(self, name: str, *overrides: str, ensemble_size: int | None = None):
         M = ensemble_size or self.setting.ensemble_size
-        extra = [f"method.svd_cache={self.svd_cache}"] if name in ("sve", "svf") and self.svd_cache else []
+        decomposes = "svd_cache" in registry.option_config(name)  # the methods whose SVD a cache keeps
+        extra = [f"method.svd_cache={self.svd_cache}"] if decomposes and self.svd_cache else []
         cfg = compose_cfg([*self.setting.backbone_overrides(self.layers), f"method={name}", *extra, *overrides])
         torch.manual_seed(1)
         method = instantiate(cfg.method, backbone=copy.deepcopy(self.pristine), ensemble_size=M,
@@ -368,14 +370,19 @@ NOT_BY_DEFAULT = {"bayes_lora_la": "its KFAC Laplace fit over every LoRA factor 
                                    "CPU; add it with --table5-methods"}
 
 
-def prepare(name: str, method, builder: Builder) -> None:
-    """Puts a method in its evaluation state without training: snapshots, a fitted posterior."""
-    if name == "checkpoint_ensemble":
-        for _ in range(method.ensemble_size):
-            method.snapshot()
-        method.after_fit(None)
-    elif name.startswith("bayes_lora"):
-        method.after_fit(builder.datamodule())
+def prepare(method, builder: Builder) -> None:
+    """Puts a method in its evaluation state without training, by the hooks a run calls: one epoch end per member
+    (a checkpoint ensemble's snapshots), then ``after_fit``, on the training data where the method fits some
+    after training (a Laplace posterior; ``fits_after_training``)."""
+    for _ in range(method.ensemble_size):
+        method.on_train_epoch_end(None)
+    method.after_fit(builder.datamodule() if method.fits_after_training else None)
+
+
+def sample_overrides(name: str, members: int) -> list[str]:
+    """``members`` samples for a method whose members are samples of one model (the registry's ``sampled``); the
+    builder gives every other method ``members`` members already."""
+    return [f"method.num_samples={members}"] if registry.info(name).sampled else []
 
 
 def table5_part(setting: Setting, args, device) -> dict:
@@ -383,20 +390,17 @@ def table5_part(setting: Setting, args, device) -> dict:
     builder = Builder(setting, None if not args.tiny else args.layers, args.svd_cache, device)
     batch = to_device(setting.batch(1), device)
 
-    def sample_overrides(n: str) -> list[str]:
-        return [f"method.num_samples={M}"] if n in ("mc_dropout", "blob") or n.startswith("bayes") else []
-
     single = Candidate(builder.method("single"))
     entries, notes = {}, {}
     for name in ["single", *args.table5_methods]:
         log(f"[table5] {name}")
         config, extra = VARIANTS.get(name, (name, []))
-        cand = single if name == "single" else Candidate(builder.method(config, *extra, *sample_overrides(name)))
+        cand = single if name == "single" else Candidate(builder.method(config, *extra, *sample_overrides(config, M)))
         train_bytes = None
         if name != "deep_ensemble":  # M copies with Adam moments: M x Single's (below)
             cand.train_step(batch)
             train_bytes = cand.resident() + peak_memory(partial(cand.train_step, batch), device)
-        prepare(name, cand.method, builder)
+        prepare(cand.method, builder)
         cand.eval_step(batch)
         infer_bytes = resident_bytes(cand.method) + peak_memory(partial(cand.eval_step, batch), device)
         flops = count_flops(partial(cand.eval_step, batch))
@@ -504,7 +508,7 @@ def front_part(setting: Setting, args, device) -> dict:
     timed_on = {1: "full", 16: "blocks"}  # which depth each batch is timed at
     rows = []
     for name, variants in FRONT.items():
-        extra = [f"method.num_samples={M}"] if name == "mc_dropout" else []
+        extra = sample_overrides(name, M)
         for variant, overrides in variants.items():
             log(f"[front] {name} ({variant})")
             row = {"method": name, "setting": variant, "overrides": overrides}

@@ -59,6 +59,7 @@ from pytorch_lightning import Callback
 from torch import nn
 
 from sve.bench.gpu_report import Check, device_header, error_check, failed, relative_error, write_report
+from sve.methods import registry
 from sve.paths import CONFIGS
 
 PARTS = ("methods", "members", "inference", "plan", "distributed")
@@ -95,14 +96,14 @@ class PrecisionProbe(Callback):
 
 
 def method_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / "method").glob("*.yaml"))
+    return registry.options()
 
 
 def method_overrides(method: str, backbone: str, precision: str, out: Path, trainer: str = "gpu") -> list[str]:
     """A tiny run of ``method`` (as tests/test_methods_run.py runs every method): 3 training steps, one
     validation and one test batch, no checkpoints, the precision probe."""
-    extra = ["method.marglik_steps=3"] if method.startswith("bayes_lora") else []
-    if method == "checkpoint_ensemble":  # one epoch-end checkpoint per member
+    extra = ["method.marglik_steps=3"] if "marglik_steps" in registry.option_config(method) else []
+    if registry.info(method).epoch_snapshots:  # one epoch-end checkpoint per member
         extra = ["trainer.max_epochs=2", "++trainer.limit_train_batches=2"]
     return [
         f"method={method}",

@@ -1,21 +1,29 @@
-"""Methods: each wraps a backbone and returns member logits (M, B, C); see ``sve.members``."""
+"""Methods: each wraps a backbone and returns member logits (M, B, C); see ``sve.members``.
 
-from sve.methods.base import EnsembleMethod, MemberHeads
-from sve.methods.batch_ensemble import BatchEnsemble
-from sve.methods.bayes_lora import BayesLoRA, BayesLoRALA, BayesLoRALLLA
-from sve.methods.blob import BLoB
-from sve.methods.checkpoint import CheckpointEnsemble
-from sve.methods.deep_ensemble import DeepEnsemble, DeepEnsembleLoRA
-from sve.methods.last_layer import LastLayerEnsemble
-from sve.methods.lora import LoRAEnsemble, SingleLoRA
-from sve.methods.mc_dropout import MCDropout, MCDropoutLoRA
-from sve.methods.single import Single
-from sve.methods.sve import SVE, SVF
-from sve.methods.sve_lora import SVELoRA
-from sve.methods.sve_top import SVETop
+The classes are imported on first use (``sve.methods.SVE``, a config's ``_target_``), so that the registry of
+methods (``sve.methods.registry``) can be read without torch, and a method's facts without every other
+method's dependencies (laplace-torch for Bayes-LoRA).
+"""
 
-__all__ = [
-    "EnsembleMethod", "MemberHeads", "Single", "SVE", "SVF", "SingleLoRA", "LoRAEnsemble", "MCDropout",
-    "MCDropoutLoRA", "DeepEnsemble", "DeepEnsembleLoRA", "BatchEnsemble", "BayesLoRA", "BayesLoRALLLA",
-    "BayesLoRALA", "BLoB", "LastLayerEnsemble", "CheckpointEnsemble", "SVELoRA", "SVETop",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "EnsembleMethod": "base", "MemberHeads": "base", "BatchEnsemble": "batch_ensemble", "BayesLoRA": "bayes_lora",
+    "BayesLoRALA": "bayes_lora", "BayesLoRALLLA": "bayes_lora", "BLoB": "blob", "CheckpointEnsemble": "checkpoint",
+    "DeepEnsemble": "deep_ensemble", "DeepEnsembleLoRA": "deep_ensemble", "LastLayerEnsemble": "last_layer",
+    "LoRAEnsemble": "lora", "SingleLoRA": "lora", "MCDropout": "mc_dropout", "MCDropoutLoRA": "mc_dropout",
+    "Single": "single", "SVE": "sve", "SVF": "sve", "SVELoRA": "sve_lora", "SVETop": "sve_top",
+}  # fmt: skip
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

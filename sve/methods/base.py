@@ -46,6 +46,7 @@ from sve.layers.inject import ALL, as_patterns, every_layer, inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
 from sve.members import check_member_logits, member_rows, repeat_batch, split_members
+from sve.methods.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,21 @@ class EnsembleMethod(nn.Module):
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
+
+    The facts the rest of the package reads through the registry (``sve.methods.registry``; no other module
+    lists methods by name):
+        display_name: the method's row label in the tables (the paper's name where it has one).
+        option_display_names: labels of the other options of ``configs/method`` that build this class and are
+            rows of their own (``sve_lora_shared`` of ``SVELoRA``), by option name. They are kept here rather
+            than as a key of the option's YAML because every key there enters the config each run records
+            (``run_config.yaml``), and a run started before the key existed could not resume.
+        sampled: members are ``num_samples`` samples of one model (stochastic passes, posterior samples):
+            ``ensemble_size`` is 1 and ``method.num_samples`` sets the member count.
+        fits_after_training: the data ``after_fit`` reads (``"train"``: the training split, as a Laplace
+            posterior is fitted), or None when it reads none.
+        epoch_snapshots: members are the last ``ensemble_size`` epoch-end snapshots of one run, so a run
+            trains at least that many epochs.
+        trains: what the optimiser updates, in words.
         Whatever ``after_fit`` builds (a Laplace posterior, snapshots in use) must live in the state dict
         (``get_extra_state``): checkpoints written after it carry it, and ``evaluate.py`` never refits.
 
@@ -138,6 +154,16 @@ class EnsembleMethod(nn.Module):
     stochastic: bool = False
     equals_base_at_init: bool = True
     layer_types: tuple[type, ...] = ADAPTABLE_TYPES
+    display_name: str = ""
+    option_display_names: dict[str, str] = {}
+    sampled: bool = False
+    fits_after_training: str | None = None
+    epoch_snapshots: bool = False
+    trains: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        register(cls)  # where the class is defined, as timm registers its models
 
     def __init__(self, backbone: Backbone, ensemble_size: int, num_classes: int, lr: float | None = None,
                  members_at_once: int | str = "all", target_modules: list[str] | None = None,

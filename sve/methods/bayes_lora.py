@@ -72,6 +72,10 @@ class BayesLoRA(SingleLoRA):
     marglik_steps: Adam steps of that optimisation (laplace-torch default 100).
     """
 
+    sampled = True
+    fits_after_training = "train"  # the Laplace posterior, on the training split
+    trains = "one LoRA adapter and the head (MAP); the posterior is fitted after training"
+
     shared_head = True
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, num_samples: int = 10,
@@ -143,6 +147,8 @@ class BayesLoRA(SingleLoRA):
 class BayesLoRALLLA(BayesLoRA):
     """Last-layer Laplace: Kronecker-factored posterior over the head."""
 
+    display_name = "Bayes-LoRA (LLLA)"
+
     @torch.no_grad()
     def features(self, batch: dict) -> Tensor:
         return self.backbone(to_device(batch, self.heads.weight.device))  # (B, D)
@@ -191,6 +197,8 @@ class BayesLoRALA(BayesLoRA):
     Args:
         predictive: ``glm`` (linearised at the MAP) or ``nn`` (the sampled network); module docstring.
     """
+
+    display_name = "Bayes-LoRA (LA)"
 
     layer_types = LINEAR_TYPES
 

@@ -34,6 +34,10 @@ class BLoB(EnsembleMethod):
     num_samples: posterior samples at evaluation (Table 3: 10).
     """
 
+    display_name = "Blob"
+    sampled = True
+    trains = "a Gaussian posterior over LoRA's A, LoRA's B and the head"
+
     fixed_ensemble_size = 1
     shared_head = True
 

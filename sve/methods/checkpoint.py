@@ -27,6 +27,10 @@ class CheckpointEnsemble(LoRAEnsemble):
     rank, alpha: the LoRA adapter.
     """
 
+    display_name = "Ckpt Ensemble"
+    epoch_snapshots = True
+    trains = "one LoRA adapter and the head; its last epoch-end snapshots are the members"
+
     adapters_per_member = False  # one trained model ...
     shared_head = True  # ... whose last M checkpoints are the members
 

@@ -82,6 +82,9 @@ class DeepEnsemble(EnsembleMethod):
     chunk_size: members trained (and evaluated) together in sequential mode.
     """
 
+    display_name = "Deep Ensemble"
+    trains = "M copies of the whole backbone, each with its head"
+
     train_backbone = True
     chunked_training = False  # its memory lever is the sequential mode's rounds (chunk_size)
 
@@ -258,6 +261,9 @@ class DeepEnsembleLoRA(DeepEnsemble):
     mode: ``auto`` (= ``sequential``: one run per member), ``sequential`` or ``in_memory`` (jointly trained).
     chunk_size: members trained together per round in sequential mode.
     """
+
+    display_name = "Deep Ensemble (LoRA)"
+    trains = "one LoRA adapter and one head per member, round by round"
 
     train_backbone = False  # the members are adapters on the one frozen backbone
     # Rows of (M, ...) tensors are its members: FSDP would split them over ranks. The adapters are ~1% of the

@@ -18,6 +18,9 @@ class LastLayerEnsemble(LoRAEnsemble):
     rank, alpha: the shared LoRA adapter of the backbone.
     """
 
+    display_name = "Last-Layer Ensemble"
+    trains = "one shared LoRA adapter and one head per member"
+
     adapters_per_member = False
     chunked_training = False  # one backbone pass serves every head: nothing to split
 

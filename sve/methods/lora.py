@@ -25,6 +25,9 @@ class LoRAEnsemble(EnsembleMethod):
     dropout: LoRA dropout on the low-rank path's input in training (0.0: none; Yang et al., 2024: 0.1).
     """
 
+    display_name = "LoRA-Ensemble"
+    trains = "one LoRA adapter and one head per member"
+
     adapters_per_member = True  # False: one adapter shared by all members (last-layer, checkpoint ensembles)
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
@@ -45,5 +48,9 @@ class LoRAEnsemble(EnsembleMethod):
 
 class SingleLoRA(LoRAEnsemble):
     """One LoRA adapter and one head ("Single w/ LoRA")."""
+
+    display_name = "Single w/ LoRA"
+    option_display_names = {"single_lora_yang": "Single (LoRA, Yang et al.)"}  # Table 3's rows, on LoRA as their source
+    trains = "one LoRA adapter and the head"
 
     fixed_ensemble_size = 1

@@ -99,6 +99,10 @@ class MCDropout(EnsembleMethod):
     num_samples: stochastic passes at evaluation (C.3: 10).
     """
 
+    display_name = "MC Dropout"
+    sampled = True
+    trains = "the whole backbone and the head"
+
     fixed_ensemble_size = 1
     train_backbone = True
     shared_head = True
@@ -150,6 +154,10 @@ class MCDropoutLoRA(SingleLoRA):
     dropout: the LoRA dropout, in training and at evaluation (Yang et al.: 0.1).
     num_samples: stochastic passes at evaluation (Yang et al.: 10).
     """
+
+    display_name = "MC Dropout (LoRA)"
+    sampled = True
+    trains = "one LoRA adapter and the head"
 
     shared_head = True  # one adapter and one head: the members are its passes
     stochastic = True

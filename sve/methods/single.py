@@ -8,6 +8,9 @@ from sve.methods.base import EnsembleMethod
 class Single(EnsembleMethod):
     """All backbone weights that produce the features, and the head, are trained; one member."""
 
+    display_name = "Single"
+    trains = "the whole backbone and the head"
+
     fixed_ensemble_size = 1
     train_backbone = True
 

@@ -50,6 +50,9 @@ class SVE(EnsembleMethod):
     svd_cache: directory of the SVD cache; None computes every SVD afresh.
     """
 
+    display_name = "SV-Ensemble"
+    trains = "each member's singular values (and biases) and its head"
+
     def __init__(self, backbone, ensemble_size: int, num_classes: int, sigma_init: float = 0.01,
                  member_bias: bool = True, svd_dtype: str = "float64", factor_dtype: str | None = None,
                  inference: str = "auto", svd_cache: str | None = None, **common):
@@ -138,6 +141,9 @@ class SVE(EnsembleMethod):
 
 class SVF(SVE):
     """Singular-value fine-tuning: SVE with one member and no init noise (the paper's "Single w/ SVF")."""
+
+    display_name = "Single w/ SVF"
+    trains = "the singular values (and biases) and the head"
 
     fixed_ensemble_size = 1
 

@@ -27,6 +27,11 @@ class SVELoRA(SVE):
       30 times higher there.
     """
 
+    display_name = "SVE + LoRA"  # beyond the paper (its Sec. 6 future work)
+    option_display_names = {"sve_lora_shared": "SVE + shared LoRA",
+                            "sve_lora_rates": "SVE + LoRA (own SV rate)"}  # sv_lr tuned apart from the adapters' rate
+    trains = "each member's singular values (and biases), the LoRA updates and the heads"
+
     def __init__(self, backbone, ensemble_size: int, num_classes: int, lora_rank: int = 8, lora_alpha: float = 8.0,
                  lora_space: str = "weight", lora_members: str = "per_member", sv_lr: float | None = None,
                  **kwargs):  # fmt: skip

@@ -16,6 +16,10 @@ class SVETop(SVE):
     top_rank: r, the singular directions per layer whose values each member owns (a layer with fewer keeps all).
     """
 
+    display_name = "SVE (top-8)"  # beyond the paper
+    option_display_names = {"sve_top32": "SVE (top-32)"}
+    trains = "each member's top singular values (and biases) and its head"
+
     def __init__(self, backbone, ensemble_size: int, num_classes: int, top_rank: int = 8, **kwargs):
         self.top_rank = top_rank
         super().__init__(backbone, ensemble_size, num_classes, **kwargs)

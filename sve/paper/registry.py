@@ -1,10 +1,13 @@
 """What the tables know about metrics and methods: each metric's direction, display scale and digits
-(``METRICS``), and the paper's names for the methods (``METHOD_NAMES``). Read by the sweep, the tables, the
-figures and the claims alike."""
+(``METRICS``), and the methods' row labels (``METHOD_NAMES``, read from the registry of methods). Read by the
+sweep, the tables, the figures and the claims alike."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from sve.methods import registry
 
 
 @dataclass(frozen=True)
@@ -50,30 +53,25 @@ METRICS = {
     )
 }
 
-# The paper's names for the methods (its tables' row labels).
-METHOD_NAMES = {
-    "single": "Single",
-    "svf": "Single w/ SVF",
-    "single_lora": "Single w/ LoRA",
-    "single_lora_yang": "Single (LoRA, Yang et al.)",  # Table 3's rows run on LoRA as their source did
-    "mc_dropout": "MC Dropout",
-    "mc_dropout_lora": "MC Dropout (LoRA)",
-    "deep_ensemble": "Deep Ensemble",
-    "deep_ensemble_lora": "Deep Ensemble (LoRA)",
-    "batch_ensemble": "Batch Ensemble",
-    "lora_ensemble": "LoRA-Ensemble",
-    "bayes_lora_llla": "Bayes-LoRA (LLLA)",
-    "bayes_lora_la": "Bayes-LoRA (LA)",
-    "blob": "Blob",
-    "last_layer_ensemble": "Last-Layer Ensemble",
-    "checkpoint_ensemble": "Ckpt Ensemble",
-    "sve": "SV-Ensemble",
-    # Beyond the paper (its Sec. 6 future work): sve.layers.sv_lora
-    "sve_lora": "SVE + LoRA",
-    "sve_lora_shared": "SVE + shared LoRA",
-    "sve_lora_rates": "SVE + LoRA (own SV rate)",  # method.sv_lr tuned apart from the adapters' rate
-    "sve_top": "SVE (top-8)",  # beyond the paper: sve.layers.sv_top
-    "sve_top32": "SVE (top-32)",
-    "distilled_mean": "Distilled (mean)",  # sve-distill: sve.runs.distillation
-    "distilled_dirichlet": "Distilled (Dirichlet, EnD^2)",
-}
+class MethodNames(Mapping):
+    """The row label of every method option, read from the registry of methods (``sve.methods.registry``: each
+    class's ``display_name``), and of the students ``sve-distill`` writes. Read-only and lazy: a label costs the
+    composition of its option (and the import of its class) the first time it is asked for."""
+
+    def __getitem__(self, method: str) -> str:
+        if method in DISTILLED_NAMES:
+            return DISTILLED_NAMES[method]
+        if method not in registry.options():
+            raise KeyError(method)
+        return registry.display_name(method)
+
+    def __iter__(self):
+        return iter([*registry.options(), *DISTILLED_NAMES])
+
+    def __len__(self) -> int:
+        return len(registry.options()) + len(DISTILLED_NAMES)
+
+
+# Students distilled from an ensemble (sve-distill: sve.runs.distillation), by objective: results, not method options.
+DISTILLED_NAMES = {"distilled_mean": "Distilled (mean)", "distilled_dirichlet": "Distilled (Dirichlet, EnD^2)"}
+METHOD_NAMES = MethodNames()  # the tables' row labels

@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sve.errors import InputError
+from sve.methods import registry
 from sve.paths import CONFIGS
 from sve.runs.architectures import ARCHITECTURES
 from sve.training.recompute import enable_checkpointing
@@ -692,9 +693,6 @@ def print_plan(cfg: DictConfig) -> Plan:
 
 
 # ----- every row of a table (sve-sweep --plan) -------------------------------------------------------------------
-SAMPLED = ("mc_dropout", "blob", "bayes_lora_la", "bayes_lora_llla")  # members are samples of one model
-
-
 def table_runs(name: str, smoke: bool = False, extra: list[str] = ()) -> list[tuple[str, list[str]]]:
     """(label, overrides) of each row of the table ``name``, once per experiment (seeds do not change memory),
     as the sweep expands them (``sve.paper.sweep.jobs``). A cost table (Table 5) has no runs to train; its rows
@@ -708,8 +706,7 @@ def table_runs(name: str, smoke: bool = False, extra: list[str] = ()) -> list[tu
         for experiment in spec.experiments:
             for row in spec.rows:
                 M = int(row.members)
-                members = ["ensemble_size=1", f"method.num_samples={M}"] if row.method in SAMPLED \
-                    else [f"ensemble_size={M}"]  # fmt: skip
+                members = registry.info(row.method).member_overrides(M)  # samples, for a sampled method
                 out.append((f"{name} {experiment} {row.method} M={M}",
                             [f"experiment={experiment}", f"method={row.method}", "trainer=gpu",
                              "dataset.batch_size=1", *members, *extra]))  # fmt: skip
