@@ -81,6 +81,9 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass  # already executed under its new name
 
 
+# A finder, not an argument (docs/architecture.md#global-state): the old names come in import statements and in
+# ``_target_`` strings of users' configs and checkpoints, resolved by Python's import system, which only a finder
+# (or a ``sys.modules`` entry, which would import every moved module, torch with them, at ``import sve``) reaches.
 if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
     sys.meta_path.insert(0, _MovedModules())
 

@@ -35,6 +35,10 @@ class MemberLayoutError(ValueError):
 
 # Rows (K members x B examples) of the member-major batch now running through the model, announced by the
 # method so that a layer can tell a batch-first input from one whose leading dimension is something else.
+# Ambient, not an argument (docs/architecture.md#global-state): the layers that read it are called by the
+# backbone's own forward (timm, Hugging Face, a user's model) with the input alone, and a backbone may change it
+# on the way (``choice_lm``: C continuations per stem), which nests as a context does. A ContextVar, not a module
+# global, so another thread's model is not told this one's rows.
 _ROWS: ContextVar[int | None] = ContextVar("member_rows", default=None)
 
 

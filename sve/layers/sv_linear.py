@@ -70,6 +70,11 @@ def decompose_with_source(
 # for the process, registered with the first layer): a plain PyTorch loop needs no call after
 # ``optimizer.step()``, and the Lightning module gets the same projection (it also calls ``constrain_``, for
 # optimisers that step copies of the parameters, e.g. FSDP's flattened ones, which the hook cannot recognise).
+# Process-wide, not an argument (docs/architecture.md#global-state): the optimiser may be the user's own, built
+# after ``sve.wrap`` returns and stepped in their loop, and PyTorch has no per-optimiser hook that fires for an
+# optimiser not yet built, nor a per-parameter one after the step. The set maps the stepped parameters back to
+# their layers by identity at each step (a ``singular_values`` replaced since, e.g. ``load_state_dict(assign=True)``,
+# is still found, which a mark on the parameter would not be) and, being weak, lets dropped layers go.
 _LAYERS: weakref.WeakSet = weakref.WeakSet()
 _hook = None
 

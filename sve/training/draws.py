@@ -28,6 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# Ambient, not arguments (docs/architecture.md#global-state): the dropout calls to reach are made by code this
+# package does not own (``nn.Dropout.forward``, Hugging Face and timm attention, a user's model), which calls
+# ``torch.nn.functional.dropout`` by name with its own arguments, so only a patched ``F.dropout`` reaches them;
+# it is in place only inside ``seeded_draws``/``drawing_as``. ``_rows``/``_members`` are what it reads; BLoB's
+# samples read them too (``rows_to_draw``), which as an argument would change every method's ``forward(batch)``.
+# Module globals rather than a ContextVar: the patch itself is process-wide, so per-thread state would not make
+# it per-thread.
 _plain_dropout = F.dropout
 _rows: tuple[int, int, int] | None = None  # (offset, local, total): this micro-batch's rows of the global batch
 _members: tuple[list[int], int] | None = None  # (members, of): the member chunk running, of how many members
