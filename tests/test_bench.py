@@ -1,4 +1,4 @@
-"""The cost benchmark: its memory and FLOP counters on exact cases, and scripts/bench.py end to end in its tiny
+"""The cost benchmark: its memory and FLOP counters on exact cases, and sve-bench end to end in its tiny
 setting (files and facts, never timings)."""
 
 import json
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from sve.bench.benchmark import main
 from sve.bench.counters import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
+from sve.cli.bench import bench as main
 from sve.paper.report import cost_runs
 from tests.conftest import ROOT as REPO
 
