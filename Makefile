@@ -59,21 +59,21 @@ table1: ## Table 1: vision benchmarks, 4 datasets x 7 methods x 3 seeds (SMOKE=1
 table2: ## Table 2: SST-2 with BERT-base, 8 methods x 3 seeds
 table3: ## Table 3: ARC-Easy with LLaMA-2-7B, 12 rows x 3 seeds
 table4: ## Table 4: OOD detection CIFAR-100 -> CIFAR-10 (Table 1's CIFAR-100 runs)
-table5: ## Table 5: cost relative to one model, measured by scripts/bench.py's table5 part when results/bench/table5.json is missing (MEASURE=1: again)
+table5: ## Table 5: cost relative to one model, measured by sve-bench's table5 part when results/bench/table5.json is missing (MEASURE=1: again)
 table6: ## Table 6: SVE ensemble size M = 1..16 on ARC-Easy
 figure2: ## Fig. 2: CIFAR-100 metrics vs pretraining (random init, DINO, DINOv2)
 figure3: ## Fig. 3: CIFAR-100-C metrics vs shift severity 0-5
 figureB: ## Figs. 4-6 (Appendix B): singular values' change per member (Oxford Pets SVE run)
 $(PAPER_TARGETS):
-	$(PYTHON) scripts/sweep.py $@ $(TABLE_ARGS) $(ARGS)
+	$(PYTHON) -m sve.cli.sweep $@ $(TABLE_ARGS) $(ARGS)
 
 BENCH_ARGS ?=
 bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, BERT-base), Table 5, inference rule, batch-1 weight reads -> results/bench/ (~12 min on 2 CPU cores)
-	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
+	$(PYTHON) -m sve.cli.bench $(BENCH_ARGS)
 
 GPU_ARGS ?=
 gpu-check: ## On a CUDA machine: every method under bf16/fp16 mixed precision, SV layers and inference paths, Table 5 latency, the memory plan against measured peaks, DDP/FSDP over NCCL (2+ GPUs) -> results/bench/gpu.md (minutes; without CUDA: one line, exit 0)
-	$(PYTHON) scripts/bench.py --gpu-check $(GPU_ARGS)
+	$(PYTHON) -m sve.cli.bench --gpu-check $(GPU_ARGS)
 
 # --- The paper's findings in miniature, on real pretrained models and data, on 2 CPU cores -----------------
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
@@ -94,7 +94,7 @@ mini: $(if $(SMOKE),,mini-data mini-smollm2 efficientnet mpnet vit-s14) ## All m
 	$(MAKE) --no-print-directory -j$(MINI_JOBS) $(MINI_WORKERS)
 	$(if $(SMOKE),,$(MAKE) --no-print-directory mini-distill mini-report)
 $(MINI_WORKERS):
-	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) -m sve.cli.sweep $(MINI_TABLES) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 mini-data: ## Unpack ../shared/data/cifar10_jpg.tar.gz once into $XDG_CACHE_HOME/sve/data/cifar10_jpg (mini Table 1)
 	@test -d $(CIFAR10_JPG)/test || (mkdir -p $(CIFAR10_JPG) && tar -xzf $(SHARED)/data/cifar10_jpg.tar.gz -C $(CIFAR10_JPG))
 mini-budget: ## The budget measured for every method from the runs (minutes per run, run counts, convergence along each learning curve) -> results/mini/budget.md
@@ -130,7 +130,7 @@ mini-collect: ## Bring the finished runs of a clean clone's make mini (MINI_CLON
 	$(PYTHON) scripts/collect_runs.py $(MINI_CLONE)/results/mini $(or $(RESULTS),results/mini)
 	$(MAKE) --no-print-directory mini-report
 mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (no training)
-	$(PYTHON) scripts/build_tables.py --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
+	$(PYTHON) -m sve.cli.tables --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
 	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
 # A diagnostic run tests one explanation the README gives, outside the tuning protocol (its rate is not a grid
@@ -157,10 +157,10 @@ mini-diagnostics-arc: $(if $(SMOKE),,mini-smollm2) ## Diagnostic runs: ARC-Easy 
 mini-smollm2:
 	@test -f $(SVE_CACHE)/smollm2_135m/config.json || $(MAKE) smollm2
 $(MINI_PARTS):
-	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/sweep.py $(subst -,_,$@) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) -m sve.cli.sweep $(subst -,_,$@) --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,) $(ARGS)
 
 tables: ## Rebuild every table and figure from the results that exist, no training (SMOKE=1: results/smoke/)
-	$(PYTHON) scripts/build_tables.py $(TABLE_ARGS)
+	$(PYTHON) -m sve.cli.tables $(TABLE_ARGS)
 
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun

@@ -154,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         for i, (source, objective, student) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {objective} student of {source} -> {student}", flush=True)
             if not args.dry_run:
-                from sve.runs.distillation import distill_run
+                from sve.cli.distill import distill
 
                 experiment = student.relative_to(args.results / "runs").parts[0]
-                distill_run([f"run_dir={source}", f"objective={objective}", f"samples={SAMPLES}", f"out={student}",
-                             *student_lr(args.results, experiment)])  # fmt: skip
+                distill([f"run_dir={source}", f"objective={objective}", f"samples={SAMPLES}", f"out={student}",
+                         *student_lr(args.results, experiment)])  # fmt: skip
         if not args.dry_run:
             from sve.paper.report import build
 

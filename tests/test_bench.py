@@ -1,4 +1,4 @@
-"""The cost benchmark: its memory and FLOP counters on exact cases, and scripts/bench.py end to end in its tiny
+"""The cost benchmark: its memory and FLOP counters on exact cases, and sve-bench end to end in its tiny
 setting (files and facts, never timings)."""
 
 import json
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from sve.bench.benchmark import main
 from sve.bench.counters import PeakTensorMemory, count_flops, minor_faults, paired_ratio, peak_memory, resident_bytes
+from sve.cli.bench import bench as main
 from sve.paper.report import cost_runs
 from tests.conftest import ROOT as REPO
 
@@ -78,7 +78,7 @@ def test_flops_and_paired_ratio():
 @pytest.mark.slow  # the benchmark script end to end (80 s of the default suite); make test-slow
 def test_bench_script_tiny_writes_every_file(tmp_path):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "vit_s", "table5",
+    done = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "vit_s", "table5",
                            "rule", "weights", "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -138,7 +138,7 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
 
     # Rerunning some parts keeps the others' files, and the table says which parts come from the earlier run;
     # Table 5 may leave out any method (Deep Ensemble included).
-    again = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "weights",
+    again = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "weights",
                             "table5", "--table5-methods", "sve", "lora_ensemble", "--out", str(out)],
                            cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -163,7 +163,7 @@ def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
     from sve.bench.benchmark import FRONT, on_front
 
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--parts", "front",
+    done = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "front",
                            "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -149,7 +149,7 @@ def test_make_mini_in_a_fresh_clone_trains_no_committed_run(tmp_path):
     shutil.copytree(mini / "runs", copy / "runs")
     tables = sorted(p.stem for p in (ROOT / "configs" / "tables").glob("mini_*.yaml"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "scripts" / "sweep.py"), *tables, "--results", "results/mini", "--dry-run"]
+    command = [sys.executable, "-m", "sve.cli.sweep", *tables, "--results", "results/mini", "--dry-run"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     skipped = {f"{m['experiment']}/{m['method']}_m{m['members']}/seed{m['seed']}"

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
+from sve.cli.distill import distill as distill_run
 from sve.errors import InputError
-from sve.runs.distillation import distill_run
 from sve.runs.evaluate import evaluate_run
 from sve.runs.run import run
 from tests.conftest import compose_cfg

@@ -27,7 +27,7 @@ def test_without_cuda_it_says_so_in_one_line_exits_0_and_writes_nothing(tmp_path
     from sve.cli.bench import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert G.main(["--out", str(tmp_path)]) == 0
+    assert G.check(list(G.PARTS), tmp_path) == 0
     monkeypatch.setattr(sys, "argv", ["sve-bench", "--gpu-check", "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as done:
         main()

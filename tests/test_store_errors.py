@@ -14,6 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
 from sve.paper import sweep
 from sve.paper.report import build, load_spec, run_dir
@@ -75,13 +76,13 @@ def test_the_sweep_reports_a_corrupt_results_json_once_and_never_as_done(tmp_pat
         return finished(job, {**fake_results(job), "config": {"experiment_name": job.experiment}})
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     corrupt = run_dir(tmp_path / "smoke", "cifar100_dino", "sve", 4, 0) / "results.json"
     corrupt.write_text(corrupt.read_text()[:25])  # a disk that filled while it was copied
     calls.clear()
     capsys.readouterr()
     with caplog.at_level(logging.WARNING):
-        assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
+        assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert calls == []  # not retrained behind the user's back, nor counted as done
     failed = [line for line in out.splitlines() if "FAILED" in line]
@@ -92,7 +93,7 @@ def test_the_sweep_reports_a_corrupt_results_json_once_and_never_as_done(tmp_pat
     assert "not valid JSON" in json.loads((corrupt.parent / "failed.json").read_text())["error"]
     # Doing what it says: the run trains again, and its failure record goes.
     corrupt.unlink()
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     assert calls == ["sve"] and not (corrupt.parent / "failed.json").exists()
 
 
@@ -129,7 +130,7 @@ def test_the_tables_skip_a_results_json_whose_metrics_are_not_an_object(metrics,
 def test_a_corrupt_or_foreign_tuned_json_fails_its_row_and_says_to_delete_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweep, "run_in_process", lambda job: finished(job, fake_results(job)))
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     tuned = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent / "tuned.json"
     assert json.loads(tuned.read_text())["key"] == "method.lr"  # written atomically, as before
     tuned.write_text('{"key": "method.lr", "val')
@@ -432,7 +433,7 @@ def test_a_corrupt_benchmark_file_is_named_with_how_to_measure_again(tmp_path):
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "table5.json").write_text('{"methods": {"single": {"parameters": 1')
     with pytest.raises(InputError, match=r"table5.json \(\d+ bytes\) is not valid JSON.*"
-                                         r"scripts/sweep.py table5 --measure"):
+                                         r"sve-sweep table5 --measure"):
         build("table5", root=tmp_path)
     (tmp_path / "bench" / "table5.json").write_text('{"methods": {"sve": {}}}')
     with pytest.raises(InputError, match=r"is not a benchmark file of this framework \(KeyError: 'single'\)"):
@@ -467,7 +468,7 @@ def test_a_stored_json_file_read_through_read_json_names_itself(tmp_path):
 def test_sweep_py_prints_one_error_line(tmp_path):
     store = tmp_path / "store"
     store.write_text("")
-    done = subprocess.run([sys.executable, "scripts/sweep.py", "table4", "--results", str(store)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "sve.cli.sweep", "table4", "--results", str(store)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: --results: the result store {store} is a file, "

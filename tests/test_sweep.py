@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from sve.cli import sweep as sweep_cli
 from sve.paper import sweep
 from sve.paper.report import load_spec, run_dir, table_names
 from sve.runs.rundir import holder
@@ -69,7 +70,7 @@ def test_the_smoke_groups_hold_every_table_once():
 
 @pytest.mark.parametrize("names", GROUPS, ids=["+".join(g) for g in GROUPS])
 def test_smoke_target_end_to_end(names, tmp_path, capsys):
-    if sweep.main([*names, "--smoke", "--results", str(tmp_path)]) != 0:
+    if sweep_cli.main([*names, "--smoke", "--results", str(tmp_path)]) != 0:
         # Weights or data that only a make target installs are a skip naming the target; looked for only when
         # the sweep failed (composing a job's config costs half a second, and the sweep composed each one already).
         for name in names:
@@ -91,7 +92,7 @@ def test_a_table_written_by_another_entry_point_is_built_not_trained(tmp_path, c
     for runner in ("run_in_process", "run_subprocess"):
         monkeypatch.setattr(sweep, runner, lambda job: pytest.fail(f"trained {job}"))
     assert sweep.jobs(load_spec("mini_distill"), tmp_path, smoke=False) == []
-    assert sweep.main(["mini_distill", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_distill", "--results", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
     assert "mini_distill: its runs are written by scripts/mini_distill.py, not by the sweep" in shown
     assert f"wrote {tmp_path / 'tables' / 'mini_distill.md'}" in shown
@@ -146,7 +147,7 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "cifar100_dino svf M=1 seed 0: FAILED: boom" in out and "1 run(s) failed" in out
     assert len(calls) == 7  # every row was tried after the failure
@@ -154,7 +155,7 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
     assert json.loads((failed / "failed.json").read_text())["error"] == "RuntimeError: boom"
 
     calls.clear()
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 1
     assert calls == ["svf"]  # only the run without results.json is tried again
     assert "cifar100_dino sve M=4 seed 0: done earlier" in capsys.readouterr().out
 
@@ -168,7 +169,7 @@ def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkey
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     flagged = [line for line in lines if "collapsed" in line]
     assert flagged and all(" sve M=4 " in line and "member(s) [1] answer the same" in line for line in flagged)
@@ -182,18 +183,18 @@ def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     job = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)[0]
     assert json.loads((job.dir / sweep.SWEPT).read_text())["overrides"] == job.overrides
     capsys.readouterr()
-    assert sweep.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 1
+    assert sweep_cli.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert f"{job}: FAILED: {job.dir} holds a run trained with other overrides" in out
     assert "(only in that run: []; only in this sweep: ['trainer.max_epochs=3'])" in out and "delete the dir" in out
     # A run that no sweep recorded (trained by hand, or before sweeps recorded it) is taken as it is.
     for path in (tmp_path / "smoke" / "runs").rglob(sweep.SWEPT):
         path.unlink()
-    assert sweep.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 0
 
 
 def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
@@ -202,12 +203,12 @@ def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["table6", "--smoke", "--results", str(tmp_path)]) == 1
+    assert sweep_cli.main(["table6", "--smoke", "--results", str(tmp_path)]) == 1
     assert "sve M=2 seed 0: FAILED: recorded 1 members, the table expects 2" in capsys.readouterr().out
 
 
 def test_dry_run_lists_commands_with_stable_directories(tmp_path, capsys):
-    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run"]) == 0
+    assert sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "[ 1/24] sst2_bert single M=1 seed 0: sve-train experiment=sst2_bert method=single" in out
     assert not (tmp_path / "runs").exists()
@@ -230,7 +231,7 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
     choice = json.loads((row / "tuned.json").read_text())
     assert (choice["value"], choice["metric"]) == ("0.01", "val/nll")
@@ -238,7 +239,7 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
     assert (row / "seed0" / "REUSED.txt").exists()
     assert json.loads((row / "seed0" / "results.json").read_text())["metrics"]["val/nll"] == 0.2
     trained.clear()
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained == []  # a rerun finds every run and every choice
 
 
@@ -256,7 +257,7 @@ def test_a_row_can_take_another_rows_tuned_value(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
     assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"),
                                             ("svf", 0, "0.01", "method.lr=0.01"),
                                             ("svf", 0, "0.03", "method.lr=0.03")]  # the grid grew past its edge
@@ -276,7 +277,7 @@ def test_tune_as_must_name_a_tuned_row_of_the_table(tmp_path, monkeypatch):
 
 
 def test_rows_limits_the_sweep_to_the_named_rows(tmp_path, capsys):
-    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "deep_ensemble:8"]) == 0
+    assert sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "deep_ensemble:8"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if line.startswith("[")]
     assert len(listed) == 3 and all("deep_ensemble M=8" in line for line in listed)
@@ -330,7 +331,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_awaited_at_the_end(tmp_p
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     monkeypatch.setattr(sweep, "POLL_SECONDS", 0.01)
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"{other}: being trained by another process (pid {os.getpid()}" in out
     assert f"{other}: finished by another process" in out
@@ -347,7 +348,7 @@ def test_a_run_whose_holder_died_is_resumed_in_order(tmp_path, monkeypatch, caps
     order = []
     monkeypatch.setattr(sweep, "run_in_process", lambda job: order.append(job.dir) or finished(job, result(job)))
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     assert order == [job.dir for job in todo]  # nothing deferred
     assert not (todo[1].dir / "failed.json").exists()  # superseded by the successful attempt
     assert "another process" not in capsys.readouterr().out
@@ -391,7 +392,7 @@ def test_a_row_whose_tuning_another_process_trains_waits_until_the_rest_is_done(
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     monkeypatch.setattr(sweep, "POLL_SECONDS", 0.01)
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     seeds_trained = [i for i, job in enumerate(order) if job.method == first.method and not job.tuning]
     assert [order[i].seed for i in seeds_trained] == [todo[1].seed]  # seed 0 is reused, not trained
     dirs = [job.dir for job in order]
@@ -409,7 +410,8 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
     # Two real processes start the same tables at the same moment (make mini's two workers): each run is
     # claimed by exactly one of them, tuning included, and both end with every table complete.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "scripts/sweep.py", "mini_table3", "mini_table2", "--smoke", "--results", str(tmp_path)]
+    command = [sys.executable, "-m", "sve.cli.sweep", "mini_table3", "mini_table2", "--smoke", "--results",
+               str(tmp_path)]
     workers = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True) for _ in range(2)]  # fmt: skip
     outs = [w.communicate(timeout=600)[0] for w in workers]
@@ -493,6 +495,6 @@ def test_a_sweep_left_with_held_runs_trains_any_that_frees_up_before_waiting_on_
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     monkeypatch.setattr(sweep.time, "sleep", fake_sleep)
-    assert sweep.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained[-1] == y.dir and x.dir not in trained and len(sleeps) == 1
     assert (x.dir / "results.json").exists()

@@ -6,6 +6,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
+from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
 from sve.paper import sweep
 from sve.paper.report import load_spec, run_dir
@@ -90,7 +91,7 @@ def test_the_sweep_grows_the_grid_and_records_the_search(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     row = run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve", 4, 0).parent
     record = json.loads((row / "tuned.json").read_text())
     assert record["value"] == "0.1" and record["edge"] is None
@@ -98,7 +99,7 @@ def test_the_sweep_grows_the_grid_and_records_the_search(tmp_path, monkeypatch):
     assert [lr for m, _, lr, tuning in trained if m == "sve" and tuning] == [1e-3, 1e-2, 3e-2, 0.1, 0.3]
     assert [(s, lr) for m, s, lr, tuning in trained if m == "sve" and not tuning] == [(1, 0.1)]  # seed 0 is reused
     trained.clear()
-    assert sweep.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
+    assert sweep_cli.main(["mini_table2", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained == []  # a rerun finds every run, the grown grid included
 
 

@@ -3,10 +3,10 @@ definition of one's own named by its file (sve-sweep, sve-tables), overrides any
 
 import pytest
 
+from sve.cli import sweep as sweep_cli
 from sve.cli import tables
 from sve.data.base import TextClassificationData
 from sve.methods import LoRAEnsemble
-from sve.paper import sweep
 
 DEFINITION = """kind: metrics
 title: "Mine"
@@ -31,7 +31,7 @@ def project(tmp_path, monkeypatch):
 def test_a_table_definition_of_ones_own_is_swept_from_its_file_with_overrides_after_the_options(
         tmp_path, monkeypatch, capsys):
     project(tmp_path, monkeypatch)
-    assert sweep.main(["tables/mine.yaml", "--results", "store", "--dry-run", "dataset.root=/my/data"]) == 0
+    assert sweep_cli.main(["tables/mine.yaml", "--results", "store", "--dry-run", "dataset.root=/my/data"]) == 0
     out = capsys.readouterr().out
     commands = [line for line in out.splitlines() if "sve-train experiment=mini_sst2_random" in line]
     # 2 rows x 2 seeds, and each row's 2 tuning runs; every one gets the override given after --dry-run
@@ -59,14 +59,14 @@ def test_a_definition_file_that_is_not_there_is_named_with_the_shipped_choices(t
 
 
 def test_overrides_after_an_option_reach_every_run_of_a_shipped_table(tmp_path, capsys):
-    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "dataset.root=/my/sst2"]) == 0
+    assert sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "dataset.root=/my/sst2"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if "sve-train" in line]
     assert commands and all("dataset.root=/my/sst2" in line for line in commands)
 
 
 def test_overrides_written_after_the_rows_are_overrides_not_rows(tmp_path, capsys):
     # --rows takes every value after it; an override there was read as a row (and refused as one).
-    assert sweep.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8",
+    assert sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8",
                        "dataset.root=/my/sst2"]) == 0  # fmt: skip
     commands = [line for line in capsys.readouterr().out.splitlines() if "sve-train" in line]
     assert commands and all("method=sve " in line and "dataset.root=/my/sst2" in line for line in commands)
@@ -125,7 +125,7 @@ def test_a_table_of_ones_own_experiment_trains_from_ones_own_config_folder_into_
         "rows:\n  - {method: single, members: 1, overrides: [ensemble_size=1]}\n"
         "metrics: [acc]\nseeds: [0]\noverrides: [trainer.max_epochs=1]\n")
     monkeypatch.chdir(tmp_path)
-    assert sweep.main(["mine.yaml", "--smoke", "--results", "store", "--config-dir", "conf"]) == 0
+    assert sweep_cli.main(["mine.yaml", "--smoke", "--results", "store", "--config-dir", "conf"]) == 0
     run = tmp_path / "store" / "smoke" / "runs" / "my_exp" / "single_m1" / "seed0"
     assert (run / "results.json").is_file()
     assert (tmp_path / "store" / "smoke" / "tables" / "mine.md").is_file()

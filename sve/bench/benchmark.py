@@ -79,9 +79,7 @@ from sve.bench.counters import (
     resident_bytes,
     verdict,
 )
-from sve.cli.bench import PARTS, arguments
 from sve.layers import LoRALayer, SVLinear, weight_matrix
-from sve.layers.svd_cache import default_dir
 from sve.members import to_device
 from sve.methods import registry
 from sve.paths import CONFIGS
@@ -777,22 +775,10 @@ def write_markdown(out: Path, parts: dict) -> None:
     (out / "bench.md").write_text("\n".join(lines))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = arguments()  # sve.cli.bench: the options are defined where --help answers without torch
-    args = parser.parse_args(argv)
-    args.table5_methods = args.table5_methods or TABLE5_DEFAULT
-    args.svd_cache = str(default_dir()) if args.svd_cache is None else args.svd_cache
-    if args.tiny:
-        args.repeats, args.layers, args.train_batch = 1, 1, 2
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r} is not a device torch knows; e.g. cpu, cuda, cuda:1")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: torch finds no CUDA GPU here (torch {torch.__version__}); "
-                     "use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        parser.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) are visible")
+def run_parts(args, device: torch.device, known_parts: tuple[str, ...]) -> None:
+    """Measures ``args.parts`` (the options of ``sve.cli.bench``) on ``device``, each written to
+    ``<args.out>/<part>.json``, and the table of these and of the ``known_parts`` measured before to
+    ``<args.out>/bench.md``."""
     allocator_tuned = set_cpu_allocator(args.cpu_allocator)
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
@@ -817,11 +803,8 @@ def main(argv: list[str] | None = None) -> None:
         parts[name]["meta"] = {**parts["meta"], "seconds": time.perf_counter() - start}
         write_json(args.out / f"{name}.json", parts[name])
         log(f"{name}: {time.perf_counter() - start:.0f} s, written to {args.out / f'{name}.json'}")
-    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in PARTS
+    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in known_parts
                 if k not in parts and (args.out / f"{k}.json").exists()}  # parts not rerun this time
     write_markdown(args.out, {**previous, **parts})
     log(f"table: {args.out / 'bench.md'}")
 
-
-if __name__ == "__main__":
-    main()

@@ -45,7 +45,6 @@ this was written, so no line of the CUDA paths has run yet):
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import tempfile
@@ -316,11 +315,9 @@ def run_part(name: str, device: torch.device, outcome: dict, scratch: Path) -> N
         outcome["checks"].append(Check(name, "the part ran to its end", False, last_line(err)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sve-bench --gpu-check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--out", type=Path, default=Path("results") / "bench")
-    args = parser.parse_args(argv)
+def check(parts: list[str], out: Path) -> int:
+    """Runs the checks of ``parts`` on the GPU and writes their report into ``out``; the exit status (1: a check
+    failed). Without CUDA, one line and nothing written (``sve-bench --gpu-check``: ``sve.cli.bench``)."""
     if not torch.cuda.is_available():
         print(no_cuda_line(), flush=True)
         return 0
@@ -331,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     outcome = {"header": device_header(), "checks": [], "tables": {}}
     with tempfile.TemporaryDirectory(prefix="sve-gpu-check-") as scratch:
-        for name in args.parts:
+        for name in parts:
             print(f"[gpu-check] {name}", flush=True)
             run_part(name, device, outcome, Path(scratch))
-    json_path, md_path = write_report(args.out, outcome)
+    json_path, md_path = write_report(out, outcome)
     bad = failed(outcome["checks"])
     print(
         f"[gpu-check] {len(outcome['checks']) - len(bad)} of {len(outcome['checks'])} checks passed; "
@@ -345,6 +342,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {c.part}: {c.name}: {c.detail}", flush=True)
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

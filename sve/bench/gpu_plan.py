@@ -8,7 +8,7 @@ with and without ``method.members_at_once=1``, with random weights and random fa
 is the largest of ``LAYERS`` whose planned peaks all fit in ``FILL`` of the card (all 32 layers on a 40 GiB
 card or larger).
 
-Each plan and each measurement runs in a process of its own (``python -m sve.bench.gpu_plan plan|measure``):
+Each plan and each measurement runs in a process of its own (``python -m sve.cli.gpu_plan plan|measure``):
 fake tensors now and then corrupt the heap of a process that builds many models (``sve.runs.plan``), and a
 fresh process measures its own allocator peak and CUDA context. The measured step is the plan's
 (``sve.runs.plan.train_step``'s order: chunks, backward, clipping, AdamW step) under CUDA autocast, taken
@@ -200,7 +200,7 @@ def measured(overrides: list[str], layers: int) -> dict:
 
 def child(what: str, overrides: list[str], layers: int, capacity: int = 0) -> dict:
     """``what`` (plan or measure) in a fresh process; its JSON line, or an error naming the last line it wrote."""
-    out = subprocess.run([sys.executable, "-m", "sve.bench.gpu_plan", what, json.dumps(overrides), str(layers),
+    out = subprocess.run([sys.executable, "-m", "sve.cli.gpu_plan", what, json.dumps(overrides), str(layers),
                           str(capacity)], capture_output=True, text=True)  # fmt: skip
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
@@ -294,13 +294,3 @@ def plan_part(scratch: Path) -> tuple[list[Check], list[dict], str]:
         "the allocator's reservation after the first cuBLAS call. Error: (planned - measured) / measured."
     )
     return checks, rows, note
-
-
-def main(argv: list[str]) -> None:
-    what, overrides, layers, capacity = argv[0], json.loads(argv[1]), int(argv[2]), int(argv[3])
-    result = planned(overrides, layers, capacity) if what == "plan" else measured(overrides, layers)
-    print(json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

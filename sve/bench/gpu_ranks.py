@@ -9,7 +9,7 @@ steps, 21 test examples (11 on rank 0, 10 plus one padding example on rank 1), i
 saved every test example once in order; member logits within ``DISTRIBUTED_CRITERIA`` (``sve.bench.gpu_report``);
 under DDP test accuracy and member accuracies equal, NLL, Brier and ECE within 1e-5 relative.
 
-``python -m sve.bench.gpu_ranks OUT_DIR 'overrides of run 1' ...`` runs configs one after another in one
+``python -m sve.cli.gpu_ranks OUT_DIR 'overrides of run 1' ...`` runs configs one after another in one
 process group (as tests/ddp_runner.py does): Lightning starts the second rank by running the same command
 again; each run writes OUT_DIR/<i>/results.json, or failed.json when it fails.
 """
@@ -54,9 +54,9 @@ def run_overrides(method: list[str], trainer: str, out: Path) -> list[str]:
 
 
 def launch(out_dir: Path, runs: list[list[str]]) -> None:
-    """The runs in one (process group of) ``python -m sve.bench.gpu_ranks``; each run's outcome is its files."""
+    """The runs in one (process group of) ``python -m sve.cli.gpu_ranks``; each run's outcome is its files."""
     env = {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}
-    cmd = [sys.executable, "-m", "sve.bench.gpu_ranks", str(out_dir), *(shlex.join(r) for r in runs)]
+    cmd = [sys.executable, "-m", "sve.cli.gpu_ranks", str(out_dir), *(shlex.join(r) for r in runs)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the runs in {out_dir} stopped: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -137,7 +137,9 @@ def distributed_part(scratch: Path) -> list[Check]:
     return checks
 
 
-def main(out_dir: str, runs: list[str]) -> None:
+def run_all(out_dir: str, runs: list[str]) -> None:
+    """Each of ``runs`` (one string of overrides each) trained in turn in this process (group), its outcome
+    written to ``<out_dir>/<i>/`` (``python -m sve.cli.gpu_ranks``, which ``launch`` starts)."""
     from sve.bench.gpu_check import compose
     from sve.runs.multirun import record_failure
     from sve.runs.run import run
@@ -150,6 +152,3 @@ def main(out_dir: str, runs: list[str]) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             record_failure(run_dir, err)
 
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])

@@ -40,6 +40,45 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def bench(argv: list[str] | None = None) -> None:
+    """The benchmark's command line: the options checked, then ``sve.bench.benchmark.run_parts``."""
+    import torch
+
+    from sve.bench.benchmark import TABLE5_DEFAULT, run_parts
+    from sve.layers.svd_cache import default_dir
+
+    parser = arguments()
+    args = parser.parse_args(argv)
+    args.table5_methods = args.table5_methods or TABLE5_DEFAULT
+    args.svd_cache = str(default_dir()) if args.svd_cache is None else args.svd_cache
+    if args.tiny:
+        args.repeats, args.layers, args.train_batch = 1, 1, 2
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a device torch knows; e.g. cpu, cuda, cuda:1")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch finds no CUDA GPU here (torch {torch.__version__}); "
+                     "use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        parser.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) are visible")
+    run_parts(args, device, PARTS)
+
+
+def gpu_check(argv: list[str] | None = None) -> int:
+    """``sve-bench --gpu-check``'s command line (its arguments without ``--gpu-check``): ``sve.bench.gpu_check``."""
+    from sve.bench.gpu_check import PARTS as CHECKS
+    from sve.bench.gpu_check import check
+    from sve.cli.configs import module_doc
+
+    parser = argparse.ArgumentParser(prog="sve-bench --gpu-check",
+                                     description=module_doc("sve.bench.gpu_check").split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", default=list(CHECKS), choices=CHECKS)
+    parser.add_argument("--out", type=Path, default=Path("results") / "bench")
+    args = parser.parse_args(argv)
+    return check(args.parts, args.out)
+
+
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         arguments().parse_args(sys.argv[1:])  # prints the help and exits, without importing torch
@@ -48,11 +87,7 @@ def main() -> None:
     hide_noise()
     with one_line_errors():
         if "--gpu-check" in sys.argv[1:]:
-            from sve.bench.gpu_check import main as gpu_check
-
             sys.exit(gpu_check([a for a in sys.argv[1:] if a != "--gpu-check"]))
-        from sve.bench.benchmark import main as bench
-
         bench()
 
 

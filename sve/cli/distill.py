@@ -3,7 +3,40 @@ trained ensemble distilled into one network and evaluated (``sve.runs.distillati
 
 import sys
 
-from sve.errors import one_line_errors
+from sve.errors import InputError, one_line_errors
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    """``sve-distill``'s own options (``OPTIONS`` of ``sve.runs.distillation``, typed and checked) and the
+    overrides of the student's config."""
+    from sve.runs.distillation import OPTIONS
+    from sve.runs.evaluate import command_options
+    from sve.training.distill import check_objective
+
+    options, overrides = command_options(argv, OPTIONS)
+    if not options["run_dir"]:
+        raise InputError("a trained ensemble run's directory is required, first or as run_dir=<run dir> "
+                         "(sve-distill --help)")
+    check_objective(options["objective"])
+    for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float), ("unlabeled", int)):
+        if options[key] is not None:
+            try:
+                options[key] = kind(options[key])
+            except ValueError:
+                expected = "an integer" if kind is int else "a number"
+                raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
+            may_be_zero = key in ("smoothing", "unlabeled")
+            if options[key] < 0 or (options[key] == 0 and not may_be_zero):
+                raise InputError(f"{key}={options[key]!r} is not valid; expected "
+                                 + ("a number >= 0" if may_be_zero else "a positive number"))
+    return options, overrides
+
+
+def distill(argv: list[str]) -> dict:
+    """The command line ``argv`` run: ``sve.runs.distillation.distill_run``; the student's results record."""
+    from sve.runs.distillation import distill_run
+
+    return distill_run(*parse(argv))
 
 
 def main() -> None:
@@ -17,9 +50,7 @@ def main() -> None:
 
     hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
-        from sve.runs.distillation import distill_run
-
-        distill_run(sys.argv[1:])
+        distill(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -39,6 +39,26 @@ SVE_VERBOSE=1 keeps the notices of the libraries that are hidden by default; SVE
 an error. More: the docstring of sve/runs/evaluate.py."""
 
 
+def evaluate(argv: list[str]) -> int:
+    """``sve-eval``'s arguments: its own options (``OPTIONS`` of ``sve.runs.evaluate``) and the overrides of the
+    run's config, then ``sve.runs.evaluate.evaluate_run``."""
+    from sve.cli.configs import module_doc
+    from sve.errors import InputError
+    from sve.runs.evaluate import OPTIONS, command_options, evaluate_run
+
+    options, overrides = command_options(argv, OPTIONS)
+    if not options["run_dir"]:
+        print(module_doc("sve.runs.evaluate").split("\n\n")[1])
+        if argv:  # arguments, but none says which run: name the one that was needed
+            raise InputError(f"no run directory among the arguments {argv}; give it first or as run_dir=<run dir>")
+        return 2
+    if options["update_results"] not in ("true", "false"):
+        raise InputError(f"update_results={options['update_results']!r} is not valid; expected true or false")
+    evaluate_run(options["run_dir"], overrides, options["name"] or None, options["ckpt_path"] or None,
+                 options["update_results"] == "true")  # fmt: skip
+    return 0
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):  # before torch: the usage answers at once
@@ -48,8 +68,6 @@ def main() -> None:
 
     hide_noise()
     with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
-        from sve.runs.evaluate import main as evaluate
-
         sys.exit(evaluate(argv))
 
 

@@ -19,7 +19,7 @@ grouped convolution for ``SVConv``), exactly as K dense layers would. ``inferenc
 - ``auto``: per layer and per call, whichever of the two sides (cached or merged, as the method decides from
   the memory it has; ``auto_cache``) and the factored path is faster by the rules below.
 
-The rules come from measurements on the CPU (one thread; ``python scripts/bench.py --parts rule``, which
+The rules come from measurements on the CPU (one thread; ``sve-bench --parts rule``, which
 writes the time ratios for every shape and token count to results/bench/rule.json). Per token, merged
 weights save the fraction f = 1 - in' out / (r (in' + out)) of the factored FLOPs: 1/2 for a square layer,
 1/5 for a 4:1 MLP layer, nothing (f <= 0) for a low-rank one, which stays factored.

@@ -463,22 +463,6 @@ def backfill(run_dir: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Write the missing predictive/<set>.npz of every run under a "
-                                                 "results root from its saved predictions/<set>.npz.")  # fmt: skip
-    parser.add_argument("root", type=Path)
-    args = parser.parse_args(argv)
-    written = [p for results in sorted(args.root.rglob("results.json")) for p in backfill(results.parent)]
-    print(f"wrote {len(written)} predictive files under {args.root}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 __all__ = ["PREDICTIVE", "KEYS", "Examples", "Statistic", "Term", "Interval", "predictive_arrays", "write_predictive",
            "read_predictive", "ece_bins", "statistic", "check_paired", "Draws", "draw", "percentile", "hierarchical",
            "combined", "interval", "per_seed_bootstrap", "backfill"]

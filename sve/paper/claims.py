@@ -35,7 +35,7 @@ block. The verdict is three-way, "held", "reversed" or "unresolved":
 - a difference on the wrong side of 0 is never held, whatever the kind.
 
 A comparison whose runs lack the per-example files (runs evaluated before they were written:
-``python -m sve.paper.bootstrap <results root>`` writes them from saved predictions where those still exist), whose
+``python -m sve.cli.backfill <results root>`` writes them from saved predictions where those still exist), whose
 rows have different seeds, or whose file disagrees with results.json gets no interval: its verdict falls back
 to the direction of the means ("held" or "not held"), "within seed noise" when the difference is at most the
 larger of the two cells' standard deviations ("one seed: spread unknown" when a cell has one seed), and says why

@@ -1,4 +1,4 @@
-"""The paper's tables from stored result files: ``python scripts/build_tables.py [--smoke] [table1 ...]``.
+"""The paper's tables from stored result files: ``sve-tables [--smoke] [table1 ...]``.
 
 A table is defined once in ``configs/tables/<name>.yaml`` (its experiments, rows of method and member count,
 seeds and metrics; the sweep driver ``sve.paper.sweep`` trains the same grid). The builder reads only the
@@ -258,7 +258,7 @@ def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
 def read_bench(path: Path, table: str) -> dict[str, dict[str, float]]:
     """``cost_runs`` of a benchmark file; an ``InputError`` naming it when it is not valid JSON or not of the
     schema of ``cost_runs``."""
-    fix = f"delete it to measure again (python scripts/sweep.py {table} --measure)"
+    fix = f"delete it to measure again (sve-sweep {table} --measure)"
     bench = read_json(path, fix)
     try:
         return cost_runs(bench)

@@ -1,6 +1,6 @@
 """The sweep driver: trains (or resumes) exactly the runs a table needs, then builds the table.
 
-``python scripts/sweep.py table1 [--smoke] [--dry-run]`` (``make table1 [SMOKE=1]``).
+``sve-sweep table1 [--smoke] [--dry-run]`` (``make table1 [SMOKE=1]``; the command line: ``sve.cli.sweep``).
 
 Every (experiment, row, seed) of ``configs/tables/<name>.yaml`` is one run in its stable directory
 ``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.paper.report.run_dir``), so a rerun finds it:
@@ -39,7 +39,6 @@ tunes its own key: a hybrid's singular-value rate tuned at the adapter rate its 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -55,13 +54,11 @@ from sve.paper.registry import METRICS
 from sve.paper.store import (
     TUNED,
     first_report,
-    is_table,
     load_spec,
     members_of,
     parse_row,
     results_root,
     run_dir,
-    table_names,
 )
 from sve.paper.tuning import choice as tuning_choice
 from sve.paper.tuning import next_value, settings
@@ -257,7 +254,7 @@ def run_subprocess(job: Job) -> dict:
 
 
 def measure_costs(path: Path, smoke: bool) -> None:
-    """Runs the cost benchmark's Table 5 part (``scripts/bench.py --parts table5``) into ``path``'s folder:
+    """Runs the cost benchmark's Table 5 part (``sve-bench --parts table5``) into ``path``'s folder:
     minutes on a CPU for BERT-base; ``--tiny`` for a smoke run."""
     command = [sys.executable, "-m", "sve.cli.bench", "--parts", "table5", "--out", str(path.parent),
                *(["--tiny"] if smoke else [])]
@@ -550,64 +547,6 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
     print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']}{edge} "
           f"(validation {spec.tune.metric}: {choice['scores']})", flush=True)  # fmt: skip
     return choice
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sve-sweep",
-                                     description="Train the runs that tables or figures need, then build them.")
-    parser.add_argument("items", nargs="+", metavar="NAME|OVERRIDE",
-                        help=f"definitions in configs/tables/ ({', '.join(table_names())}) or your own "
-                             "definition files (<path>.yaml), run in this order, then "
-                             "Hydra overrides for every run, e.g. dataset.root=/data/sst2")  # fmt: skip
-    parser.add_argument("--smoke", action="store_true", help="tiny models, synthetic data, under results/smoke/")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="the result store (default: ./results, or $SVE_RESULTS)")
-    parser.add_argument("--config-dir", type=Path, default=None,
-                        help="your own config folder (<dir>/experiment/, method/, dataset/ ...), searched as "
-                             "sve-train --config-dir searches it, by every run")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands, train nothing")
-    parser.add_argument("--measure", action="store_true", help="cost tables: measure again even if measured")
-    parser.add_argument("--plan", action="store_true",
-                        help="print each row's memory plan per device (sve.runs.plan), train and download nothing")
-    parser.add_argument("--rows", nargs="+", default=(), metavar="METHOD:M",
-                        help="only these rows, e.g. --rows deep_ensemble:4 (default: every row; one table only)")
-    # Intermixed: overrides after an option (`sve-sweep t.yaml --results r dataset.root=...`) are still items;
-    # plain parse_args stops the positional list at the first option and refuses the rest as unrecognized.
-    args = parser.parse_intermixed_args(argv)
-    # --rows takes every value after it: an override or a table name written after the rows (`--rows sve:4
-    # dataset.root=...`) lands among them. A row is METHOD:M, so anything else goes back to the items.
-    rows = [r for r in args.rows if ":" in r and "=" not in r and not r.startswith(("~", "+"))]
-    items = [*args.items, *(r for r in args.rows if r not in rows)]
-    overrides = [item for item in items if "=" in item or item.startswith(("~", "+"))]
-    names = [item for item in items if item not in overrides]
-    if args.config_dir is not None:
-        if not args.config_dir.is_dir():
-            parser.error(f"--config-dir {args.config_dir}: no such directory (a config folder holds experiment/, "
-                         "method/, dataset/ ...)")
-        # As an override, so the runs in subprocesses and the smoke runs composed here both search it; absolute,
-        # as each run resolves it on its own.
-        overrides.append(f"hydra.searchpath=[file://{args.config_dir.resolve()}]")
-    unknown = [name for name in names if not is_table(name)]
-    if unknown or not names:
-        parser.error(f"unknown table {unknown}; choose from {table_names()} or name a definition file (<path>.yaml)"
-                     if unknown else "name a table")
-    if args.plan:
-        from sve.runs.plan import plan_tables
-
-        return 1 if plan_tables(names, args.smoke, overrides) else 0
-    failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, rows)
-    if args.dry_run:
-        return 0
-    for name in names:
-        for path in build(name, args.smoke, args.results):
-            print(f"wrote {path}")
-            if path.suffix == ".md":
-                print(path.read_text())
-    if failures:
-        print(f"\n{len(failures)} run(s) failed (details in failed.json and train.log of each run directory):")
-        print("\n".join(f"  - {line}" for line in failures))
-        return 1
-    return 0
 
 
 SITTINGS = "sittings.jsonl"  # one line per run a sweep trained, written when it ends: the store's wall time

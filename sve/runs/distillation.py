@@ -43,12 +43,12 @@ from torch import Tensor, nn
 from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError
 from sve.members import to_device
-from sve.runs.evaluate import ON_THE_CPU, apply_overrides, command_options, load_run
+from sve.runs.evaluate import ON_THE_CPU, apply_overrides, load_run
 from sve.runs.evaluation import evaluate
 from sve.runs.results import command_line, git_commit, numerics, package_versions, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.runs.validate import check_accelerator
-from sve.training.distill import check_objective, dirichlet_samples, distill
+from sve.training.distill import dirichlet_samples, distill
 from sve.training.loops import stopped_by_sigterm
 
 log = logging.getLogger(__name__)
@@ -83,26 +83,6 @@ class DirichletStudent(nn.Module):
             return getattr(super().__getattr__("method"), name)
 
 
-def parse(argv: list[str]) -> tuple[dict, list[str]]:
-    options, overrides = command_options(argv, OPTIONS)
-    if not options["run_dir"]:
-        raise InputError("a trained ensemble run's directory is required, first or as run_dir=<run dir> "
-                         "(sve-distill --help)")
-    check_objective(options["objective"])
-    for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float), ("unlabeled", int)):
-        if options[key] is not None:
-            try:
-                options[key] = kind(options[key])
-            except ValueError:
-                expected = "an integer" if kind is int else "a number"
-                raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
-            may_be_zero = key in ("smoothing", "unlabeled")
-            if options[key] < 0 or (options[key] == 0 and not may_be_zero):
-                raise InputError(f"{key}={options[key]!r} is not valid; expected "
-                                 + ("a number >= 0" if may_be_zero else "a positive number"))
-    return options, overrides
-
-
 def with_unlabeled(data, count: int) -> dict[str, int]:
     """Adds ``count`` training inputs beyond the data module's training subset to its training split (after
     ``setup``): the subset is the first ``train_size`` of a seeded permutation (``seeded_order``), these are
@@ -134,8 +114,9 @@ def ms_per_batch(model: nn.Module, batches: list[dict]) -> float:
     return 1000 * (time.perf_counter() - start) / len(batches)
 
 
-def distill_run(argv: list[str]) -> dict:
-    options, overrides = parse(argv)
+def distill_run(options: dict, overrides: list[str]) -> dict:
+    """Distils the run ``options["run_dir"]`` into a student (the keys of ``OPTIONS``, checked and typed by
+    ``sve.cli.distill.parse``) with the config ``overrides``; returns the student's results record."""
     run_dir = Path(options["run_dir"]).expanduser()
     teacher_cfg, _, teacher_module, _ = load_run(run_dir, trainer=False)  # the teacher only predicts
     teacher = teacher_module.method.eval()

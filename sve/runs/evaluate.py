@@ -542,18 +542,3 @@ def command_options(argv: list[str], defaults: dict) -> tuple[dict, list[str]]:
         else:
             overrides.append(arg)
     return options, overrides
-
-
-def main(argv: list[str]) -> int:
-    """``evaluate.py``'s command line: its own options (``OPTIONS``) and the overrides of the run's config."""
-    options, overrides = command_options(argv, OPTIONS)
-    if not options["run_dir"]:
-        print(__doc__.split("\n\n")[1])
-        if argv:  # arguments, but none says which run: name the one that was needed
-            raise InputError(f"no run directory among the arguments {argv}; give it first or as run_dir=<run dir>")
-        return 2
-    if options["update_results"] not in ("true", "false"):
-        raise InputError(f"update_results={options['update_results']!r} is not valid; expected true or false")
-    evaluate_run(options["run_dir"], overrides, options["name"] or None, options["ckpt_path"] or None,
-                 options["update_results"] == "true")  # fmt: skip
-    return 0

@@ -724,7 +724,7 @@ def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) ->
     """Prints one plan line per row of each table (training and evaluation peaks per device, and whether they
     fit); returns one line per row that could not be planned.
 
-    Each row is planned in a process of its own (``python -m sve.runs.plan``): fake tensors in torch 2.14 now
+    Each row is planned in a process of its own (``python -m sve.cli.plan``): fake tensors in torch 2.14 now
     and then corrupt the heap of a process that builds many models (a segmentation fault after a few dozen
     builds), so a row never inherits another's state, and one whose process dies of a signal is tried once
     more."""
@@ -732,7 +732,7 @@ def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) ->
     for name in names:
         for label, overrides in table_runs(name, smoke, extra):
             for _ in (1, 2):  # a second try only after a signal (the docstring)
-                out = subprocess.run([sys.executable, "-m", "sve.runs.plan", json.dumps(overrides)],
+                out = subprocess.run([sys.executable, "-m", "sve.cli.plan", json.dumps(overrides)],
                                      capture_output=True, text=True)  # fmt: skip
                 if out.returncode >= 0:
                     break
@@ -746,22 +746,15 @@ def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) ->
     return failures
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sve.runs.plan '<JSON list of overrides>'``: the run's plan as one summary line (what
-    ``plan_tables`` prints per row); an error as one line."""
+def plan_line(overrides: list[str]) -> str:
+    """The plan of the run ``sve-train <overrides>`` as one summary line (what ``plan_tables`` prints per row)."""
     from hydra import compose, initialize_config_dir
 
     import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}
 
-    overrides = json.loads((argv or sys.argv[1:])[0])
-    try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
-        print(summary_line(plan(cfg, alternatives=False)), flush=True)
-    except Exception as err:  # noqa: BLE001 - the parent reports it for this row and goes on
-        print(f"{type(err).__name__}: {err}".replace("\n", " "), flush=True)
-        return 1
-    return 0
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    return summary_line(plan(cfg, alternatives=False))
 
 
 def summary_line(p: Plan) -> str:
@@ -776,8 +769,5 @@ def summary_line(p: Plan) -> str:
 
 
 __all__ = ["LiveMemory", "Plan", "plan", "format_plan", "print_plan", "device_layout", "offline_backbone",
-           "architecture", "train_peak", "table_runs", "plan_tables", "summary_line"]
+           "architecture", "train_peak", "table_runs", "plan_tables", "plan_line", "summary_line"]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """How this process's CPU memory allocator hands memory back to the system (``cpu_allocator`` in
-configs/train.yaml, ``--cpu-allocator`` in scripts/bench.py).
+configs/train.yaml, ``--cpu-allocator`` of sve-bench).
 
 PyTorch allocates CPU tensors with the C library's malloc. glibc serves a large block (above an adaptive
 threshold, 128 KiB at start) with its own ``mmap`` and gives it back on free, and it trims the top of its heap
