@@ -197,13 +197,13 @@ def distill_run(argv: list[str]) -> dict:
     cost["speedup"] = cost["teacher"]["ms_per_test_batch"] / cost["student"]["ms_per_test_batch"]
     # method, seed and experiment: what the table store reads (sve.paper.store.load_runs), so a
     # student written to run_dir(root, experiment, "distilled_<objective>", members, seed) is a table cell.
-    record = results_record({"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
+    fields = {"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
               "experiment": student_cfg.get("experiment_name"),
               "student": options["student"], "objective": options["objective"], "teacher_run": str(run_dir),
               "teacher_method": teacher_cfg.method.name, "teacher_members": teacher.num_members(), "epochs": epochs,
               "lr": lr, "losses": losses, "inputs": inputs,
-              "train_seconds": train_seconds, "cost": cost, **evaluation},
-              run_config(student_cfg), git_commit())  # fmt: skip
+              "train_seconds": train_seconds, "cost": cost, **evaluation}  # fmt: skip
+    record = results_record(fields, run_config(student_cfg), git_commit())
     write_json(out / "results.json", record)
     write_adapter(student, out / ADAPTER, {"config": run_config(student_cfg)})
     m = record["metrics"]
