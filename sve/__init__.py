@@ -27,8 +27,9 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
   errors in one line).
 
 The names below are imported on first use, so ``import sve`` itself loads no torch. Modules that moved into
-the subpackages stay importable under their old names (``sve.checkpoint`` is ``sve.training.checkpoint``),
-so the ``_target_`` of a run configured before the move still instantiates.
+the subpackages stay importable under their old names (``sve.checkpoint`` is ``sve.training.checkpoint``)
+until ``MOVED_UNTIL``, with a ``FutureWarning`` naming the new module; the ``_target_``s of a results.json
+written before the move are renamed when it is read (``sve.runs.results.migrate``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -65,6 +67,8 @@ MOVED = {
     "sve.claims": "sve.paper.claims", "sve.budget": "sve.paper.budget", "sve.bootstrap": "sve.paper.bootstrap",
     "sve.benchmark": "sve.bench.benchmark",
 }  # fmt: skip
+MOVED_UNTIL = "0.2.0"  # the next minor release after __version__ removes the old names of MOVED
+_warned: set[str] = set()  # old names this process has warned about (each once)
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -75,6 +79,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(name, self) if name in MOVED else None
 
     def create_module(self, spec):
+        if spec.name not in _warned:
+            _warned.add(spec.name)
+            # FutureWarning, not DeprecationWarning: Python hides the latter outside __main__, and the users of
+            # an old name are scripts and configs, not the code that imports it.
+            warnings.warn(f"{spec.name} is now {MOVED[spec.name]}; the old name goes in sve {MOVED_UNTIL}: import "
+                          f"{MOVED[spec.name]} (or set _target_ to it)", FutureWarning, stacklevel=2)  # fmt: skip
         return importlib.import_module(MOVED[spec.name])
 
     def exec_module(self, module) -> None:

@@ -10,6 +10,7 @@ import pytest
 from sve.cli.distill import distill as distill_run
 from sve.errors import InputError
 from sve.runs.evaluate import evaluate_run
+from sve.runs.results import FORMAT
 from sve.runs.run import run
 from tests.conftest import compose_cfg
 
@@ -105,6 +106,7 @@ def test_a_student_written_to_its_run_directory_is_a_cell_of_the_distillation_ta
     (found,) = load_runs(tmp_path)
     assert (found.experiment, found.method, found.members, found.seed) == ("exp", "distilled_mean", 1, 0)
     saved = json.loads((out / "results.json").read_text())
+    assert (saved["format"], saved["experiment"]) == (FORMAT, "exp")  # the current format, as written
     assert found.metric("speedup") == saved["cost"]["speedup"] > 0  # the table's cost column reads it
     assert found.metric("nll") == saved["metrics"]["test/nll"] and found.metric("nonsense") is None
 

@@ -11,6 +11,7 @@ import pytest
 
 from sve.errors import InputError
 from sve.runs.evaluate import evaluate_run
+from sve.runs.results import FORMAT
 from sve.runs.run import run
 from tests.conftest import ROOT, compose_cfg
 
@@ -88,6 +89,15 @@ def test_an_adapter_on_another_base_is_refused(trained):
     (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="trained on another base model"):
         evaluate_run(run_dir / "adapter")
+
+
+def test_training_and_evaluation_write_records_of_one_format(trained):
+    tmp_path, _ = trained
+    evaluate_run(tmp_path, name="again")
+    for path in (tmp_path / "results.json", tmp_path / "evaluations" / "again.json"):
+        record = json.loads(path.read_text())
+        assert list(record)[0] == "format" and record["format"] == FORMAT, path
+        assert list(record)[-5:] == ["command", "git_commit", "versions", "numerics", "config"], path
 
 
 def test_evaluate_with_overrides_adds_shift_and_updates_results_when_asked(trained):

@@ -14,7 +14,6 @@ from sve.paper.report import (
     build_all,
     load_runs,
     load_spec,
-    members_of,
     metric_table,
     run_dir,
     table_names,
@@ -151,12 +150,6 @@ def test_extra_columns_beside_the_papers_and_no_marks_without_a_direction(tmp_pa
     assert "| Method | M | Acc (%) ↑ | TS ECE (%) ↓ | MI (nats) |" in md
     assert "| Single | 1 | **50.0** | <u>4.0</u> | 0.000 |" in md  # MI describes, it is not ranked
     assert "| SV-Ensemble | 4 | <u>40.0</u> | **2.0** | 0.123 |" in md
-
-
-def test_members_come_from_num_members_then_samples_then_ensemble_size():
-    assert members_of({"num_members": 7, "ensemble_size": 1}) == 7
-    assert members_of({"ensemble_size": 1, "method_report": {"num_samples": 10}}) == 10
-    assert members_of({"ensemble_size": 4, "method_report": {"svd_seconds": 1.0}}) == 4
 
 
 def test_a_top_level_experiment_key_wins_over_the_config(tmp_path):

@@ -64,8 +64,8 @@ def test_a_truncated_results_json_is_named_with_its_position_and_the_fix(tmp_pat
     path.write_bytes(b"\xff\xfe{}")
     with pytest.raises(InputError, match="not UTF-8 text"):
         read_results(path)
-    path.write_text('{"metrics": {}}')
-    assert read_results(path) == {"metrics": {}}
+    path.write_text('{"format": 1, "metrics": {}}')
+    assert read_results(path) == {"format": 1, "metrics": {}}
 
 
 def test_the_sweep_reports_a_corrupt_results_json_once_and_never_as_done(tmp_path, monkeypatch, capsys, caplog):

@@ -142,7 +142,7 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
         calls.append(job.method)
         if job.method == "svf":
             raise RuntimeError("boom")
-        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
                               "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
@@ -163,7 +163,7 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
 def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkeypatch, capsys):
     def fake_run(job):  # SVE's member 1 answers the same for every input; the other rows are healthy
         collapsed = [1] if job.method == "sve" else []
-        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
                               "metrics": {"test/acc": 0.5, "test/collapsed_members": collapsed},
                               "config": {"experiment_name": job.experiment}})
 
@@ -178,7 +178,7 @@ def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkey
 
 def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp_path, monkeypatch, capsys):
     def fake_run(job):
-        return finished(job, {"method": job.method, "ensemble_size": job.members, "seed": job.seed,
+        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
                               "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
@@ -199,7 +199,7 @@ def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp
 
 def test_a_run_with_the_wrong_member_count_fails(tmp_path, monkeypatch, capsys):
     def fake_run(job):
-        return {"ensemble_size": 1, "metrics": {"test/acc": 0.5}}  # e.g. ensemble_size not passed
+        return {"num_members": 1, "metrics": {"test/acc": 0.5}}  # e.g. ensemble_size not passed
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -366,7 +366,7 @@ def test_holder_tells_a_live_lock_from_a_dead_or_absent_one(tmp_path):
 
 
 def result(job) -> dict:
-    return {"method": job.method, "ensemble_size": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
+    return {"method": job.method, "num_members": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
             "config": {"experiment_name": job.experiment}}
 
 

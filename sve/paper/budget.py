@@ -110,8 +110,7 @@ def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str,
     minutes: dict[tuple[str, str], list[float]] = defaultdict(list)
     shares: dict[tuple[str, str], list[float]] = defaultdict(list)
     for _, results in runs:
-        experiment = results.get("experiment") or (results.get("config") or {}).get("experiment_name")
-        key = (experiment, f"{results['method']}:{results.get('num_members', results.get('ensemble_size'))}")
+        key = (results["experiment"], f"{results['method']}:{results['num_members']}")
         if results.get("wall_time_s"):
             minutes[key].append(float(results["wall_time_s"]) / 60)
         if (share := curve_share(results)) is not None:

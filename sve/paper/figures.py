@@ -309,7 +309,7 @@ def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
         return []
     bins = {k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
             for k in ("count", "confidence", "accuracy")}
-    members = int(results.get("num_members") or results.get("ensemble_size") or 1)
+    members = int(results["num_members"])
     ece = (results.get("metrics") or {}).get("test/ece")
     label = _label(str(results.get("method")), members) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
     fig = reliability_grid([(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed "

@@ -164,13 +164,8 @@ class Run:
 
 
 def members_of(results: dict) -> int:
-    """Members or samples that produced the predictive (num_members when the run records it)."""
-    if "num_members" in results:
-        return int(results["num_members"])
-    report = results.get("method_report") or {}
-    if "num_samples" in report:  # sampled methods (MC dropout, Bayes-LoRA, BLoB) record their samples here
-        return int(report["num_samples"])
-    return int(results["ensemble_size"])
+    """Members or samples that produced the predictive (``sve.runs.results.migrate`` gives older files theirs)."""
+    return int(results["num_members"])
 
 
 _reported: set[Path] = set()  # unreadable result files this process has reported already
@@ -208,9 +203,8 @@ def load_runs(root: Path) -> list[Run]:
             results = read_results(path)
             if not isinstance(results.get("metrics"), dict):  # every cell reads it (Run.metric): say so here, once
                 raise TypeError(f"its \"metrics\" is {type(results.get('metrics')).__name__}, not an object")
-            config = results.get("config") or {}
-            experiment = results.get("experiment") or config.get("experiment_name")
-            runs.append(Run(path, experiment, results["method"], members_of(results), int(results["seed"]), results))
+            runs.append(Run(path, results["experiment"], results["method"], members_of(results), int(results["seed"]),
+                            results))
         except UnreadableFile as err:
             if first_report(path):
                 log.warning("skipping a run: %s", err)

@@ -45,7 +45,7 @@ from sve.errors import InputError
 from sve.members import to_device
 from sve.runs.evaluate import ON_THE_CPU, apply_overrides, load_run
 from sve.runs.evaluation import evaluate
-from sve.runs.results import command_line, git_commit, numerics, package_versions, write_json
+from sve.runs.results import git_commit, results_record, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.runs.validate import check_accelerator
 from sve.training.distill import dirichlet_samples, distill
@@ -176,15 +176,15 @@ def distill_run(options: dict, overrides: list[str]) -> dict:
                         "ms_per_test_batch": ms_per_batch(student, batches)},
             "batches_timed": len(batches)}  # fmt: skip
     cost["speedup"] = cost["teacher"]["ms_per_test_batch"] / cost["student"]["ms_per_test_batch"]
-    # method, seed and config.experiment_name: what the table store reads (sve.paper.store.load_runs), so a
+    # method, seed and experiment: what the table store reads (sve.paper.store.load_runs), so a
     # student written to run_dir(root, experiment, "distilled_<objective>", members, seed) is a table cell.
-    record = {"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
+    fields = {"method": f"distilled_{options['objective']}", "seed": int(student_cfg.seed),
+              "experiment": student_cfg.get("experiment_name"),
               "student": options["student"], "objective": options["objective"], "teacher_run": str(run_dir),
               "teacher_method": teacher_cfg.method.name, "teacher_members": teacher.num_members(), "epochs": epochs,
               "lr": lr, "losses": losses, "inputs": inputs,
-              "train_seconds": train_seconds, "cost": cost, **evaluation, "command": command_line(),
-              "git_commit": git_commit(), "versions": package_versions(), "numerics": numerics(),
-              "config": run_config(student_cfg)}  # fmt: skip
+              "train_seconds": train_seconds, "cost": cost, **evaluation}  # fmt: skip
+    record = results_record(fields, run_config(student_cfg), git_commit())
     write_json(out / "results.json", record)
     write_adapter(student, out / ADAPTER, {"config": run_config(student_cfg)})
     m = record["metrics"]

@@ -52,7 +52,7 @@ from sve.api import adapter_files
 from sve.errors import InputError, did_you_mean
 from sve.paths import CONFIGS
 from sve.runs.evaluation import PREDICTIONS, evaluate
-from sve.runs.results import command_line, git_commit, numerics, package_versions, read_results, write_json
+from sve.runs.results import git_commit, read_results, results_record, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim
 from sve.runs.validate import accepted_keys, check_accelerator, check_values, root_keys
@@ -457,7 +457,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
         with stopped_by_sigterm(f"evaluation of {run_dir}"):
             evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
                                   **prediction_options(cfg))  # fmt: skip
-        record = {
+        record = results_record({
             "name": name,
             "method": cfg.method.name,
             "dataset": cfg.dataset.name,
@@ -466,12 +466,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
             "overrides": list(overrides),
             "aggregate": cfg.aggregate,
             **evaluation,
-            "command": command_line(),
-            "git_commit": git_commit(),
-            "versions": package_versions(),
-            "numerics": numerics(),
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
+        }, OmegaConf.to_container(cfg, resolve=True), git_commit())
         if trainer.is_global_zero:
             write_json(run_dir / EVALUATIONS / f"{name}.json", record)
             if update_results:

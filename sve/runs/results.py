@@ -12,6 +12,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from sve import MOVED
 from sve.errors import InputError
 from sve.runs.writable import atomic_write
 
@@ -148,11 +149,74 @@ def rerun_hint(path: Path) -> str:
     return f"delete it (or the run directory {Path(path).parent}) to run that run again"
 
 
+# results.json's format: every record written carries it (``results_record``), every file read is brought to it
+# (``migrate``), so readers see one shape and hold no branches for older files.
+FORMAT = 1
+
+
+def provenance(config: dict, commit: str | None) -> dict:
+    """How a record was produced: the command, the commit of the code, package versions, what decides the last
+    digits (``numerics``) and the resolved config."""
+    return {"command": command_line(), "git_commit": commit, "versions": package_versions(), "numerics": numerics(),
+            "config": config}  # fmt: skip
+
+
+def results_record(fields: dict, config: dict, commit: str | None) -> dict:
+    """A results record (a run's results.json, a re-evaluation's or a distilled student's): the format, then
+    ``fields`` in their order, then ``provenance``. Every writer of a record builds it here."""
+    return {"format": FORMAT, **fields, **provenance(config, commit)}
+
+
+def migrate(results: dict) -> dict:
+    """``results`` as read from any results.json, in the current ``FORMAT``: each step takes one format to the
+    next. A file of a later format than this code reads is a ``ValueError``."""
+    version = results.get("format", 0)
+    if not isinstance(version, int) or not 0 <= version <= FORMAT:
+        raise ValueError(f"format {version!r}: written by a later version of sve (this one reads formats up to "
+                         f"{FORMAT}); update sve to read it")  # fmt: skip
+    if version == 0:  # 0 -> 1: files written before the format key
+        results = {"format": 1, **results}
+        config = results["config"] if isinstance(results.get("config"), dict) else {}
+        # Distilled students and runs before the top-level key recorded their experiment in the config only.
+        results.setdefault("experiment", config.get("experiment_name"))
+        # Runs before num_members recorded the members that produced the predictive as the samples of a sampled
+        # method (method_report.num_samples: MC dropout, Bayes-LoRA, BLoB), else as ensemble_size.
+        if "num_members" not in results:
+            members = (results.get("method_report") or {}).get("num_samples", results.get("ensemble_size"))
+            if members is not None:  # none: not the results of a run, which its reader says
+                results["num_members"] = members
+        # Configs of runs before the move into subpackages name their classes' modules by the old names
+        # (sve.MOVED): named by the new ones, they instantiate once the old names are gone.
+        if "config" in results:
+            results["config"] = moved_targets(results["config"])
+    return results
+
+
+def moved_targets(node):
+    """``node`` (a config, nested dicts and lists) with every ``_target_`` in a moved module named by its new
+    module (``sve.MOVED``)."""
+    if isinstance(node, list):
+        return [moved_targets(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: moved_targets(v) for k, v in node.items()}
+    target = node.get("_target_")
+    if isinstance(target, str) and "." in target and target.rsplit(".", 1)[0] in MOVED:
+        module, name = target.rsplit(".", 1)
+        node["_target_"] = f"{MOVED[module]}.{name}"
+    return node
+
+
 def read_results(path: Path) -> dict:
-    """A run's ``results.json``; ``UnreadableFile`` (an ``InputError``) naming the file, what is wrong with
-    it (not valid JSON, at which position; empty; unreadable) and that deleting it (or the run directory)
-    runs that run again. Every reader of a finished run's results goes through here."""
-    return read_json(path, rerun_hint(path))
+    """A run's ``results.json`` in the current format (``migrate``); ``UnreadableFile`` (an ``InputError``)
+    naming the file, what is wrong with it (not valid JSON, at which position; empty; unreadable; a later format)
+    and that deleting it (or the run directory) runs that run again. Every reader of a finished run's results
+    goes through here."""
+    results = read_json(path, rerun_hint(path))
+    try:
+        return migrate(results)
+    except ValueError as err:
+        raise UnreadableFile(f"{path}: {err}", path) from None
 
 
 def format_table(results: dict) -> str:

@@ -27,15 +27,7 @@ from sve.metrics.scores import UNITS
 from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
 from sve.runs.probe import probe
-from sve.runs.results import (
-    command_line,
-    format_table,
-    git_commit,
-    numerics,
-    package_versions,
-    read_results,
-    write_json,
-)
+from sve.runs.results import format_table, git_commit, read_results, results_record, write_json
 from sve.runs.rundir import (
     RUN_CONFIG,
     claim,
@@ -289,7 +281,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
                     "(ensemble_size, num_members)", type(method).__name__, method.ensemble_size,
                     evaluation["num_members"])
 
-    results = {
+    results = results_record({
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,
         "dataset": cfg.dataset.name,
@@ -323,12 +315,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
         # All attempts: earlier ones up to their last checkpoint, plus this one.
         "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
-        "command": command_line(),
-        "git_commit": commit,
-        "versions": package_versions(),
-        "numerics": numerics(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
+    }, OmegaConf.to_container(cfg, resolve=True), commit)
     if trainer.is_global_zero:
         save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
