@@ -107,6 +107,8 @@ def test_every_experiment_runs_in_fast_dev_mode(experiment, tmp_path):
         pytest.skip(f"no tiny stand-in for backbone {cfg.backbone._target_}")
     overrides = [f"experiment={experiment}", f"backbone={tiny}", "dataset.train_size=8", "dataset.val_size=4",
                  "dataset.test_size=4"]  # fmt: skip
+    if cfg.dataset.get("shift_size"):  # corrupted sets are drawn from the 4 test examples: all of them
+        overrides.append("dataset.shift_size=null")
     if cfg.backbone._target_.endswith("ChoiceCausalLMBackbone"):  # the tiny LLaMA, scoring answers the same way
         overrides += ["backbone._target_=sve.backbones.ChoiceCausalLMBackbone", "+backbone.answer_tokens=null"]
     if "root" in cfg.dataset:  # the configured data, else the shared copy

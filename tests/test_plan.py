@@ -203,22 +203,21 @@ def test_the_evaluation_plan_of_two_passes_equals_the_plan_of_every_pass(monkeyp
 
 def test_a_huge_ensemble_is_planned_in_a_few_passes_and_an_impossible_one_refused(monkeypatch):
     # plan=true ensemble_size=1000000 ran for hours: M heads built as M nn.Linear on fake tensors (3.6 ms each),
-    # and M evaluation passes.
-    import time
-
+    # and M evaluation passes. Counted in passes, not seconds (no timed unit tests): a few, whatever M is (the
+    # feature probe, the member-layout probes at build, the plan's training and evaluation passes), never M.
     from sve.backbones.timm_vit import TimmBackbone
 
     forward, calls = TimmBackbone.forward, []
+    FEW = 16
 
     def counted(self, *args, **kwargs):
         calls.append(1)
-        assert len(calls) <= 8, "the plan runs the backbone once per member"
+        assert len(calls) <= FEW, "the plan runs the backbone once per member"
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(TimmBackbone, "forward", counted)
-    start = time.perf_counter()
     p = P.plan(config([*HUGE, "ensemble_size=20000", "plan_memory_gib=24", "trainer.accelerator=cpu"]))
-    assert time.perf_counter() - start < 60 and len(calls) <= 8
+    assert len(calls) <= FEW
     assert p.stored["trainable parameters"] >= 20000 * (4 * 32 + 4) * 4  # the heads alone: (M, C, D) and (M, C)
     M = 10**12
     with pytest.raises(InputError, match=rf"ensemble_size={M} cannot run in .*: the member logits of one evaluation "
