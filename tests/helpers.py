@@ -88,3 +88,29 @@ class KillAt(pl.Callback):
         last = batch_idx == trainer.num_test_batches[dataloader_idx] - 1
         if self.kind == "test_end" and self.passes == self.value and last:
             self._kill()
+
+
+def run_main(monkeypatch, args: list[str], run) -> int:
+    """Exit status of sve-train in this process with ``sve.runs.run.run`` replaced by ``run``."""
+    import logging
+    import sys
+
+    import pytest
+
+    import sve.runs.run
+    from sve.cli import train
+
+    monkeypatch.setattr(sve.runs.run, "run", run)
+    monkeypatch.setattr(sys, "argv", ["sve-train", *args, "recipe=none"])  # a flag (-m) first, as users type it
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # Hydra configures the root logger for its jobs
+    try:
+        with pytest.raises(SystemExit) as caught:
+            train.main()
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+    return caught.value.code

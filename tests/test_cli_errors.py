@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from sve.cli.configs import NOT_RUN_GROUPS, compose_error, groups, main_keys
 from sve.errors import InputError, did_you_mean
 from tests.conftest import CONFIGS, ROOT
+from tests.helpers import run_main
 
 COMMANDS = {"sve-train": "train", "sve-eval": "evaluate", "sve-sweep": "sweep", "sve-tables": "tables",
             "sve-distill": "distill", "sve-bench": "bench"}  # fmt: skip
@@ -159,25 +160,6 @@ def test_a_table_file_with_a_yaml_syntax_error_is_one_line_naming_the_file_and_l
 # ----- a refused run leaves nothing behind --------------------------------------------------------------------
 
 
-def run_main(monkeypatch, args: list[str], run) -> int:
-    """Exit status of sve-train in this process with ``sve.runs.run.run`` replaced by ``run``."""
-    import sve.runs.run
-    from sve.cli import train
-
-    monkeypatch.setattr(sve.runs.run, "run", run)
-    monkeypatch.setattr(sys, "argv", ["sve-train", "recipe=none", *args])
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level  # Hydra configures the root logger for its jobs
-    try:
-        with pytest.raises(SystemExit) as caught:
-            train.main()
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        root.setLevel(level)
-    return caught.value.code
 
 
 def refuse(cfg):

@@ -177,11 +177,8 @@ def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_reru
 def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_path, monkeypatch, capsys):
     # A scheduler's stop (SIGTERM) ends the run in progress with RunInterrupted; the sweep must stop there
     # too, not record it as failed and start training the next run.
-    import logging
-
-    import sve.runs.run
-    from sve.cli import train
     from sve.errors import RunInterrupted
+    from tests.helpers import run_main
 
     started = []
 
@@ -189,20 +186,8 @@ def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_pa
         started.append(int(cfg.seed))
         raise RunInterrupted(f"run in {cfg.paths.output_dir} stopped by SIGTERM")
 
-    monkeypatch.setattr(sve.runs.run, "run", stopped)
-    monkeypatch.setattr(sys, "argv", ["sve-train", "-m", "seed=0,1,2", "recipe=none", f"hydra.sweep.dir={tmp_path}"])
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level  # Hydra configures the root logger for its jobs
-    try:
-        with pytest.raises(SystemExit) as caught:
-            train.main()
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        root.setLevel(level)
-    assert caught.value.code == 128 + 15 and started == [0]
+    code = run_main(monkeypatch, ["-m", "seed=0,1,2", f"hydra.sweep.dir={tmp_path}"], stopped)
+    assert code == 128 + 15 and started == [0]
     assert f"hydra.sweep.dir={tmp_path}" in capsys.readouterr().err
     assert (tmp_path / "sve_m4_seed0").is_dir()
     assert not (tmp_path / "sve_m4_seed0" / "failed.json").exists()  # incomplete: the rerun resumes it

@@ -130,10 +130,13 @@ def minor_faults(step: Callable[[], object]) -> int:
 
 
 def interleaved_times(steps: dict[str, Callable[[], object]], repeats: int, device: torch.device,
-                      warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds per call of each step, ``repeats`` rounds after ``warmup`` rounds; each round runs every
-    step once, the order alternating between rounds."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+                      warmup: int = 1, clock: Callable[[Callable[[], object]], float] | None = None
+                      ) -> dict[str, list[float]]:
+    """Per call of each step, ``repeats`` rounds after ``warmup`` rounds; each round runs every step once, the
+    order alternating between rounds. ``clock(step)`` runs one step and returns its time (default: wall
+    seconds, the device synchronised around it; the GPU check passes CUDA events in milliseconds)."""
+    if clock is None:
+        clock = wall_seconds(device)
     names = list(steps)
     for _ in range(warmup):
         for name in names:
@@ -141,12 +144,22 @@ def interleaved_times(steps: dict[str, Callable[[], object]], repeats: int, devi
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            sync()
-            start = time.perf_counter()
-            steps[name]()
-            sync()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock(steps[name]))
     return times
+
+
+def wall_seconds(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """A clock for ``interleaved_times``: wall seconds of one step, a CUDA device synchronised before and after."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def clock(step: Callable[[], object]) -> float:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        return time.perf_counter() - start
+
+    return clock
 
 
 def paired_ratios(times: dict[str, list[float]], name: str, reference: str) -> list[float]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from sve.bench.counters import paired_ratio, peak_memory, resident_bytes
+from sve.bench.counters import interleaved_times, paired_ratio, peak_memory, resident_bytes
 from sve.bench.gpu_report import MIB, Check, error_check
 
 M = 8
@@ -79,17 +79,9 @@ def wall_ms(step: Callable[[], object]) -> float:
 def interleaved_ms(
     steps: dict[str, Callable[[], object]], repeats: int, warmup: int, clock: Callable[[Callable[[], object]], float]
 ) -> dict[str, list[float]]:
-    """Per step, ``repeats`` times measured by ``clock`` after ``warmup`` untimed rounds; each round runs every
-    step once, the order reversed every other round (so neither runs first in every round)."""
-    names = list(steps)
-    for _ in range(warmup):
-        for name in names:
-            steps[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            times[name].append(clock(steps[name]))
-    return times
+    """Per step, ``repeats`` times measured by ``clock`` after ``warmup`` untimed rounds: the benchmark's
+    interleaving (``sve.bench.counters.interleaved_times``) with this check's clock."""
+    return interleaved_times(steps, repeats, torch.device("cpu"), warmup=warmup, clock=clock)
 
 
 def build(device: torch.device, tiny: bool) -> tuple[dict, object]:
