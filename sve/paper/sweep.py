@@ -32,9 +32,9 @@ seed's run
 e.g. BERT-size rows at the learning rates tuned for the small model)
 (SVE at M = 1, 2, 4 sharing the learning rate tuned for SVF, as the paper's recipe shares it); the choice is
 copied into its own ``tuned.json`` with a ``from`` key. A row's own ``tune:`` block replaces the table's for that
-row. A row with ``fix_tuned: method:members`` keeps that row's
-tuned value (of whatever key its own table tuned) fixed in every run, tuning runs included, while this table
-tunes its own key: a hybrid's singular-value rate tuned at the adapter rate its plain row chose.
+row. A row with ``fix_tuned: method:members`` keeps that row's tuned value (of whatever key its own table tuned)
+fixed in every run, tuning runs included, while this row tunes its own key: a hybrid's singular-value rate tuned
+at the adapter rate its plain row chose.
 """
 
 from __future__ import annotations
@@ -489,10 +489,15 @@ def fixed_choice(root: Path, job: Job, dry_run: bool, failures: list[str]) -> di
     table tunes the singular values' rate). None, with a failure naming what to run first, when it is not tuned."""
     path = run_dir(root, job.experiment, *job.fix_tuned, 0).parent / TUNED
     if path.exists():
-        choice = json.loads(path.read_text())
+        fix = f"delete it to tune {job.fix_tuned[0]}:{job.fix_tuned[1]} again ({job} keeps its choice fixed)"
+        try:
+            choice = read_json(path, fix)
+        except UnreadableFile as err:
+            failures.append(str(err))
+            return None
         if "key" in choice and "value" in choice:
             return choice
-        failures.append(f"{path} is not a tuned choice (no \"key\" and \"value\"): {job} keeps it fixed")
+        failures.append(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}")
         return None
     if dry_run:
         return {"key": "<its tuned key>", "value": f"<the choice in {path}>"}
