@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 distill([f"run_dir={source}", f"objective={objective}", f"samples={SAMPLES}", f"out={student}",
                          *student_lr(args.results, experiment)])  # fmt: skip
         if not args.dry_run:
-            from sve.paper.report import build
+            from sve.paper.build import build
 
             for path in build("mini_distill", root=args.results):
                 print(f"wrote {path}")

@@ -37,8 +37,8 @@ from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import CLAIMS, changes_markdown, claims_markdown, judge, load_claims, procedure
 from sve.paper.movement import SEPARATED, TEACHER, all_movements
-from sve.paper.report import METHOD_NAMES, load_runs
-from sve.paper.store import TEACHERS
+from sve.paper.registry import METHOD_NAMES
+from sve.paper.store import TEACHERS, load_runs
 from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
 from sve.runs.results import read_json, read_results, relative_difference
 

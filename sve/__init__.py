@@ -1,30 +1,40 @@
 """SVE: Singular Value Ensembles for pretrained models, and every baseline of the paper behind one interface.
 
-Package map, by role (``docs/architecture.md`` has the flow of a run):
+Package map, by role, top to bottom: a module imports only from its own layer and the layers below it
+(``tests/test_imports.py`` checks every import, function bodies included; ``docs/architecture.md`` has the
+flow of a run).
 
-- ``layers``: the member layers (SV, LoRA, BatchEnsemble, BLoB; SV inference paths), ``inject`` (wraps a
-  backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files).
-- ``methods``: one class per method of the paper behind one interface, returning member logits in the
-  (M, B, C) layout of ``members`` (which also forms the predictive); ``registry`` (every method option, its
-  class and the facts the class states).
-- ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
-- ``data``: data modules, their up-front checks, samplers, the corruption generator.
-- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics).
-- ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``draws``
-  (draws independent of the device layout), ``curves`` (learning curves), ``allocator``, ``loggers``.
-- ``runs``: ``run`` (one run end to end), ``validate`` (config checks, probe), ``rundir`` (directories,
-  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
-  ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
+- ``cli``: the console entry points, every ``main()`` and argument parser.
 - ``paper``: ``sweep`` (table sweeps) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
   definitions, run directories, the runs of a store), ``registry`` (metric names, method labels), ``report``
-  (the table builder), ``render``, ``figures``, ``claims`` with ``bootstrap`` (paired intervals), ``budget``.
-- ``bench``: memory and FLOP counters (``counters``), the cost benchmark (``benchmark``) and the GPU check
-  (``gpu_check``, ``make gpu-check``).
+  (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims`` with
+  ``bootstrap`` (paired intervals), ``coverage``, ``movement``, ``budget``, ``plan_tables`` (every row's
+  memory plan). ``bench``, beside it: memory and FLOP counters (``counters``), the cost benchmark
+  (``benchmark``) and the GPU check (``gpu_check``, ``make gpu-check``).
+- ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
+  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
+  ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
+  ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
+  writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
-  ``predict``, ``save_pretrained``/``from_pretrained``), ``adapter_files``.
-- ``cli``: the console entry points; ``configs``: the Hydra config groups. At the top, used by every role:
-  ``members`` (the member-logit layout), ``paths`` (where things are read and written) and ``errors`` (user
-  errors in one line).
+  ``predict``, ``save_pretrained``/``from_pretrained``), ``adapter_files`` (their format).
+- ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``sharding``,
+  ``curves`` (learning curves), ``allocator``, ``loggers``.
+- ``methods``: one class per method of the paper behind one interface, returning member logits in the
+  (M, B, C) layout of ``members`` (which also forms the predictive); ``heads`` (one head per member);
+  ``registry`` (every method option, its class and the facts the class states).
+- ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
+- ``layers``: the member layers (SV, LoRA, BatchEnsemble, BLoB; SV inference paths), ``inject`` (wraps a
+  backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files),
+  ``draws`` (random draws independent of the device layout), ``recompute`` (activation checkpointing that
+  replays them).
+- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``plots`` (the
+  reliability diagram). ``data``, beside it: data modules, their up-front checks, samplers, the corruption
+  generator.
+- At the bottom, used by every role: ``members`` (the member-logit layout), ``paths`` (where things are read
+  and written, the config resolvers for them), ``errors`` (user errors in one line), ``memory`` (a device's
+  free memory), ``distributed`` (a whole state loaded into a sharded module), ``offline``. ``configs``: the
+  Hydra config groups (package data).
 
 The names below are imported on first use, so ``import sve`` itself loads no torch. Modules that moved into
 the subpackages stay importable under their old names (``sve.checkpoint`` is ``sve.training.checkpoint``)
@@ -56,7 +66,7 @@ MOVED = {
     "sve.inject": "sve.layers.inject", "sve.shared_inputs": "sve.layers.shared_inputs",
     "sve.svd_cache": "sve.layers.svd_cache", "sve.singular_values": "sve.layers.singular_values",
     "sve.module": "sve.training.module", "sve.optim": "sve.training.optim",
-    "sve.checkpoint": "sve.training.checkpoint", "sve.draws": "sve.training.draws",
+    "sve.checkpoint": "sve.training.checkpoint", "sve.draws": "sve.layers.draws",
     "sve.allocator": "sve.training.allocator", "sve.loggers": "sve.training.loggers",
     "sve.curves": "sve.training.curves", "sve.run": "sve.runs.run", "sve.rundir": "sve.runs.rundir",
     "sve.validate": "sve.runs.validate", "sve.evaluation": "sve.runs.evaluation",
@@ -66,6 +76,8 @@ MOVED = {
     "sve.report": "sve.paper.report", "sve.render": "sve.paper.render", "sve.figures": "sve.paper.figures",
     "sve.claims": "sve.paper.claims", "sve.budget": "sve.paper.budget", "sve.bootstrap": "sve.paper.bootstrap",
     "sve.benchmark": "sve.bench.benchmark",
+    # moved by issue 42 (imports run down the package map)
+    "sve.training.draws": "sve.layers.draws", "sve.training.recompute": "sve.layers.recompute",
 }  # fmt: skip
 MOVED_UNTIL = "0.2.0"  # the next minor release after __version__ removes the old names of MOVED
 _warned: set[str] = set()  # old names this process has warned about (each once)

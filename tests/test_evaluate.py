@@ -68,7 +68,7 @@ def test_evaluate_gives_the_training_metrics(method, extra, tmp_path):
 
 
 def test_a_text_backbone_with_attention_dropout_evaluates_to_the_training_digits(tmp_path):
-    # BERT's attention has dropout, so exact draws run it unfused (sve.training.draws); a model evaluated
+    # BERT's attention has dropout, so exact draws run it unfused (sve.layers.draws); a model evaluated
     # again in a fresh process must run the same kernels as the one evaluated right after training, or the
     # two differ in rounding (they did, by 1e-7, while the switch happened only when fitting started).
     overrides = ["method=sve", "ensemble_size=2", "backbone=tiny_bert", "dataset=synthetic_text", "callbacks=default"]

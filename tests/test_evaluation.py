@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from sve.runs.evaluation import COLLAPSED_BELOW, collapsed_members, read_predictions, write_predictions
+from sve.runs.evaluation import COLLAPSED_BELOW, collapsed_members
+from sve.runs.prediction_files import read_predictions, write_predictions
 from sve.runs.run import run
 from sve.training.module import Predictions
 from tests.conftest import compose_cfg
@@ -81,8 +82,9 @@ def test_saved_predictions_recompute_every_metric(aggregate, tmp_path):
     assert m["val/acc"] == pytest.approx(val_ref["acc"], abs=TOL)
 
     # Reliability bins: the ECE's, as the figures module reads them back (null, an empty bin, becomes NaN).
-    from sve.paper.figures import reliability_bins, run_reliability
-    from sve.paper.report import Run
+    from sve.metrics.plots import reliability_bins
+    from sve.paper.figures import run_reliability
+    from sve.paper.store import Run
 
     bins = reliability_bins(probs, test["labels"])
     recorded = run_reliability(Run(tmp_path / "results.json", None, "sve", 3, 0, saved))

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from sve.layers.singular_values import FILENAME, load_singular_values, save_singular_values
-from sve.paper.figures import relative_change, reliability_bins
-from sve.paper.report import build
+from sve.metrics.plots import reliability_bins
+from sve.paper.build import build
+from sve.paper.figures import relative_change
 from tests.conftest import compose_cfg
 from tests.test_report import write_run
 
@@ -36,7 +37,7 @@ def test_figure2_keeps_every_shifted_marker_inside_its_axes(tmp_path, monkeypatc
     for method, members in (("single", 1), ("lora_ensemble", 4), ("sve", 4)):
         write_run(tmp_path, "cifar100_dinov2", method, members, 0, {"acc": 0.6, "ece": 0.1, "nll": 0.9})
     drawn = []
-    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: drawn.append(fig) or [])
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: drawn.append(fig) or [])
     build("figure2", root=tmp_path)
     (fig,) = drawn
     for ax in fig.axes:
@@ -132,7 +133,7 @@ def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):
     write_run(tmp_path, "mini_sst2_minilm", "sve", 4, 1, {"acc": 0.8}, curve=points([0, 10], [0.7, 0.5]))
     write_run(tmp_path, "mini_sst2_minilm", "single", 1, 0, {"acc": 0.8})  # no curve recorded: no line
     from sve.paper.figures import mean_curve
-    from sve.paper.report import load_runs, select
+    from sve.paper.store import load_runs, select
 
     found = select(load_runs(tmp_path), "mini_sst2_minilm", "sve", 4)
     steps, mean, std = mean_curve(found, "val/nll")
@@ -145,7 +146,8 @@ def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):
 
 def test_a_run_reliability_figure_draws_its_bins_and_their_counts(tmp_path):
     """The per-run figure (every run writes one) shows the recorded accuracy per bin and each bin's count."""
-    from sve.paper.figures import N_BINS, reliability_grid, run_reliability_figure
+    from sve.metrics.plots import N_BINS, reliability_grid
+    from sve.runs.run import run_reliability_figure
 
     count = [0.0] * N_BINS
     count[9], count[14] = 3.0, 5.0

@@ -16,24 +16,57 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def top_level_imports(path: Path, modules: set[str]) -> set[str]:
-    """The sve modules a module imports when it is imported (function-level imports run later: not edges)."""
+# The package map's order (docs/architecture.md, top to bottom): a module imports only from its own layer or
+# the layers below it. Entry points sit on top; `paper` (tables, figures, claims) and `bench` (costs) use runs;
+# a run uses the library API, the LightningModule, the methods, ...; shared modules (`members`, `errors`,
+# `paths`, `memory`, `offline`) are used by everyone and use no one.
+LAYERS = (
+    ("cli",),
+    ("paper", "bench"),
+    ("runs",),
+    ("api",),
+    ("training",),
+    ("methods",),
+    ("backbones",),
+    ("layers",),
+    ("metrics", "data"),
+    ("shared",),
+)
+RANK = {package: len(LAYERS) - i for i, names in enumerate(LAYERS) for package in names}
+
+# Imports against the order that are the design, each with its reason. None today: the package root's lazy
+# exports (``sve.__getattr__``) and old-name aliases (``sve.MOVED``) import by string, not by statement.
+LAZY_BY_DESIGN: set[tuple[str, str]] = set()
+
+
+def imports(path: Path, modules: set[str]) -> dict[str, bool]:
+    """The sve modules a module imports, anywhere in it (function bodies too), each with whether the import
+    runs when the module is imported (top level) or later (inside a function). ``if TYPE_CHECKING:`` blocks
+    never run and are left out."""
     tree = ast.parse(path.read_text())
-    found = set()
-    for node in tree.body:
-        nodes = [node]
-        if isinstance(node, ast.If):  # `if TYPE_CHECKING:` blocks never run
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+                 for child in node.body for n in ast.walk(child)}  # fmt: skip
+    top = {id(n) for node in tree.body if not isinstance(node, ast.If)
+           for n in ([node] if not isinstance(node, ast.Try) else node.body)}  # fmt: skip
+    found: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
             continue
-        if isinstance(node, ast.Try):
-            nodes = node.body
-        for n in nodes:
-            if isinstance(n, ast.Import):
-                found |= {a.name for a in n.names if a.name in modules}
-            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.startswith("sve"):
-                for a in n.names:
-                    child = f"{n.module}.{a.name}"
-                    found.add(child if child in modules else n.module)
-    return {m for m in found if m in modules}
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "sve":
+            children = [f"{node.module}.{a.name}" for a in node.names]  # `from sve.x import y`: a module y, or a name
+            names = [child if child in modules else node.module for child in children]
+        for name in names:
+            if name in modules:
+                found[name] = found.get(name, False) or id(node) in top
+    return found
+
+
+def top_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """The sve modules a module imports when it is imported (the rest run later, inside functions)."""
+    return {name for name, at_import in imports(path, modules).items() if at_import}
 
 
 def with_packages(names: set[str], modules: set[str]) -> set[str]:
@@ -45,16 +78,33 @@ def with_packages(names: set[str], modules: set[str]) -> set[str]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    paths = [p for p in PACKAGE.rglob("*.py") if "configs" not in p.parts]
-    modules = {module_name(p) for p in paths}
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if "configs" not in p.parts}
+
+
+def import_graph(every_import: bool = True) -> dict[str, set[str]]:
+    """Module -> the modules it imports: every import (``every_import``) or only those run at import time."""
+    paths = package_modules()
+    modules = set(paths)
     graph = {}
-    for p in paths:
-        name = module_name(p)
+    for name, p in paths.items():
         own_packages = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        found = set(imports(p, modules)) if every_import else top_level_imports(p, modules)
         # A module's own packages are being initialised when it runs: importing them is no new edge.
-        graph[name] = with_packages(top_level_imports(p, modules), modules) - {name} - own_packages
+        graph[name] = with_packages(found, modules) - {name} - own_packages
     return graph
+
+
+def layer(module: str) -> str:
+    """The package map's name for a module's layer: its subpackage, or ``shared`` for a top-level module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "shared"
+
+
+def against_the_order(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b} ({layer(a)} imports {layer(b)}, which is above it)"
+                  for a, targets in graph.items() for b in targets
+                  if RANK[layer(b)] > RANK[layer(a)] and (a, b) not in LAZY_BY_DESIGN)  # fmt: skip
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -99,10 +149,35 @@ def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_every_import_is_counted_also_inside_functions(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nimport sve.a\nif TYPE_CHECKING:\n    import sve.c\n"
+                      "def f():\n    from sve.b import thing\n")
+    found = imports(module, {"sve.a", "sve.b", "sve.c"})
+    assert found == {"sve.a": True, "sve.b": False}  # a function's import is an edge; a type-only one is not
+
+
 def test_no_import_circles_between_the_package_s_modules():
     graph = import_graph()
     assert len(graph) > 40  # the whole package was read
     assert cycles(graph) == []
+
+
+def test_every_layer_of_the_package_map_is_a_subpackage_and_each_subpackage_has_a_layer():
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name != "configs"}
+    assert subpackages | {"shared"} == set(RANK)
+
+
+def test_imports_run_down_the_package_map():
+    graph = import_graph()
+    assert against_the_order(graph) == []
+    used = {(a, b) for a, targets in graph.items() for b in targets}
+    assert LAZY_BY_DESIGN <= used, "an allow-listed import no longer exists: remove it from LAZY_BY_DESIGN"
+
+
+def test_the_order_check_catches_an_upward_import():
+    assert against_the_order({"sve.layers.x": {"sve.runs.y"}, "sve.runs.y": {"sve.layers.x"}}) == [
+        "sve.layers.x -> sve.runs.y (layers imports runs, which is above it)"]
 
 
 def test_help_and_a_config_error_load_no_torch():

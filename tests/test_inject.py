@@ -234,7 +234,7 @@ def test_target_modules_all_takes_every_layer_on_the_feature_path_and_equals_the
 
 
 def test_the_wrapped_modules_log_groups_names_by_block_index():
-    from sve.methods.base import grouped_names
+    from sve.layers.inject import grouped_names
 
     names = [f"model.layers.{i}.attn.{x}" for i in range(32) for x in ("q", "k")] + ["head", "b.0.c", "b.2.c"]
     assert grouped_names(names) == ("model.layers.{0..31}.attn.q (32), model.layers.{0..31}.attn.k (32), head, "

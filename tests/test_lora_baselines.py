@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sve.layers import LoRALayer
+from sve.layers.draws import seeded_draws
 from sve.runs.run import instantiate, run
-from sve.training.draws import seeded_draws
 from tests.conftest import compose_cfg, method_on
 
 TEXT = ["backbone=tiny_bert", "dataset=synthetic_text", "dataset.batch_size=4"]
@@ -59,7 +59,7 @@ def test_lora_dropout_drops_the_low_rank_input_only_and_is_off_by_default():
 
 
 def test_lora_dropout_gives_each_example_its_mask_in_every_member_layout():
-    # Exact draws (sve.training.draws): rows k*B + j of the member-major batch get member k's mask for example j,
+    # Exact draws (sve.layers.draws): rows k*B + j of the member-major batch get member k's mask for example j,
     # whether all members run at once, one member chunk at a time, or the batch is split into micro-batches.
     m, batch = make("lora_ensemble", "method.dropout=0.5")
     without_backbone_dropout(m)

@@ -8,10 +8,10 @@ end elsewhere."""
 import pytest
 import torch
 
+from sve.layers.draws import seeded_draws
 from sve.methods.base import EnsembleMethod
 from sve.runs.run import run
 from sve.training.checkpoint import read_checkpoint
-from sve.training.draws import seeded_draws
 from tests.conftest import compose_cfg, method_on
 
 BASE = ["ensemble_size=4", "backbone=tiny_bert", "dataset=synthetic_text", "callbacks=default",
@@ -82,7 +82,7 @@ def test_methods_that_train_otherwise_are_not_split():
 @pytest.mark.parametrize(("method", "members_at_once"), [("sve", 1), ("deep_ensemble_lora", "all")])
 def test_member_chunks_train_through_gradient_checkpointing_as_without_it(tmp_path, method, members_at_once):
     # A checkpointed block is recomputed in the backward, after the chunk's selection and its exact dropout
-    # draws ended (tiny BERT's dropout is on); sve.training.recompute puts both back for the recomputation.
+    # draws ended (tiny BERT's dropout is on); sve.layers.recompute puts both back for the recomputation.
     # deep_ensemble_lora: each round trains one member's adapter of the layers' four (Table 3 on LLaMA-2-7B).
     plain = trained_state(tmp_path, method, members_at_once)
     checkpointed = trained_state(tmp_path, method, members_at_once, "+backbone.gradient_checkpointing=true")
@@ -94,8 +94,8 @@ def test_member_chunks_train_through_gradient_checkpointing_as_without_it(tmp_pa
 def one_step_gradients(method: str, members: list[int], checkpointing: str, ensemble_size: int = 4) -> dict:
     """Gradients of one training pass of ``members`` (in their exact draws) on tiny BERT, dropout on, with
     ``checkpointing`` 'off', 'replayed' (as the backbone enables it) or 'plain' (PyTorch's own, no context)."""
+    from sve.layers.recompute import enable_checkpointing
     from sve.runs.run import instantiate
-    from sve.training.recompute import enable_checkpointing
 
     cfg = compose_cfg([f"method={method}", f"ensemble_size={ensemble_size}", "backbone=tiny_bert",
                        "dataset=synthetic_text", "dataset.batch_size=4"])  # fmt: skip

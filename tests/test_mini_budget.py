@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sve.paper.budget import convergence, curve_share, evaluation_seconds, mean_points, report
-from sve.paper.report import run_dir
+from sve.paper.store import run_dir
 
 
 def curve(values):

@@ -72,7 +72,7 @@ def test_run_reports_ood_metrics_when_the_dataset_has_an_ood_set(tmp_path):
 def test_an_ensemble_run_scores_ood_by_mutual_information_too(tmp_path):
     """With more than one member, test/ood_*_mi use minus the mutual information as the score: equal to the
     pairwise reference on the members' saved logits; a one-member run has no such metrics."""
-    from sve.runs.evaluation import read_predictions
+    from sve.runs.prediction_files import read_predictions
     from sve.runs.run import run
     from tests.conftest import compose_cfg
 

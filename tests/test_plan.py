@@ -24,7 +24,9 @@ from omegaconf import OmegaConf
 
 import sve.runs.resolvers  # noqa: F401
 from sve.errors import InputError
+from sve.paper import plan_tables
 from sve.paths import CONFIGS
+from sve.runs import architectures, layout, plan_report
 from sve.runs import plan as P
 
 TOTAL_TOLERANCE = 0.10
@@ -91,7 +93,7 @@ def test_exact_parts_agree_with_the_parameter_counts_of_a_real_build():
     assert p.stored["factors (U, V)"] == factors
     assert p.train["gradients"] == 4 * counts["trainable"]
     assert p.train["optimizer state"] >= 2 * 4 * counts["trainable"]  # two AdamW moments (and step counters)
-    text = P.format_plan(p)
+    text = plan_report.format_plan(p)
     assert "factors (U, V)" in text and "training peak" in text and "fits" in text
 
 
@@ -109,14 +111,14 @@ def test_fsdp_divides_what_it_shards():
 
 def test_a_bad_value_is_one_line_naming_the_valid_choices():
     with pytest.raises(InputError, match=r"trainer.strategy='deepspeed' cannot be planned; choose one of \['auto'"):
-        P.device_layout(config([*TINY, "+trainer.strategy=deepspeed"]))
+        layout.device_layout(config([*TINY, "+trainer.strategy=deepspeed"]))
     with pytest.raises(InputError, match=r"trainer.precision='8-mixed' cannot be planned; choose one of"):
-        P.device_layout(config([*TINY, "+trainer.precision=8-mixed"]))
+        layout.device_layout(config([*TINY, "+trainer.precision=8-mixed"]))
     with pytest.raises(InputError, match="plan_memory_gib=-1 is not valid"):
-        P.device_capacity(config([*TINY, "plan_memory_gib=-1", "trainer=gpu"]), P.Layout("cuda", 1, "single",
+        P.device_capacity(config([*TINY, "plan_memory_gib=-1", "trainer=gpu"]), layout.Layout("cuda", 1, "single",
                           "32-true", 1), None)  # fmt: skip
     with pytest.raises(InputError, match="backbone.config=.*or backbone.name_or_path"):
-        P.architecture("someone/unknown-model")
+        architectures.architecture("someone/unknown-model")
 
 
 def test_cli_prints_the_plan_and_trains_nothing(tmp_path):
@@ -130,11 +132,11 @@ def test_cli_prints_the_plan_and_trains_nothing(tmp_path):
 def test_every_row_of_tables_1_to_6_is_known_offline():
     """Each row composes, and its backbone's architecture is known without a download (the plan of each row
     is the slow test below)."""
-    rows = [run for name in TABLES for run in P.table_runs(name)]
+    rows = [run for name in TABLES for run in plan_tables.table_runs(name)]
     assert len(rows) >= 40
     for label, overrides in rows:
         cfg = config(overrides)
-        backbone = P.offline_backbone(cfg.backbone)
+        backbone = architectures.offline_backbone(cfg.backbone)
         assert backbone.get("pretrained") is False, label
         if "name_or_path" in backbone:  # Hugging Face: the shipped or cached config.json
             assert backbone["config"]["model_type"], label
@@ -143,9 +145,9 @@ def test_every_row_of_tables_1_to_6_is_known_offline():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TABLES)
 def test_every_row_of_a_table_is_planned_offline(name, capsys):
-    assert P.plan_tables([name]) == []
+    assert plan_tables.plan_tables([name]) == []
     lines = [line for line in capsys.readouterr().out.splitlines() if " M=" in line]
-    assert len(lines) == len(P.table_runs(name)) and all("GiB" in line for line in lines)
+    assert len(lines) == len(plan_tables.table_runs(name)) and all("GiB" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -155,7 +157,7 @@ def test_llama2_7b_sve_16_plan_counts_its_factors_exactly():
     h, f, layers = 4096, 11008, 32
     per_layer = 4 * (h * h + h * h) + 2 * (f * h + h * h) + (h * h + h * f)  # q k v o; gate up; down (r = 4096)
     assert p.stored["factors (U, V)"] == layers * per_layer * 2  # bfloat16
-    assert "fits" in P.verdict(p) or "exceeds 24.000 GiB by" in P.verdict(p)
+    assert "fits" in plan_report.verdict(p) or "exceeds 24.000 GiB by" in plan_report.verdict(p)
 
 
 @pytest.mark.parametrize("method", ["sve", "sve_top"])

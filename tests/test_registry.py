@@ -65,9 +65,9 @@ def tiny_option():
 
 def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeypatch):
     from sve.bench import benchmark
-    from sve.paper import store
-    from sve.paper.report import METHOD_NAMES, Row
-    from sve.runs import plan
+    from sve.paper import plan_tables
+    from sve.paper.registry import METHOD_NAMES
+    from sve.paper.report import Row
 
     assert tiny_option in registry.options()
     facts = registry.info(tiny_option)
@@ -78,8 +78,8 @@ def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeyp
 
     # The plan of a cost table: five members are five samples of one model, not five copies.
     spec = OmegaConf.create({"kind": "cost", "experiments": ["sst2"], "rows": [{"method": tiny_option, "members": 5}]})
-    monkeypatch.setattr(store, "load_spec", lambda name, smoke=False: spec)
-    [(label, overrides)] = plan.table_runs("any")
+    monkeypatch.setattr(plan_tables, "load_spec", lambda name, smoke=False: spec)
+    [(label, overrides)] = plan_tables.table_runs("any")
     assert label == f"any sst2 {tiny_option} M=5"
     assert {"ensemble_size=1", "method.num_samples=5"} <= set(overrides) and "ensemble_size=5" not in overrides
 

@@ -26,7 +26,7 @@ def test_ranks_and_accumulation_steps_share_each_global_batch(n, batch, world, a
         for part in parts:
             for _, _, scale, _, _ in part:
                 assert scale / (len(part) * world * accumulate) == pytest.approx(1 / len(whole) if scale else 0)
-        # Each micro-batch knows its rows of the global batch (sve.training.draws): together they are the whole batch.
+        # Each micro-batch knows its rows of the global batch (sve.layers.draws): together they are the whole batch.
         rows = sorted((part[0][3], len(part)) for part in parts if part[0][2] > 0)
         assert all(part[0][4] == len(whole) for part in parts)
         assert [offset for offset, _ in rows] == list(itertools.accumulate([0] + [n for _, n in rows][:-1]))

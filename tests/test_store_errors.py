@@ -17,10 +17,11 @@ from omegaconf import OmegaConf
 from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
 from sve.paper import sweep
-from sve.paper.report import build, load_spec, run_dir
+from sve.paper.build import build
+from sve.paper.store import load_spec, run_dir
 from sve.runs import multirun, writable
 from sve.runs.evaluate import evaluate_run
-from sve.runs.evaluation import read_predictions, write_predictions
+from sve.runs.prediction_files import read_predictions, write_predictions
 from sve.runs.results import UnreadableFile, read_json, read_results, write_json
 from sve.runs.writable import check_writable
 from sve.training.module import Predictions
@@ -101,7 +102,7 @@ def test_the_tables_skip_a_corrupt_results_json_with_a_warning_naming_it(tmp_pat
     path = run_dir(tmp_path, "exp_a", "sve", 4, 0) / "results.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"method": "sve", "seed"')
-    from sve.paper.report import load_runs
+    from sve.paper.store import load_runs
 
     with caplog.at_level(logging.WARNING):
         assert load_runs(tmp_path) == []
@@ -119,7 +120,7 @@ def test_the_tables_skip_a_results_json_whose_metrics_are_not_an_object(metrics,
     if metrics == "absent":
         del results["metrics"]
     write_json(path, results)
-    from sve.paper.report import load_runs
+    from sve.paper.store import load_runs
 
     with caplog.at_level(logging.WARNING):
         assert load_runs(tmp_path) == []

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from sve.cli import sweep as sweep_cli
 from sve.paper import sweep
-from sve.paper.report import load_spec, run_dir, table_names
+from sve.paper.store import load_spec, run_dir, table_names
 from sve.runs.rundir import holder
 from tests.conftest import ROOT as REPO
 from tests.conftest import compose_cfg, skip_unless_installed

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
 from sve.paper import sweep
-from sve.paper.report import load_spec, run_dir
+from sve.paper.store import load_spec, run_dir
 from sve.paper.tuning import choice, ladder_position, ladder_value, next_value, settings
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import operator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -33,15 +34,26 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
-import sve.runs.resolvers  # noqa: F401 - ${sve_cache:} in svd_cache's default, resolved below
+from sve.api.adapter_files import (
+    check_fingerprint,
+    example_from_spec,
+    load_trained_state,
+    locate,
+    read_config,
+    read_trained_state,
+    save_adapter,
+)
 from sve.api.module_backbone import ARG, ModuleBackbone, to_batch
-from sve.backbones.base import Backbone
+from sve.backbones.base import Backbone, fingerprint
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
 from sve.members import non_finite_rows
 from sve.methods import registry
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
+from sve.paths import register_path_resolvers
+
+register_path_resolvers()  # ${sve_cache:} in svd_cache's default, resolved below
 
 # Config keys that are the training recipe's, not the method's (a hand loop sets its own optimizer).
 RECIPE_KEYS = ("_target_", "name", "lr")
@@ -325,15 +337,11 @@ class Ensemble(nn.Module):
 
     # ----- adapter files --------------------------------------------------------------------------------------------
     def save_pretrained(self, directory, **hub) -> None:
-        from sve.api.adapter_files import save_adapter
-
         save_adapter(self, directory, **hub)
 
     @classmethod
     def from_pretrained(cls, model: nn.Module, directory, **overrides) -> Ensemble:
-        from sve.api.adapter_files import load_adapter
-
-        return load_adapter(model, directory, **overrides)
+        return load_ensemble(model, directory, **overrides)
 
 
 def examples(batch: dict) -> int | None:
@@ -385,3 +393,36 @@ def as_batch(batch, labelled: bool = True) -> dict:
     inputs, labels = batch
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return {**to_batch(args, {}), "labels": labels}
+
+
+def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
+    """The ensemble of ``sve.wrap`` rebuilt on ``model`` from an adapter directory or Hub repo.
+
+    ``overrides`` replace recorded method options that do not change the trained state (``inference``,
+    ``members_at_once``, ``svd_cache``, ...)."""
+    refuse_wrapped(model, "from_pretrained needs the base model as it was before wrapping (a fresh copy of it)")
+    directory = locate(name_or_path)
+    config = read_config(directory)
+    if config.get("backbone") != "ModuleBackbone":
+        raise InputError(f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
+                         f"with `sve-eval {directory}`, or rebuild its backbone from the run's config")
+    trained = read_trained_state(directory)  # a damaged file is named now, not after the SVD
+    spec = config.get("example_input")
+    with unchanged_on_error(model):  # a refused adapter (another base model, say) leaves the model as it was
+        try:
+            backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
+                                      pooling=config["pooling"],
+                                      example_input=example_from_spec(spec) if spec else None)
+        except Exception:
+            # The backbone probes the model on the recorded example, which fails deep inside a model of
+            # another input size: the fingerprint (of the model without its head, as the backbone takes it)
+            # names the cause, if it is the cause.
+            check_fingerprint(config, fingerprint(model, without=config["head"]), directory)
+            raise
+        check_fingerprint(config, backbone.fingerprint(), directory)
+        options = {**config["options"], **overrides}
+        ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
+                                  None if config["keep_head"] else config["num_classes"], config["target_modules"],
+                                  config["pooling"], options)
+        load_trained_state(ensemble.method, directory, trained)
+    return ensemble

@@ -2,7 +2,7 @@
 
 from sve.backbones.base import Backbone
 from sve.backbones.choice_lm import ChoiceCausalLMBackbone
-from sve.backbones.hf import HFCausalLMBackbone, HFEncoderBackbone, package_path
+from sve.backbones.hf import HFCausalLMBackbone, HFEncoderBackbone
 from sve.backbones.resnet_cifar import ResNetCIFARBackbone
 from sve.backbones.timm_cnn import TimmCNNBackbone
 from sve.backbones.timm_vit import TimmBackbone
@@ -15,5 +15,4 @@ __all__ = [
     "HFCausalLMBackbone",
     "ChoiceCausalLMBackbone",
     "ResNetCIFARBackbone",
-    "package_path",
 ]

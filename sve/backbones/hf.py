@@ -27,7 +27,6 @@ from sve.backbones.base import Backbone
 from sve.backbones.tokenizers import char_tokenizer
 from sve.errors import InputError, OfflineError
 from sve.offline import OFFLINE_HINT, hub_offline, hub_reachable
-from sve.runs.resolvers import package_path  # noqa: F401 - re-exported: sve.backbones.package_path
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ class HFBackbone(Backbone):
             model = self.checkpoint_class(hf_config).from_config(hf_config, dtype=_dtype(torch_dtype))
         model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
         if gradient_checkpointing:  # each block recomputed as it ran: a member chunk's selection, exact draws
-            from sve.training.recompute import enable_checkpointing
+            from sve.layers.recompute import enable_checkpointing
 
             enable_checkpointing(model)
         super().__init__(model, target_modules)

@@ -59,7 +59,6 @@ from torch import nn
 
 from sve.bench.gpu_report import Check, device_header, error_check, failed, relative_error, write_report
 from sve.methods import registry
-from sve.paths import CONFIGS
 
 PARTS = ("methods", "members", "inference", "plan", "distributed")
 BACKBONES = {"tiny_bert": "synthetic_text", "tiny_vit": "synthetic_image"}
@@ -94,10 +93,6 @@ class PrecisionProbe(Callback):
         }
 
 
-def method_names() -> list[str]:
-    return registry.options()
-
-
 def method_overrides(method: str, backbone: str, precision: str, out: Path, trainer: str = "gpu") -> list[str]:
     """A tiny run of ``method`` (as tests/test_methods_run.py runs every method): 3 training steps, one
     validation and one test batch, no checkpoints, the precision probe."""
@@ -122,16 +117,6 @@ def method_overrides(method: str, backbone: str, precision: str, out: Path, trai
         f"paths.output_dir={out}",
         *extra,
     ]
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides)
 
 
 def judge_run(results: dict, out: Path, precision: str, probe: dict) -> tuple[bool, str]:
@@ -174,17 +159,18 @@ def methods_part(
     trainer: str = "gpu",
 ) -> list[Check]:
     """One tiny run per method x backbone x precision (``trainer``: gpu; the tests run the same on the CPU)."""
+    from sve.runs.resolvers import compose_run
     from sve.runs.run import run
 
     checks = []
     for backbone in backbones:
         for precision in precisions:
-            for method in methods or method_names():
+            for method in methods or registry.options():
                 out = out_root / backbone / precision / method
                 PrecisionProbe.last = {}
                 name = f"{method} on {backbone}, {precision}"
                 try:
-                    results = run(compose(method_overrides(method, backbone, precision, out, trainer)))
+                    results = run(compose_run(method_overrides(method, backbone, precision, out, trainer)))
                     passed, detail = judge_run(results, out, precision, PrecisionProbe.last)
                 except Exception as err:  # noqa: BLE001 - reported as this check's failure; the rest go on
                     passed, detail = False, last_line(err)

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf, open_dict
 
 from sve.bench.gpu_report import GIB, Check
 
-BASE = ["experiment=arc_easy_llama2", "method=sve", "trainer=gpu"]  # sve.runs.plan.table_runs("table3")'s SVE row
+BASE = ["experiment=arc_easy_llama2", "method=sve", "trainer=gpu"]  # sve.paper.plan_tables.table_runs("table3")'s SVE row
 VARIANTS = {"SVE M=16": ["ensemble_size=16"], "SVE M=16, members_at_once=1": ["ensemble_size=16",
                                                                               "method.members_at_once=1"],
             "SVE M=4": ["ensemble_size=4"], "SVE M=4, members_at_once=1": ["ensemble_size=4",
@@ -49,10 +49,10 @@ PLAN_TOLERANCE = 0.10
 
 def config(overrides: list[str], layers: int):
     """The composed run config with the backbone's architecture at ``layers`` decoder layers."""
-    from sve.bench.gpu_check import compose
-    from sve.runs.plan import offline_backbone
+    from sve.runs.architectures import offline_backbone
+    from sve.runs.resolvers import compose_run
 
-    cfg = compose([*BASE, *overrides])
+    cfg = compose_run([*BASE, *overrides])
     arch = dict(offline_backbone(cfg.backbone)["config"], num_hidden_layers=layers)
     with open_dict(cfg):
         cfg.backbone.config = arch
@@ -138,10 +138,12 @@ def train_step(method, batch: dict, optimizer, dtype, clip) -> None:
 
 def measured(overrides: list[str], layers: int) -> dict:
     """Peaks of the real step and evaluation forward on this GPU, and the CUDA context (module docstring)."""
+    from sve.layers.draws import unfuse_attention_dropout
     from sve.members import to_device
     from sve.runs import plan
+    from sve.runs.architectures import offline_backbone
+    from sve.runs.layout import device_layout
     from sve.runs.run import instantiate
-    from sve.training.draws import unfuse_attention_dropout
 
     cfg = config(overrides, layers)
     device = torch.device("cuda")
@@ -151,13 +153,13 @@ def measured(overrides: list[str], layers: int) -> dict:
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     context = total - free - torch.cuda.memory_reserved()
-    layout = plan.device_layout(cfg)
+    layout = device_layout(cfg)
     how = plan.PRECISIONS[layout.precision]
     datamodule = instantiate(cfg.dataset)
     node = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
     node.svd_cache = None
     with random_factors(), device:
-        backbone = instantiate(OmegaConf.create(plan.offline_backbone(cfg.backbone)))
+        backbone = instantiate(OmegaConf.create(offline_backbone(cfg.backbone)))
         datamodule.attach(backbone)
         method = instantiate(node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
                              num_classes=datamodule.num_classes, task=cfg.dataset.name)  # fmt: skip

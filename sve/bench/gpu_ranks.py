@@ -102,7 +102,6 @@ def compare_runs(distributed: Path, alone: Path, rtol: float, atol: float, metri
 def distributed_part(scratch: Path) -> list[Check]:
     import torch
 
-    from sve.bench.gpu_check import method_names
 
     gpus = torch.cuda.device_count()
     if gpus < 2:
@@ -114,7 +113,7 @@ def distributed_part(scratch: Path) -> list[Check]:
                 f"needs 2 or more GPUs; this machine has {gpus}",
             )
         ]
-    ddp = [[f"method={m}"] for m in method_names()]
+    ddp = [[f"method={m}"] for m in registry.options()]
     groups = {"ddp": ddp, "fsdp": FSDP_METHODS}
     checks = []
     for trainer, methods in groups.items():
@@ -140,14 +139,14 @@ def distributed_part(scratch: Path) -> list[Check]:
 def run_all(out_dir: str, runs: list[str]) -> None:
     """Each of ``runs`` (one string of overrides each) trained in turn in this process (group), its outcome
     written to ``<out_dir>/<i>/`` (``python -m sve.cli.gpu_ranks``, which ``launch`` starts)."""
-    from sve.bench.gpu_check import compose
     from sve.runs.multirun import record_failure
+    from sve.runs.resolvers import compose_run
     from sve.runs.run import run
 
     for i, overrides in enumerate(runs):
         run_dir = Path(out_dir) / str(i)
         try:
-            run(compose(shlex.split(overrides)))
+            run(compose_run(shlex.split(overrides)))
         except Exception as err:  # noqa: BLE001 - recorded for the parent to read
             run_dir.mkdir(parents=True, exist_ok=True)
             record_failure(run_dir, err)

@@ -1,5 +1,5 @@
 """``python -m sve.cli.backfill <results root>``: writes the missing ``predictive/<set>.npz`` of every run under a
-results root from its saved ``predictions/<set>.npz`` (``sve.paper.bootstrap.backfill``)."""
+results root from its saved ``predictions/<set>.npz`` (``sve.runs.prediction_files.backfill``)."""
 
 import argparse
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sve.paper.bootstrap import backfill
+    from sve.runs.prediction_files import backfill
 
     parser = argparse.ArgumentParser(description="Write the missing predictive/<set>.npz of every run under a "
                                                  "results root from its saved predictions/<set>.npz.")  # fmt: skip

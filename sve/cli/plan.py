@@ -1,12 +1,12 @@
 """``python -m sve.cli.plan '<JSON list of overrides>'``: one run's memory plan as one summary line, or its
-error as one line (``sve.runs.plan.plan_tables`` runs it once per row of a table: ``sve-sweep --plan``)."""
+error as one line (``sve.paper.plan_tables`` runs it once per row of a table: ``sve-sweep --plan``)."""
 
 import json
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sve.runs.plan import plan_line
+    from sve.runs.plan_report import plan_line
 
     overrides = json.loads((argv or sys.argv[1:])[0])
     try:

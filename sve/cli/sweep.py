@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown table {unknown}; choose from {table_names()} or name a definition file (<path>.yaml)"
                      if unknown else "name a table")
     if args.plan:
-        from sve.runs.plan import plan_tables
+        from sve.paper.plan_tables import plan_tables
 
         return 1 if plan_tables(names, args.smoke, overrides) else 0
     failures = sweep(names, args.smoke, args.results, args.dry_run, overrides, args.measure, rows)

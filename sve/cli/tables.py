@@ -11,8 +11,8 @@ from sve.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sve.paper.report import build, build_all, table_names
-    from sve.paper.store import is_table
+    from sve.paper.build import build, build_all
+    from sve.paper.store import is_table, table_names
 
     # The docstring after its usage line (``...``: ...), whole: its first line alone stopped mid-sentence.
     description = " ".join(__doc__.replace("``", "").split()).split("): ", 1)[-1]

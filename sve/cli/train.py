@@ -154,7 +154,7 @@ def hydra_main(cfg: DictConfig) -> None:
     if cfg.get("plan"):  # the memory a run would take per device, on fake tensors: nothing trained or downloaded
         with nothing_left_if_refused(), one_line_errors():
             check_values(cfg)
-            from sve.runs.plan import print_plan
+            from sve.runs.plan_report import print_plan
 
             print_plan(cfg)
         return

@@ -36,7 +36,7 @@ def split_sizes(total: int, parts: int) -> list[int]:
 
 class TrainBatchSampler(Sampler):
     """Yields this rank's micro-batches as lists of ``(index, epoch, loss_scale, offset, total)`` keys for
-    ``Keyed``: ``offset`` and ``total`` place the micro-batch in its global batch (``sve.training.draws``).
+    ``Keyed``: ``offset`` and ``total`` place the micro-batch in its global batch (``sve.layers.draws``).
 
     Args:
         num_examples: size of the training split.
@@ -78,7 +78,7 @@ class TrainBatchSampler(Sampler):
             for part in range(self.rank * A, self.rank * A + A):
                 mine = chunk[bounds[part] : bounds[part + 1]]
                 scale = len(mine) * parts / len(chunk)
-                # (offset, total): these examples' rows in the global batch (sve.training.draws)
+                # (offset, total): these examples' rows in the global batch (sve.layers.draws)
                 offset, total = int(bounds[part]), len(chunk)
                 batches.append([(i, epoch, scale, offset, total) for i in mine] or [(chunk[0], epoch, 0.0, 0, total)])
         return batches

@@ -176,3 +176,29 @@ def inject(
                      len(places))
     log.debug("wrapped %d modules: %s", len(names), ", ".join(names))
     return names
+
+
+def grouped_names(names: list[str]) -> str:
+    """Module names with their numeric path parts collapsed, in first-seen order: ``layers.0.q``,
+    ``layers.1.q`` become ``layers.{0..1}.q (2)``; a name with no sibling stays as it is."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name in names:
+        groups.setdefault(tuple("*" if p.isdigit() else p for p in name.split(".")), []).append(name)
+    out = []
+    for shape, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        columns = iter(zip(*([int(p) for p in m.split(".") if p.isdigit()] for m in members)))  # per numeric part
+        parts = [p if p != "*" else index_set(sorted(set(next(columns)))) for p in shape]
+        out.append(f"{'.'.join(parts)} ({len(members)})")
+    return ", ".join(out)
+
+
+def index_set(values: list[int]) -> str:
+    """``{0..31}`` for a run of consecutive indices, ``{0,2,5}`` otherwise, the index itself when one."""
+    if len(values) == 1:
+        return str(values[0])
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"{{{values[0]}..{values[-1]}}}"
+    return "{" + ",".join(map(str, values)) + "}"

@@ -8,7 +8,7 @@ start to differ. With M = 1 this is plain LoRA.
 
 ``dropout`` > 0 drops the low-rank path's input, as peft's ``lora_dropout`` does: y = W0 x + (alpha / r)
 B_m A_m dropout(x), the base layer seeing x whole. It is drawn with ``torch.nn.functional.dropout``, looked up
-at call time, so the exact training draws (``sve.training.draws``) cover it: on the member-major input each
+at call time, so the exact training draws (``sve.layers.draws``) cover it: on the member-major input each
 row k*B + j gets member k's mask for example j, whichever member chunk or micro-batch runs. It is on while the
 layer trains (a method keeping it on at evaluation puts the layer in training mode, as MC dropout does); 0.0,
 the default, leaves the layer as it was.

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - transformers is a hard dependency
     Conv1D = ()
 
 # The layers whose selection or bank is set now (inside ``select``, ``use_bank``, ``running_as``): what a
-# checkpointed block's recomputation must put back (sve.training.recompute), found without walking the model.
+# checkpointed block's recomputation must put back (sve.layers.recompute), found without walking the model.
 # Ambient, not an argument (docs/architecture.md#global-state): its reader is the checkpoint's ``context_fn``,
 # which PyTorch calls with no arguments at every checkpointed block; checkpointing is switched on when the
 # backbone is loaded, before the method injects these layers, so there is no list to bind then; and walking the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "EnsembleMethod": "base", "MemberHeads": "base", "BatchEnsemble": "batch_ensemble", "BayesLoRA": "bayes_lora",
+    "EnsembleMethod": "base", "MemberHeads": "heads", "BatchEnsemble": "batch_ensemble", "BayesLoRA": "bayes_lora",
     "BayesLoRALA": "bayes_lora", "BayesLoRALLLA": "bayes_lora", "BLoB": "blob", "CheckpointEnsemble": "checkpoint",
     "DeepEnsemble": "deep_ensemble", "DeepEnsembleLoRA": "deep_ensemble", "LastLayerEnsemble": "last_layer",
     "LoRAEnsemble": "lora", "SingleLoRA": "lora", "MCDropout": "mc_dropout", "MCDropoutLoRA": "mc_dropout",

@@ -13,7 +13,7 @@ M/k-fold; ``1`` works on any architecture whatever its internal layout. In train
 backward: the LightningModule runs and back-propagates one chunk at a time (``training_chunks``), gradients
 add up across the chunks, and only one chunk's activations are alive at once. The step is the one all
 members at once would take (the loss is a sum over members, and each member draws its own dropout masks,
-``sve.training.draws``), so ``k`` trades time for memory and never changes what is trained.
+``sve.layers.draws``), so ``k`` trades time for memory and never changes what is trained.
 
 ``auto`` runs all members at once in training and on accelerators, and evaluates on the CPU with passes of at
 most ``CPU_EVAL_EXAMPLES`` examples (members x batch): there the activations of all members of a large batch
@@ -30,7 +30,6 @@ equal a batch's rows cannot pass for the member layout, and the first training s
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -38,52 +37,18 @@ from contextlib import ExitStack, contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import is_fake
 
 from sve.backbones.base import Backbone
 from sve.errors import InputError
-from sve.layers.inject import ALL, as_patterns, every_layer, inject
+from sve.layers.draws import restore_rng_states, rng_states
+from sve.layers.inject import ALL, as_patterns, every_layer, grouped_names, inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
 from sve.members import check_member_logits, member_rows, repeat_batch, split_members
+from sve.methods.heads import MemberHeads
 from sve.methods.registry import register
 
 log = logging.getLogger(__name__)
-
-
-class MemberHeads(nn.Module):
-    """K independent linear classification heads evaluated in one einsum (one head shared by all members
-    when built with a single head).
-
-    Each member's head is initialised like an ``nn.Linear`` with its own random draw, which is itself a
-    source of member diversity.
-    """
-
-    def __init__(self, ensemble_size: int, in_features: int, num_classes: int):
-        super().__init__()
-        if is_fake(torch.empty(0)):  # a memory plan (sve.runs.plan): shapes only, no draws, no Python loop over M
-            self.weight = nn.Parameter(torch.empty(ensemble_size, num_classes, in_features))
-            self.bias = nn.Parameter(torch.empty(ensemble_size, num_classes))
-            return
-        heads = [nn.Linear(in_features, num_classes) for _ in range(ensemble_size)]
-        self.weight = nn.Parameter(torch.stack([h.weight.detach() for h in heads]))  # (M, C, D)
-        self.bias = nn.Parameter(torch.stack([h.bias.detach() for h in heads]))  # (M, C)
-
-    def forward(self, features: Tensor, members: list[int] | None = None) -> Tensor:
-        """(K, B, D) -> (K, B, C); ``members`` picks the heads (a single head serves every member)."""
-        W, b = self.weight, self.bias
-        if W.shape[0] == 1:
-            W, b = W.expand(features.shape[0], -1, -1), b.expand(features.shape[0], -1)
-        elif members is not None:
-            W, b = W[members], b[members]
-        return apply_heads(features, W, b)
-
-
-def apply_heads(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Member logits (K, B, C) from features (K, B, D), one block per member, or (B, D) shared by every
-    member, through K heads ``weight`` (K, C, D) and ``bias`` (K, C): one batched product, no Python loop."""
-    equation = "kbd,kcd->kbc" if features.dim() == 3 else "bd,kcd->kbc"
-    return torch.einsum(equation, features.to(weight.dtype), weight) + bias[:, None]
 
 
 CPU_EVAL_EXAMPLES = 8  # members x batch per pass when members_at_once is auto (module docstring)
@@ -444,46 +409,6 @@ class EnsembleMethod(nn.Module):
                  f"{counts['trainable']:,}", 100 * counts["trainable"] / max(base, 1), f"{base:,}")
 
 
-def grouped_names(names: list[str]) -> str:
-    """Module names with their numeric path parts collapsed, in first-seen order: ``layers.0.q``,
-    ``layers.1.q`` become ``layers.{0..1}.q (2)``; a name with no sibling stays as it is."""
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for name in names:
-        groups.setdefault(tuple("*" if p.isdigit() else p for p in name.split(".")), []).append(name)
-    out = []
-    for shape, members in groups.items():
-        if len(members) == 1:
-            out.append(members[0])
-            continue
-        columns = iter(zip(*([int(p) for p in m.split(".") if p.isdigit()] for m in members)))  # per numeric part
-        parts = [p if p != "*" else index_set(sorted(set(next(columns)))) for p in shape]
-        out.append(f"{'.'.join(parts)} ({len(members)})")
-    return ", ".join(out)
-
-
-def index_set(values: list[int]) -> str:
-    """``{0..31}`` for a run of consecutive indices, ``{0,2,5}`` otherwise, the index itself when one."""
-    if len(values) == 1:
-        return str(values[0])
-    if values == list(range(values[0], values[-1] + 1)):
-        return f"{{{values[0]}..{values[-1]}}}"
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def rng_states(batch: dict) -> tuple[Tensor, Tensor | None, torch.device | None]:
-    """The default generators' states that a forward pass on ``batch`` draws from: the CPU's, and the CUDA
-    device's where the batch is."""
-    device = next((v.device for v in batch.values() if isinstance(v, Tensor) and v.is_cuda), None)
-    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device is not None else None), device
-
-
-def restore_rng_states(states: tuple[Tensor, Tensor | None, torch.device | None]) -> None:
-    cpu, cuda, device = states
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda, device)
-
-
 def batch_size(batch: dict) -> int:
     if "labels" in batch:
         return batch["labels"].shape[0]
@@ -497,19 +422,6 @@ def mask_choices(logits: Tensor, batch: dict) -> Tensor:
     if mask is None:
         return logits
     return logits.masked_fill(~mask.bool().unsqueeze(0), float("-inf"))
-
-
-def free_memory(device: torch.device | str) -> int:
-    """Bytes free on ``device``: the CUDA allocator's view, or the host's available memory for the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -47,7 +47,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from sve.errors import InputError
 from sve.layers.inject import LINEAR_TYPES
 from sve.members import to_device
-from sve.methods.base import apply_heads, mask_choices
+from sve.methods.base import mask_choices
+from sve.methods.heads import apply_heads
 from sve.methods.kfac import LoRAKFAC, LoRAKronLaplace
 from sve.methods.lora import SingleLoRA
 

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from sve.layers.blob import BLoBLayer
+from sve.layers.draws import rows_to_draw
 from sve.members import MemberLayoutError, member_rows
 from sve.methods.base import EnsembleMethod, batch_size
-from sve.training.draws import rows_to_draw
 
 
 class BLoB(EnsembleMethod):
@@ -59,7 +59,7 @@ class BLoB(EnsembleMethod):
     @contextmanager
     def samples(self, K: int) -> Iterator[None]:
         """K fresh posterior samples as every layer's member set, inside the context. In training they are
-        drawn for the whole global batch and this micro-batch keeps its examples' (``sve.training.draws``)."""
+        drawn for the whole global batch and this micro-batch keeps its examples' (``sve.layers.draws``)."""
         count, mine = rows_to_draw(K) if self.training else (K, slice(None))
         with ExitStack() as stack:
             for layer in self.member_layers():

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from sve.errors import InputError
-from sve.methods.base import apply_heads
+from sve.methods.heads import apply_heads
 from sve.methods.lora import LoRAEnsemble
 
 

@@ -49,6 +49,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from sve.distributed import load_state
 from sve.errors import InputError
 from sve.layers.lora import LoRALayer
 from sve.members import check_member_logits
@@ -164,8 +165,6 @@ class DeepEnsemble(EnsembleMethod):
     def start_round(self) -> None:
         """The working copies back to the initial weights, for this round's members (under ``trainer=fsdp``
         the whole initial weights are cut to this rank's shards: ``load_state``)."""
-        from sve.training.sharding import load_state
-
         for copy_ in self.members:
             load_state(copy_, self.initial)
         self.put_back_heads(starting=self.active())
@@ -187,8 +186,6 @@ class DeepEnsemble(EnsembleMethod):
     @torch.no_grad()
     def put_back_heads(self, starting: list[int] = ()) -> None:
         """Finished members' head rows as stored, ``starting`` members' as drawn at construction (docstring)."""
-        from sve.training.sharding import load_state
-
         if not self.own_heads() or self.initial_heads is None:
             return
         weight, bias = (whole(t.detach()).to("cpu", copy=True) for t in (self.heads.weight, self.heads.bias))
@@ -214,8 +211,6 @@ class DeepEnsemble(EnsembleMethod):
         if self.mode == "in_memory":
             return [self.members[m] for m in members]
         if self.loaded[: len(members)] != members:
-            from sve.training.sharding import load_state
-
             for copy_, member in zip(self.members, members):
                 load_state(copy_, self.store[member])
             self.loaded = list(members)

@@ -32,7 +32,8 @@ from sve.layers.sv_conv import SVConv
 from sve.layers.sv_inference import check_inference
 from sve.layers.sv_linear import SVLinear
 from sve.layers.svd_cache import SVDCache
-from sve.methods.base import EnsembleMethod, free_memory
+from sve.memory import free_memory
+from sve.methods.base import EnsembleMethod
 
 log = logging.getLogger(__name__)
 

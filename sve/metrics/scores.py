@@ -205,12 +205,13 @@ def predictive_metrics(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[
     return {k: float(v) for k, v in metrics.compute().items()}
 
 
-def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 15) -> dict:
+def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 15, probs: Tensor | None = None) -> dict:
     """Every metric of one evaluation set from its member logits (M, N, C) and labels (N,): the predictive's
     ``acc``, ``ece``, ``nll``, ``brier``; per member ``member_acc`` etc. (lists of length M); ``disagreement``,
-    ``mutual_information``; and ``reliability`` (the ECE's bins). Each process must hold the whole set."""
+    ``mutual_information``; and ``reliability`` (the ECE's bins). Each process must hold the whole set.
+    ``probs``: the predictive ``predictive(member_logits, aggregate)``, where the caller holds it already."""
     labels = labels.long()
-    probs = predictive(member_logits, aggregate)
+    probs = predictive(member_logits, aggregate) if probs is None else probs
     overall = classification_metrics(n_bins, sync_on_compute=False)
     overall.update(probs, labels)
     out = {k: float(v) for k, v in overall.compute().items()}

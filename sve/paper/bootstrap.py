@@ -4,16 +4,8 @@ Why: the tables show mean ± std over three seeds, and a sign over three seeds c
 tells two rows apart. Both rows of a comparison were evaluated on the same test examples, so the uncertainty
 that the test set's finite size leaves is measured by resampling those examples, the same ones for both rows.
 
-**Files.** Every evaluation writes, besides its predictions (``predictions/<set>.npz``: member logits, large and
-git-ignored), a compact file per set that the claims need, ``predictive/<set>.npz`` next to it (committed):
-
-- ``test``: ``probs`` (N, C) float32, the ensemble predictive; and the per-example statistics below;
-- ``shift/<corruption>/<severity>``: the per-example statistics only (15 sets for CIFAR-10's three corruptions);
-- ``ood``: ``confidence`` and ``index`` only (the OOD metrics rank maximum probabilities, nothing else);
-- per-example statistics, each the project's own definition (``sve.metrics.scores``): ``confidence`` float64, the
-  maximum probability (the ECE's confidence and the OOD score, kept exact so that bins and ranks are the
-  table's); ``correct`` bool (``Accuracy``); ``nll``, ``brier`` float32 (``NegativeLogLikelihood``,
-  ``BrierScore``); ``labels`` and ``index`` int64 (which examples these are: the pairing is checked on them).
+**Files.** The per-example statistics every evaluation writes beside its predictions
+(``predictive/<set>.npz``: ``sve.runs.prediction_files``, where their layout is described).
 
 From these, every metric of a resample is a weighted sum over the full set with the resample's counts as
 weights (``statistic``): acc, nll and brier are weighted means; ECE sums weighted per-bin gaps over the same 15
@@ -23,34 +15,31 @@ weights one each equals the table's number (``tests/test_bootstrap.py`` checks b
 
 **Procedure** (``interval``). A difference is a sum of terms ``coef * metric(run)`` (``Term``), e.g. for A
 against B over seeds s = 1..S: (1/S) sum_s [metric(A_s) - metric(B_s)], the table's difference of means. Each
-replicate draws, with replacement, a resample of every *stratum*: the examples of one seed and one example
-set (``Examples.fingerprint``: the same index and labels). Terms of the same seed on the same examples share
-the resample (paired: A_s and B_s; the corruption sets of one severity, which are the same seeded test images,
-so a severity's mean over corruptions is resampled as one set); different seeds draw independently, as do the
-in-distribution and OOD examples of the OOD metrics. The interval is the 2.5 and 97.5 percentiles of the
-replicates (2000 by default) from ``numpy.random.default_rng(seed)``, a fixed seed, so the same files give the
-same interval to the last digit (with the same numpy). What it covers: the test examples' sampling, given the
-trained runs; not the seeds' training noise, which three seeds cannot measure.
+replicate draws, with replacement, one resample of every *stratum*: one set of test examples (the same index
+and labels), shared by every seed and every row that evaluated them (paired across rows, joint across seeds;
+in-distribution and OOD examples are separate strata). 2000 replicates come from
+``numpy.random.default_rng(0)``, so the same files give the same interval to the last digit (same numpy). The
+interval (``combined``) adds to the test set's part, measured by the replicates, the seeds' training variance
+measured from the spread of the per-seed differences, at Student's t with S - 1 degrees of freedom; the two
+half-widths add in quadrature. ``hierarchical`` (a two-level bootstrap that also resamples seeds) and
+``per_seed_bootstrap`` (the procedure before: each seed resampled apart, the runs held fixed) are kept for the
+coverage study (``sve.paper.coverage``), which measures how often each interval covers a known difference.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from sve.errors import InputError
-from sve.metrics.scores import Accuracy, BrierScore, NegativeLogLikelihood, ece_bin_index
-from sve.runs.writable import atomic_write
+from sve.metrics.scores import ece_bin_index
+from sve.runs.prediction_files import OOD, PREDICTIVE, TEST, Examples, read_predictive  # noqa: F401 - TODO(issue 42): claims reads them here until its split lands
 
-PREDICTIVE = "predictive"  # <run dir>/predictive/<set>.npz, beside predictions/ (sve.runs.evaluation)
-TEST, OOD = "test", "ood"
 N_BINS = 15  # the ECE's bins (sve.metrics.scores.ExpectedCalibrationError's default, used by every run)
 CLASSIFICATION = ("acc", "ece", "nll", "brier")
 OOD_METRICS = ("ood_auroc", "ood_auprc", "ood_fpr95")
@@ -64,96 +53,10 @@ STATISTICS = ("confidence", "correct", "nll", "brier", "labels", "index")
 # --- the per-example files --------------------------------------------------------------------------------
 
 
-def predictive_arrays(name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> dict:
-    """The arrays of ``predictive/<name>.npz`` (layout in the module docstring) from the ensemble predictive
-    (N, C) as ``sve.members.predictive`` returns it (float64), the labels and the examples' positions."""
-    probs, labels = probs.detach().double().cpu(), labels.detach().long().cpu()
-    arrays = {"index": index.detach().cpu().numpy().astype(np.int64),
-              "confidence": probs.max(-1).values.numpy()}  # fmt: skip
-    if name != OOD:  # an OOD set's labels belong to another label space: only its scores are read
-        arrays.update(labels=labels.numpy(), correct=Accuracy().per_example(probs, labels).numpy().astype(bool),
-                      nll=NegativeLogLikelihood().per_example(probs, labels).numpy().astype(np.float32),
-                      brier=BrierScore().per_example(probs, labels).numpy().astype(np.float32))  # fmt: skip
-    if name == TEST:
-        arrays["probs"] = probs.numpy().astype(np.float32)
-    return arrays
-
-
-def write_predictive(path: Path, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> None:
-    """``predictive_arrays`` written compressed and atomically (``sve.runs.writable.atomic_write``: a full disk is an
-    ``InputError`` naming the file, and no partial file stays)."""
-    arrays = predictive_arrays(name, probs, labels, index)
-    atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
-
-
 def ece_bins(confidence: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
     """Each confidence's ECE bin by the very function ``sve.metrics.scores.ExpectedCalibrationError`` uses
     (right-closed bins, 0 in the first), so resampled ECEs use the table's bins to the last digit."""
     return ece_bin_index(torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64)), n_bins).numpy()
-
-
-@dataclass(eq=False)
-class Examples:
-    """One run's per-example statistics of one evaluation set."""
-
-    name: str  # "test", "ood", "shift/<corruption>/<severity>"
-    arrays: dict[str, np.ndarray]
-    path: Path | None = None
-    fingerprint: str = field(init=False)
-
-    def __post_init__(self):
-        need = ["index", "confidence"] + (["labels", "correct", "nll", "brier"] if self.name != OOD else [])
-        absent = [k for k in need if k not in self.arrays]
-        if absent:
-            raise InputError(f"{self.where} lacks {absent} (has {sorted(self.arrays)}); evaluate the run again to "
-                             "rewrite it (python evaluate.py run_dir=<its run directory> update_results=true)")
-        lengths = {k: len(self.arrays[k]) for k in need}
-        if len(set(lengths.values())) != 1:
-            raise InputError(f"{self.where}: arrays of different lengths {lengths}; evaluate the run again")
-        digest = hashlib.sha1(np.ascontiguousarray(self.arrays["index"], dtype=np.int64).tobytes())
-        if self.labels is not None:
-            digest.update(np.ascontiguousarray(self.labels, dtype=np.int64).tobytes())
-        self.fingerprint = f"{self.n}:{digest.hexdigest()[:16]}"
-
-    @property
-    def where(self) -> str:
-        return str(self.path) if self.path is not None else f"the {self.name} set"
-
-    @property
-    def n(self) -> int:
-        return len(self.arrays["index"])
-
-    @property
-    def labels(self) -> np.ndarray | None:
-        return self.arrays.get("labels")
-
-    @property
-    def group(self) -> str:
-        """In-distribution and OOD examples are resampled separately even when their positions coincide."""
-        return OOD if self.name == OOD else "in"
-
-    @classmethod
-    def of(cls, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None = None) -> Examples:
-        """The set as the file written from these predictions would hold it (no file: tests, ``backfill``)."""
-        index = torch.arange(len(probs)) if index is None else index
-        return cls(name, predictive_arrays(name, probs, labels, index))
-
-
-def read_predictive(path: Path, name: str) -> Examples | None:
-    """``path`` (a ``predictive/<name>.npz``) as ``Examples``; None when it does not exist (a run evaluated before
-    these files were written); an ``InputError`` naming it when it is unreadable (no pickles are loaded)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        with np.load(path) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as err:
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise InputError(f"{path} ({path.stat().st_size} bytes) is not a readable predictive file (.npz of arrays: "
-                         f"{reason}); evaluate the run again to rewrite it (python evaluate.py run_dir=<its run "
-                         "directory> update_results=true)") from None  # fmt: skip
-    return Examples(name, arrays, path)
 
 
 # --- metrics of weighted (resampled) sets ------------------------------------------------------------------
@@ -441,28 +344,5 @@ def per_seed_bootstrap(terms: Sequence[Term], replicates: int = REPLICATES, leve
     return as_interval(draws, percentile(draws, level), training=False)
 
 
-# --- runs evaluated before these files existed -------------------------------------------------------------------
-
-
-def backfill(run_dir: Path) -> list[Path]:
-    """Writes the missing ``predictive/<set>.npz`` of a run directory from its saved predictions
-    (``predictions/<set>.npz``, where they are still on disk: they are not committed); returns the files written."""
-    from sve.members import predictive
-    from sve.runs.evaluation import PREDICTIONS, read_predictions
-
-    run_dir, written = Path(run_dir), []
-    for source in sorted((run_dir / PREDICTIONS).rglob("*.npz")):
-        name = source.relative_to(run_dir / PREDICTIONS).with_suffix("").as_posix()
-        target = run_dir / PREDICTIVE / f"{name}.npz"
-        if name == "val" or target.exists():
-            continue
-        saved = read_predictions(source)
-        probs = predictive(torch.from_numpy(saved["member_logits"]), str(saved["aggregate"]))
-        write_predictive(target, name, probs, torch.from_numpy(saved["labels"]), torch.from_numpy(saved["index"]))
-        written.append(target)
-    return written
-
-
-__all__ = ["PREDICTIVE", "KEYS", "Examples", "Statistic", "Term", "Interval", "predictive_arrays", "write_predictive",
-           "read_predictive", "ece_bins", "statistic", "check_paired", "Draws", "draw", "percentile", "hierarchical",
-           "combined", "interval", "per_seed_bootstrap", "backfill"]
+__all__ = ["KEYS", "Statistic", "Term", "Interval", "ece_bins", "statistic", "check_paired", "Draws", "draw", "percentile", "hierarchical",
+           "combined", "interval", "per_seed_bootstrap"]

@@ -27,23 +27,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sve.layers.singular_values import FILENAME, load_singular_values  # noqa: E402
+from sve.metrics.plots import reliability_bins, reliability_grid, save_figure  # noqa: E402
 from sve.paper.budget import mean_curve as mean_of_curves  # noqa: E402
 from sve.paper.registry import METHOD_NAMES, METRICS  # noqa: E402
-from sve.paper.report import Cell, Table, aggregate  # noqa: E402
+from sve.paper.report import Cell, Table, aggregate
 from sve.paper.store import Run, select  # noqa: E402
-
-N_BINS = 15  # as the ECE (sve.metrics.scores): equal-width, right-closed
-
-
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    for path in paths:
-        # No creation date in the PDF: regenerating a figure from the same runs leaves the file unchanged in git.
-        metadata = {"CreationDate": None} if path.suffix == ".pdf" else None
-        fig.savefig(path, bbox_inches="tight", dpi=150, metadata=metadata)
-    plt.close(fig)
-    return paths
 
 
 def _label(method: str, members: int) -> str:
@@ -95,7 +83,7 @@ def figure2(table: Table, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     fig.suptitle(table.title, fontsize=10)
     _legend_outside(fig, np.atleast_1d(axes)[-1])
-    return _save(fig, out_dir, table.name)
+    return save_figure(fig, out_dir, table.name)
 
 
 # --- Fig. 3 ---------------------------------------------------------------------------------------------
@@ -163,7 +151,7 @@ def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     fig.suptitle(spec.title, fontsize=10)
     _legend_outside(fig, np.atleast_1d(axes)[-1])
-    return written + _save(fig, root / "figures", spec.name)
+    return written + save_figure(fig, root / "figures", spec.name)
 
 
 # --- Figs. 4-6 ------------------------------------------------------------------------------------------
@@ -209,28 +197,11 @@ def figure_b(spec, runs: list[Run], out_dir: Path) -> list[Path]:
         axes[0, -1].legend(fontsize=6)
         where = files[0].parent.relative_to(out_dir.parent)
         fig.suptitle(f"{group.title}: top singular values' relative change from pretrained ({where})", fontsize=9)
-        written += _save(fig, out_dir, name)
+        written += save_figure(fig, out_dir, name)
     return written
 
 
 # --- reliability diagrams ---------------------------------------------------------------------------------
-
-
-def reliability_bins(probs: np.ndarray, labels: np.ndarray, n_bins: int = N_BINS) -> dict[str, np.ndarray]:
-    """Per confidence bin (equal width, right-closed, as the ECE): count, mean confidence, accuracy."""
-    import torch
-
-    from sve.metrics.scores import ece_bin_index
-
-    confidence, predicted = probs.max(-1), probs.argmax(-1)
-    # The metric's own binning: ceil(confidence * n) rounds the product, which put a confidence one ulp above
-    # an edge k/n (11/15; 17/20, 19/20) into the lower bin, unlike the ECE and its reliability record.
-    index = ece_bin_index(torch.from_numpy(np.ascontiguousarray(confidence, dtype=np.float64)), n_bins).numpy()
-    count = np.bincount(index, minlength=n_bins).astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        conf = np.bincount(index, weights=confidence, minlength=n_bins) / count
-        acc = np.bincount(index, weights=(predicted == labels).astype(float), minlength=n_bins) / count
-    return {"count": count, "confidence": conf, "accuracy": acc}
 
 
 def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
@@ -245,7 +216,7 @@ def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
     path = run.path.parent / predictions.get("test", next(iter(predictions.values())))
     if not path.exists():
         return None
-    from sve.runs.evaluation import read_predictions  # here: sve.runs.evaluation imports torch, which figures need not
+    from sve.runs.prediction_files import read_predictions  # here: it imports torch, which figures need not
 
     data = read_predictions(path)
     if "probs" in data:
@@ -258,63 +229,6 @@ def run_reliability(run: Run) -> dict[str, np.ndarray] | None:
     else:
         return None
     return reliability_bins(probs.astype(float), data["labels"])
-
-
-def draw_reliability(fig, cell, bins: dict[str, np.ndarray], title: str) -> None:
-    """One diagram in the grid cell ``cell``: accuracy per confidence bin against the diagonal, the gap to it
-    shaded, and under it the histogram of confidences with each bin's example count."""
-    top, bottom = cell.subgridspec(2, 1, height_ratios=(3, 1), hspace=0.08).subplots(sharex=True)
-    edges = np.linspace(0, 1, N_BINS + 1)
-    width = 1 / N_BINS
-    filled = bins["count"] > 0
-    top.bar(edges[:-1][filled], bins["accuracy"][filled], width=width, align="edge", color="tab:blue",
-            edgecolor="black", lw=0.4, label="accuracy")
-    gap = bins["confidence"][filled] - bins["accuracy"][filled]
-    top.bar(edges[:-1][filled], gap, bottom=bins["accuracy"][filled], width=width, align="edge", color="tab:red",
-            alpha=0.3, lw=0, label="gap to confidence")
-    top.plot([0, 1], [0, 1], "--", color="grey", lw=0.8)
-    top.set(xlim=(0, 1), ylim=(0, 1))
-    top.set_title(title, fontsize=8)
-    top.set_ylabel("accuracy", fontsize=7)
-    top.tick_params(labelsize=6)
-    share = bins["count"] / max(bins["count"].sum(), 1)
-    bottom.bar(edges[:-1], share, width=width, align="edge", color="grey", edgecolor="black", lw=0.3)
-    top_share = max(float(share.max()), 1e-9)
-    for left, count, height in zip(edges[:-1], bins["count"], share):
-        if count:
-            bottom.text(left + width / 2, height + 0.04 * top_share, f"{int(count)}", rotation=90, ha="center",
-                        va="bottom", fontsize=4.5)
-    bottom.set(xlim=(0, 1), ylim=(0, 1.6 * top_share))
-    bottom.set_xlabel("confidence", fontsize=7)
-    bottom.set_ylabel("share", fontsize=7)
-    bottom.tick_params(labelsize=6)
-
-
-def reliability_grid(panels: list[tuple[str, dict]], title: str, columns: int = 4):
-    """The panels in rows of at most ``columns`` (a 1 x 9 strip is unreadable), each with its histogram."""
-    columns = min(columns, len(panels))
-    rows = -(-len(panels) // columns)
-    fig = plt.figure(figsize=(2.7 * columns, 3.3 * rows))
-    grid = fig.add_gridspec(rows, columns, hspace=0.45, wspace=0.35)
-    for i, (label, bins) in enumerate(panels):
-        draw_reliability(fig, grid[i // columns, i % columns], bins, label)
-    fig.suptitle(title, fontsize=9)
-    return fig
-
-
-def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
-    """``reliability.png``/``.pdf`` of one run, from its results' test bins; nothing without them."""
-    record = (results.get("reliability") or {}).get("test")
-    if not isinstance(record, dict) or "accuracy" not in record:
-        return []
-    bins = {k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
-            for k in ("count", "confidence", "accuracy")}
-    members = int(results["num_members"])
-    ece = (results.get("metrics") or {}).get("test/ece")
-    label = _label(str(results.get("method")), members) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
-    fig = reliability_grid([(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed "
-                           f"{results.get('seed')}")
-    return _save(fig, Path(out_dir), "reliability")
 
 
 def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
@@ -331,7 +245,7 @@ def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
             continue
         fig = reliability_grid(panels, f"Reliability: {title} (lowest seed; below: share of test examples per bin, "
                                        "with counts)")
-        written += _save(fig, out_dir, f"{spec.name}_reliability_{experiment}")
+        written += save_figure(fig, out_dir, f"{spec.name}_reliability_{experiment}")
     return written
 
 
@@ -375,5 +289,5 @@ def learning_curves(spec, runs: list[Run], out_dir: Path) -> list[Path]:
         axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
         fig.suptitle(f"Learning curves: {title}", fontsize=10)
         fig.tight_layout()
-        written += _save(fig, out_dir, f"{spec.name}_curves_{experiment}")
+        written += save_figure(fig, out_dir, f"{spec.name}_curves_{experiment}")
     return written

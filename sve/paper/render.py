@@ -11,7 +11,8 @@ import csv
 import io
 from pathlib import Path
 
-from sve.paper.report import Cell, Metric, Table
+from sve.paper.registry import Metric
+from sve.paper.report import Cell, Table
 
 MISSING = "–"
 

@@ -443,9 +443,9 @@ def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None,
 
 
 def build(name: str, smoke: bool = False, root: Path | None = None) -> list[Path]:
-    """The table builder (``sve.paper.report.build``), imported only when a sweep has finished: the sweep
+    """The table builder (``sve.paper.build.build``), imported only when a sweep has finished: the sweep
     itself depends on the store, not on the tables."""
-    from sve.paper.report import build as build_table
+    from sve.paper.build import build as build_table
 
     return build_table(name, smoke, root)
 

@@ -9,6 +9,13 @@ no entry here.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from sve.errors import InputError
+
 ARCHITECTURES: dict[str, dict] = {
     # LLaMA-2-7B (Touvron et al., 2023): 6,738,415,616 parameters with lm_head.
     "meta-llama/Llama-2-7b-hf": {
@@ -27,4 +34,46 @@ ARCHITECTURES: dict[str, dict] = {
 }
 
 
-__all__ = ["ARCHITECTURES"]
+
+
+def architecture(name_or_path: str | None, key: str = "backbone") -> dict:
+    """A Hugging Face config as keyword arguments of ``AutoConfig.for_model``: the local directory's
+    config.json, the local Hugging Face cache's, or the copy in ``sve.runs.architectures``; never a download."""
+    if name_or_path:
+        path = Path(str(name_or_path)).expanduser()
+        if (path / "config.json").exists():
+            return json.loads((path / "config.json").read_text())
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(name_or_path), "config.json")
+        except Exception:  # noqa: BLE001 - not a hub id (a missing local path, say): no cache entry
+            cached = None
+        if isinstance(cached, str) and Path(cached).exists():
+            return json.loads(Path(cached).read_text())
+        if str(name_or_path) in ARCHITECTURES:
+            return dict(ARCHITECTURES[str(name_or_path)])
+    raise InputError(f"the plan cannot know the architecture of {key}.name_or_path={name_or_path!r} offline (no "
+                     "config.json there or in the local Hugging Face cache, and no shipped copy in "
+                     f"sve/runs/architectures.py); set {key}.config={{model_type: ..., hidden_size: ..., ...}} or "
+                     f"{key}.name_or_path to a directory holding its config.json")  # fmt: skip
+
+
+def offline_backbone(node: DictConfig) -> dict:
+    """The backbone config with random weights of the same architecture: nothing downloaded or read but a
+    config.json; the offline character tokenizer (the plan's inputs have the configured lengths anyway)."""
+    resolved = OmegaConf.to_container(node, resolve=True)
+    if "pretrained" in resolved:
+        resolved["pretrained"] = False
+    if "checkpoint_path" in resolved:
+        resolved["checkpoint_path"] = None
+    if "tokenizer" in resolved:
+        resolved["tokenizer"] = "char"
+    if "name_or_path" in resolved:
+        if not resolved.get("config"):
+            resolved["config"] = architecture(resolved["name_or_path"])
+        resolved["name_or_path"] = None
+    return resolved
+
+
+__all__ = ["ARCHITECTURES", "architecture", "offline_backbone"]

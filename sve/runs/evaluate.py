@@ -51,7 +51,8 @@ from omegaconf import DictConfig, OmegaConf
 from sve.api import adapter_files
 from sve.errors import InputError, did_you_mean
 from sve.paths import CONFIGS
-from sve.runs.evaluation import PREDICTIONS, evaluate
+from sve.runs.evaluation import evaluate
+from sve.runs.prediction_files import PREDICTIONS
 from sve.runs.results import git_commit, read_results, results_record, write_json
 from sve.runs.run import build, instantiate, make_trainer, prediction_options
 from sve.runs.rundir import claim

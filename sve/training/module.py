@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sve.errors import InputError, TrainingDiverged
+from sve.layers.draws import seeded_draws, unfuse_attention_dropout
 from sve.members import check_member_logits, predictive
 from sve.methods.base import EnsembleMethod
 from sve.metrics.scores import classification_metrics
 from sve.training.checkpoint import LeanCheckpointing
-from sve.training.draws import seeded_draws, unfuse_attention_dropout
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         aggregate: ``probs`` (mean of member softmaxes, Eq. 2) or ``logits`` (softmax of mean logits).
         draw_seed: seeds the random numbers drawn in evaluation, batch by batch (``draws``), and with
             ``exact_draws`` those of training, step by step.
-        exact_draws: training draws that are the same on any number of devices (``sve.training.draws``).
+        exact_draws: training draws that are the same on any number of devices (``sve.layers.draws``).
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
     def chunked_step(self, batch: dict, chunks: list[list[int]], seed: int, rows, scale: float) -> Tensor:
         """``members_at_once: k`` in training: each chunk's forward and backward in turn, so one chunk's
         activations are alive at a time, with the gradients of all members at once. Each chunk draws from the
-        step's seed what all members would (``sve.training.draws``).
+        step's seed what all members would (``sve.layers.draws``).
 
         Lightning zeroes the gradients between a training step and its backward, so the chunks before the
         last keep theirs aside, and the loss returned brings them back: for each parameter with kept

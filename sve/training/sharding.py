@@ -27,6 +27,7 @@ import torch
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import nn
 
+from sve.distributed import load_state
 from sve.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -107,20 +108,6 @@ def unshard_method(method: nn.Module) -> None:
                         getattr(module, flags, {}).pop(key, None)
     if hasattr(method, "unshard_state"):  # what a method keeps of its own beside its parameters
         method.unshard_state()
-
-
-def load_state(module: nn.Module, state: dict) -> None:
-    """``module.load_state_dict(state)``, where the module may be sharded and the state whole (a deep
-    ensemble's pretrained start, kept before sharding): each whole tensor is cut to this rank's slice as its
-    parameter is laid out. Every rank calls it, with the same state."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    current = module.state_dict()
-    state = {k: distribute_tensor(v.to(current[k].device_mesh.device_type), current[k].device_mesh,
-                                  current[k].placements)
-             if isinstance(current.get(k), DTensor) and not isinstance(v, DTensor) else v
-             for k, v in state.items()}  # fmt: skip
-    module.load_state_dict(state)
 
 
 def is_fsdp_hook(hook) -> bool:
@@ -213,5 +200,5 @@ def fsdp_strategy(save_distributed_checkpoint: bool = False) -> ShardedStrategy:
     return ShardedStrategy(save_distributed_checkpoint=save_distributed_checkpoint)
 
 
-__all__ = ["ShardedStrategy", "fsdp_strategy", "is_sharded", "load_state", "repeated_blocks", "shard_method",
+__all__ = ["ShardedStrategy", "fsdp_strategy", "is_sharded", "repeated_blocks", "shard_method",
            "unshard_method"]

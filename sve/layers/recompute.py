@@ -3,7 +3,7 @@
 A checkpointed block (Hugging Face gradient checkpointing, non-reentrant) runs a second time in the backward,
 after the contexts it first ran in have ended: a member chunk's selection (``MemberLayer.select``, or a bank of
 stand-ins), the member-major rows the method announced (``sve.members.member_rows``) and the exact dropout
-draws (``sve.training.draws.seeded_draws``). PyTorch restores the random state for the recomputation; the rest
+draws (``sve.layers.draws.seeded_draws``). PyTorch restores the random state for the recomputation; the rest
 is restored here. ``recompute_context`` is the checkpoint's ``context_fn``: at the block's forward it notes
 that state, and it puts it back around the recomputation. Without it, a chunk's recomputation would run every
 member (PyTorch's CheckpointError on the shapes), and exact draws would be redrawn per process (masks that
@@ -17,9 +17,9 @@ from contextlib import ExitStack, contextmanager, nullcontext
 
 from torch import nn
 
+from sve.layers import draws
 from sve.layers.member import running_layers
 from sve.members import expected_rows, member_rows
-from sve.training import draws
 
 
 def recompute_context():

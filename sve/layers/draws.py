@@ -101,7 +101,7 @@ def draw_state() -> tuple:
 @contextmanager
 def drawing_as(state: tuple) -> Iterator[None]:
     """Inside: dropout drawn as ``draw_state()`` noted it, the random state left as it is (a checkpointed
-    block's recomputation, for which PyTorch restores the random state itself: ``sve.training.recompute``)."""
+    block's recomputation, for which PyTorch restores the random state itself: ``sve.layers.recompute``)."""
     global _rows, _members
     previous = _rows, _members, F.dropout
     _rows, _members, exact = state
@@ -131,3 +131,17 @@ def unfuse_attention_dropout(model: nn.Module) -> list[str]:
             config._attn_implementation = "eager"  # Hugging Face: eager attention calls F.dropout
             changed.append(f"{type(config).__name__}._attn_implementation=eager")
     return changed
+
+
+def rng_states(batch: dict) -> tuple[Tensor, Tensor | None, torch.device | None]:
+    """The default generators' states that a forward pass on ``batch`` draws from: the CPU's, and the CUDA
+    device's where the batch is."""
+    device = next((v.device for v in batch.values() if isinstance(v, Tensor) and v.is_cuda), None)
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device is not None else None), device
+
+
+def restore_rng_states(states: tuple[Tensor, Tensor | None, torch.device | None]) -> None:
+    cpu, cuda, device = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
