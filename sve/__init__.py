@@ -8,7 +8,8 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
   (M, B, C) layout of ``members`` (which also forms the predictive); ``registry`` (every method option, its
   class and the facts the class states).
 - ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
-- ``data``: data modules, their up-front checks, samplers, the corruption generator.
+- ``data``: data modules (the user's own: ``image_folder``, ``text_table``, sharing ``user_data``), their up-front
+  checks, samplers, the corruption generator.
 - ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics).
 - ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``draws``
   (draws independent of the device layout), ``curves`` (learning curves), ``allocator``, ``loggers``.
