@@ -39,8 +39,8 @@ from sve.paper.claims import judge, load_claims
 from sve.paper.claims_text import changes_markdown, claims_markdown, procedure
 from sve.paper.movement import SEPARATED, TEACHER, all_movements
 from sve.paper.report import METHOD_NAMES, load_runs
+from sve.paper.sittings import SITTINGS, recorded_runs, wall_seconds
 from sve.paper.store import TEACHERS
-from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
 from sve.paths import CLAIMS
 from sve.runs.results import read_json, read_results, relative_difference
 

@@ -16,10 +16,11 @@ Package map, by role (``docs/architecture.md`` has the flow of a run):
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks, probe), ``rundir`` (directories,
   locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
   ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
-- ``paper``: ``sweep`` (table sweeps) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
-  definitions, run directories, the runs of a store), ``registry`` (metric names, method labels), ``report``
-  (the table builder), ``render``, ``figures``, ``claims`` (verdicts) with ``evidence`` (what they read),
-  ``claims_text`` (their markdown) and ``bootstrap`` (paired intervals), ``budget``.
+- ``paper``: ``sweep`` (table sweeps; its parts ``sweep_jobs``, ``sweep_runs``, ``sweep_tuning``, ``sittings``) with
+  ``tuning`` (grids grown to an interior optimum), ``store`` (table definitions, run directories, the runs of a
+  store), ``registry`` (metric names, method labels), ``report`` (the table builder), ``render``, ``figures``,
+  ``claims`` (verdicts) with ``evidence`` (what they read), ``claims_text`` (their markdown) and ``bootstrap``
+  (paired intervals), ``budget``.
 - ``bench``: memory and FLOP counters (``counters``), the cost benchmark (``benchmark``, with ``settings``, its
   parts ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
   (``gpu_check``, ``make gpu-check``).
