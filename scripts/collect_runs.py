@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 from sve.errors import InputError, one_line_errors
-from sve.paper.store import DIAGNOSTICS, TEACHERS
-from sve.paper.sweep import SITTINGS, TUNED
+from sve.paper.sittings import SITTINGS
+from sve.paper.store import DIAGNOSTICS, TEACHERS, TUNED
 
 SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json", "singular_values.npz"}
 # A run's adapter/ is kept when small (SVE's singular values and heads: well under 1 MB): with it a committed

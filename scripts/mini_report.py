@@ -22,7 +22,7 @@ The prose is the template ``sve/configs/claims/mini_readme.md``; everything nume
 - ``{{reproduced}}``: for every teacher that ``make mini-distill`` trained again, whether its test metrics are the
   committed run's to the last digit, or how far they are (``reproduced.json``);
 - ``{{procedure}}``: one paragraph on how those intervals and verdicts are made, with the claims file's
-  bootstrap settings (``sve.paper.claims.procedure``).
+  bootstrap settings (``sve.paper.claims_text.procedure``).
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ from pathlib import Path
 
 from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
-from sve.paper.claims import CLAIMS, changes_markdown, claims_markdown, judge, load_claims, procedure
+from sve.paper.claims import judge, load_claims
+from sve.paper.claims_text import changes_markdown, claims_markdown, procedure
 from sve.paper.movement import SEPARATED, TEACHER, all_movements
 from sve.paper.registry import METHOD_NAMES
+from sve.paper.sittings import SITTINGS, recorded_runs, wall_seconds
 from sve.paper.store import TEACHERS, load_runs
-from sve.paper.sweep import SITTINGS, recorded_runs, wall_seconds
+from sve.paths import CLAIMS
 from sve.runs.results import read_json, read_results, relative_difference
 
 TEMPLATE = CLAIMS / "mini_readme.md"

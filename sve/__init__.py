@@ -5,12 +5,13 @@ Package map, by role, top to bottom: a module imports only from its own layer an
 flow of a run).
 
 - ``cli``: the console entry points, every ``main()`` and argument parser.
-- ``paper``: ``sweep`` (table sweeps) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
+- ``paper``: ``sweep`` (table sweeps; its parts ``sweep_jobs``, ``sweep_runs``, ``sweep_tuning``, ``sittings``) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
   definitions, run directories, the runs of a store), ``registry`` (metric names, method labels), ``report``
-  (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims`` with
-  ``bootstrap`` (paired intervals), ``coverage``, ``movement``, ``budget``, ``plan_tables`` (every row's
-  memory plan). ``bench``, beside it: memory and FLOP counters (``counters``), the cost benchmark
-  (``benchmark``) and the GPU check (``gpu_check``, ``make gpu-check``).
+  (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims``
+  (verdicts) with ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired
+  intervals), ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``, beside it: memory and FLOP counters (``counters``), the cost benchmark
+  (``benchmark``, with ``settings``, its parts ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table
+  ``markdown``) and the GPU check (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
   locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
   ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
@@ -29,7 +30,8 @@ flow of a run).
   ``draws`` (random draws independent of the device layout), ``recompute`` (activation checkpointing that
   replays them).
 - ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``plots`` (the
-  reliability diagram). ``data``, beside it: data modules, their up-front checks, samplers, the corruption
+  reliability diagram). ``data``, beside it: data modules (the user's own: ``image_folder``,
+  ``text_table``, sharing ``user_data``), their up-front checks, samplers, the corruption
   generator.
 - At the bottom, used by every role: ``members`` (the member-logit layout), ``paths`` (where things are read
   and written, the config resolvers for them), ``errors`` (user errors in one line), ``memory`` (a device's

@@ -151,7 +151,7 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
 
 
 def test_front_marks_the_points_no_other_beats_on_both():
-    from sve.bench.benchmark import on_front
+    from sve.bench.front import on_front
 
     points = {"a": (1, 5), "b": (2, 2), "c": (3, 3), "d": (2, 2), "e": (5, 1), "f": (1, 6)}
     # c is beaten by b on both; f by a (equal memory, more latency); b and d tie, and a tie beats neither.
@@ -160,7 +160,7 @@ def test_front_marks_the_points_no_other_beats_on_both():
 
 @pytest.mark.slow  # the benchmark script end to end (80 s of the default suite); make test-slow
 def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
-    from sve.bench.benchmark import FRONT, on_front
+    from sve.bench.front import FRONT, on_front
 
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "front",

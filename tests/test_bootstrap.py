@@ -14,7 +14,9 @@ from sve.errors import InputError
 from sve.metrics.scores import OODDetection, predictive_metrics
 from sve.paper import bootstrap
 from sve.paper.bootstrap import Term, interval, statistic
-from sve.paper.claims import HELD, NOT_HELD, REVERSED, UNRESOLVED, Difference, decide, judge, to_markdown
+from sve.paper.claims import HELD, NOT_HELD, REVERSED, UNRESOLVED, decide, judge
+from sve.paper.claims_text import to_markdown
+from sve.paper.evidence import Difference
 from sve.paper.store import load_runs
 from sve.runs import prediction_files
 from sve.runs.prediction_files import Examples
@@ -545,7 +547,7 @@ def test_a_seed_without_per_example_files_is_left_out_of_the_interval_and_said_s
 
 def test_the_point_difference_is_the_tables_difference_for_every_metric_kind(store):
     """acc, nll, ece (lower is better: oriented), a severity's mean over corruptions and the OOD AUROC."""
-    from sve.paper.claims import cell, improvement, metric_of
+    from sve.paper.evidence import cell, improvement, metric_of
 
     runs = load_runs(store)
     keys = ["acc", "nll", "ece", "brier", "sev3/acc", "sev3/ece", "ood_auroc", "ood_fpr95"]
@@ -595,7 +597,7 @@ def test_a_file_that_disagrees_with_results_json_gets_no_interval_and_unpaired_r
 def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
     """A tiny run with an OOD set and shift sets: predictive/ holds test (with probs), ood (scores only) and
     every shift set, no val; each metric computed from them is the run's results.json value."""
-    from sve.paper.claims import Evidence
+    from sve.paper.evidence import Evidence
     from sve.runs.run import run
     from tests.conftest import compose_cfg
     from tests.test_evaluation import OOD, TINY

@@ -7,7 +7,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from sve.paper.claims import cell, judge, load_claims, to_markdown
+from sve.paper.claims import judge, load_claims
+from sve.paper.claims_text import to_markdown
+from sve.paper.evidence import cell
 from sve.paper.store import load_runs
 from tests.conftest import ROOT as REPO
 from tests.test_report import write_run
@@ -252,7 +254,7 @@ def test_the_singular_values_section_gives_each_rows_ratio_to_its_initial_spread
 
 
 def test_a_claim_says_in_its_text_which_members_did_not_separate(tmp_path):
-    from sve.paper.claims import movement_sentences
+    from sve.paper.claims_text import movement_sentences
 
     for seed in range(2):
         write_run(tmp_path, "e", "sve", 4, seed, {"acc": 0.5}, num_members=4,

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from sve.data import ImageFolderData, TextTableData
-from sve.data.generic import ClassFolder
+from sve.data.image_folder import ClassFolder
 from sve.errors import InputError
 from sve.runs.run import run
 from tests.conftest import compose_cfg
@@ -254,7 +254,7 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
         "test": datasets.Dataset.from_dict({"review": ["meh"], "stars": [1], "id": [5]}),
     })  # fmt: skip
     asked = []
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset",
+    monkeypatch.setattr("sve.data.text_table.load_hub_dataset",
                         lambda name, config, *_: asked.append((name, config)) or hub)  # fmt: skip
     data = TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars")
     assert data.num_classes == 3 and data.label_names == [1, 4, 5] and asked == [("someone/reviews", None)]
@@ -264,16 +264,16 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
         {"text": ["a", "b"], "label": [0, 1]}, features=datasets.Features(
             {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}))
         for split in ("train", "test")})  # fmt: skip
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: labelled)
+    monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: labelled)
     named = TextTableData(hub_name="imdb", val_holdout=1)
     assert named.num_classes == 2 and named.class_names() == ["neg", "pos"]  # the hub's ClassLabel names
     glue = datasets.DatasetDict({"train": labelled["train"], "test": datasets.Dataset.from_dict(
         {"text": ["c"], "label": [-1]})})  # fmt: skip
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: glue)
+    monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: glue)
     with pytest.raises(InputError, match=r"label -1 is not .*; -1 marks an unlabelled example .* "
                                          r"dataset.test_split=validation"):  # fmt: skip
         TextTableData(hub_name="glue", hub_config="sst2", val_holdout=1).check_data()
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: hub)
+    monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: hub)
     with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
         TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",
                       test_split="dev_test").check_data()  # fmt: skip
@@ -309,7 +309,7 @@ def image_dataset(labels: dict[str, list], names: list[str] | None = None):
 
 def test_a_hub_or_saved_image_dataset_reads_its_splits_labels_and_images(tmp_path, monkeypatch):
     hub = image_dataset({"train": [1, 0, 2, 1, 0, 2], "validation": [2], "test": [0, 1]}, ["cat", "dog", "eel"])
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: hub)
+    monkeypatch.setattr("sve.data.image_folder.load_hub_dataset", lambda *_: hub)
     data = ImageFolderData(hub_name="someone/pets", image_column="img", label_column="y")
     assert data.num_classes == 3 and data.class_names() == ["cat", "dog", "eel"]  # the ClassLabel's names
     assert labels_of(data.parsed["test"]) == [0, 1] and labels_of(data.parsed["val"]) == [2]
@@ -332,7 +332,7 @@ def test_a_hub_or_saved_image_dataset_reads_its_splits_labels_and_images(tmp_pat
      r"train has 1 distinct label\(s\) in column 'y'"),
 ])  # fmt: skip
 def test_a_bad_image_dataset_is_one_error_naming_what_is_wrong(monkeypatch, labels, options, message):
-    monkeypatch.setattr("sve.data.generic.load_hub_dataset", lambda *_: image_dataset(labels))
+    monkeypatch.setattr("sve.data.image_folder.load_hub_dataset", lambda *_: image_dataset(labels))
     with pytest.raises(InputError, match=message):
         ImageFolderData(hub_name="someone/pets", val_holdout=1, **options).check_data()
 

@@ -64,7 +64,8 @@ def tiny_option():
 
 
 def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeypatch):
-    from sve.bench import benchmark
+    from sve.bench import table5
+    from sve.bench.settings import settings
     from sve.paper import plan_tables
     from sve.paper.registry import METHOD_NAMES
     from sve.paper.report import Row
@@ -85,16 +86,16 @@ def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeyp
 
     # The benchmark's Table 5 (tiny setting): its member count is the benchmark's M (2), not the option's 3,
     # and the method was put in its evaluation state with the training data it fits after training.
-    setting = benchmark.settings(tiny=True)["bert_base"]
+    setting = settings(tiny=True)["bert_base"]
     args = SimpleNamespace(tiny=True, layers=1, svd_cache=None, repeats=1, table5_methods=[tiny_option])
-    prepare, fitted = benchmark.prepare, []
+    prepare, fitted = table5.prepare, []
 
     def spy(method, builder):
         prepare(method, builder)
         fitted.append(getattr(method, "fitted_on", None) is not None)
 
-    monkeypatch.setattr(benchmark, "prepare", spy)
-    part = benchmark.table5_part(setting, args, torch.device("cpu"))
+    monkeypatch.setattr(table5, "prepare", spy)
+    part = table5.table5_part(setting, args, torch.device("cpu"))
     assert part["methods"][tiny_option]["members"] == setting.ensemble_size == 2
     assert fitted == [False, True]  # single, then the tiny method, fitted on the benchmark's training data
 
@@ -109,7 +110,7 @@ def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeyp
 
 
 def test_the_benchmark_prepares_a_method_by_its_facts_not_its_name(tiny_option):
-    from sve.bench import benchmark
+    from sve.bench import table5
 
     calls = []
 
@@ -121,10 +122,10 @@ def test_the_benchmark_prepares_a_method_by_its_facts_not_its_name(tiny_option):
     method = SimpleNamespace(ensemble_size=3, fits_after_training="train",
                              on_train_epoch_end=lambda module: calls.append("epoch end"),
                              after_fit=lambda data: calls.append(("after_fit", data)))  # fmt: skip
-    benchmark.prepare(method, Builder())
+    table5.prepare(method, Builder())
     assert calls == ["epoch end"] * 3 + ["datamodule", ("after_fit", "the training data")]
     method.fits_after_training, calls[:] = None, []
-    benchmark.prepare(method, Builder())
+    table5.prepare(method, Builder())
     assert calls == ["epoch end"] * 3 + [("after_fit", None)]
 
 
@@ -180,25 +181,25 @@ def test_the_sampled_methods_are_those_whose_members_are_samples():
 ALLOWED = {
     # The benchmark's experiments: which methods it measures against which, as a table definition names its rows.
     ("sve/paths.py", "cache_text", "sve"): "the cache folder's name (<XDG_CACHE_HOME>/sve), not the method",
-    ("sve/bench/benchmark.py", "LABELS", "*"): "candidate labels of the ensemble benchmark",
-    ("sve/bench/benchmark.py", "ensemble_part", "*"): "SVE against M dense copies and the batched baselines",
-    ("sve/bench/benchmark.py", "full_depth_eval", "*"): "the same, at the full depth",
-    ("sve/bench/benchmark.py", "targets", "*"): "the benchmark's targets name what they compare",
-    ("sve/bench/benchmark.py", "TABLE5_DEFAULT", "*"): "Table 5's rows",
-    ("sve/bench/benchmark.py", "VARIANTS", "*"): "SVE's settings measured beside its default",
-    ("sve/bench/benchmark.py", "NOT_BY_DEFAULT", "*"): "a row left out by default, with the reason",
-    ("sve/bench/benchmark.py", "latency_target", "*"): "SVE against LoRA-Ensemble at batch 1",
-    ("sve/bench/benchmark.py", "table5_part", "sve"): "the same target, measured when both rows are",
-    ("sve/bench/benchmark.py", "table5_part", "lora_ensemble"): "the same target, measured when both rows are",
-    ("sve/bench/benchmark.py", "FRONT", "*"): "the front's rows and their settings",
-    ("sve/bench/benchmark.py", "weight_steps", "*"): "one shared weight against LoRA-Ensemble's",
-    ("sve/bench/benchmark.py", "table5_part", "deep_ensemble"): "its training memory is M x Single's, not measured",
+    ("sve/bench/markdown.py", "LABELS", "*"): "candidate labels of the ensemble benchmark",
+    ("sve/bench/ensemble.py", "ensemble_part", "*"): "SVE against M dense copies and the batched baselines",
+    ("sve/bench/ensemble.py", "full_depth_eval", "*"): "the same, at the full depth",
+    ("sve/bench/ensemble.py", "targets", "*"): "the benchmark's targets name what they compare",
+    ("sve/bench/table5.py", "TABLE5_DEFAULT", "*"): "Table 5's rows",
+    ("sve/bench/table5.py", "VARIANTS", "*"): "SVE's settings measured beside its default",
+    ("sve/bench/table5.py", "NOT_BY_DEFAULT", "*"): "a row left out by default, with the reason",
+    ("sve/bench/table5.py", "latency_target", "*"): "SVE against LoRA-Ensemble at batch 1",
+    ("sve/bench/table5.py", "table5_part", "sve"): "the same target, measured when both rows are",
+    ("sve/bench/table5.py", "table5_part", "lora_ensemble"): "the same target, measured when both rows are",
+    ("sve/bench/front.py", "FRONT", "*"): "the front's rows and their settings",
+    ("sve/bench/layer_costs.py", "weight_steps", "*"): "one shared weight against LoRA-Ensemble's",
+    ("sve/bench/table5.py", "table5_part", "deep_ensemble"): "its training memory is M x Single's, not measured",
     ("sve/bench/gpu_inference.py", "CANDIDATES", "*"): "the GPU check's inference paths and what they run",
     ("sve/bench/gpu_inference.py", "AGREEMENT", "*"): "which path each is held equal to",
     ("sve/bench/gpu_inference.py", "agreement", "*"): "the same references",
     # Costs are relative to the single model (Table 5).
-    ("sve/bench/benchmark.py", "table5_part", "single"): "the reference of every cost",
-    ("sve/bench/benchmark.py", "front_part", "single"): "the reference of every cost",
+    ("sve/bench/table5.py", "table5_part", "single"): "the reference of every cost",
+    ("sve/bench/front.py", "front_part", "single"): "the reference of every cost",
     ("sve/paper/report.py", "cost_runs", "single"): "the reference of every cost",
     # Not a fact about a method.
     ("sve/runs/distillation.py", "OPTIONS", "svf"): "sve-distill's default student, a command-line default",

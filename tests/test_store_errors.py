@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
-from sve.paper import sweep
+from sve.paper import sittings, sweep, sweep_jobs
 from sve.paper.build import build
 from sve.paper.store import load_spec, run_dir
 from sve.runs import multirun, writable
@@ -455,9 +455,9 @@ def test_an_unreadable_predictions_file_is_named(tmp_path):
 def test_a_torn_sittings_line_is_named_and_a_lost_record_is_a_warning(tmp_path, capsys):
     (tmp_path / "sittings.jsonl").write_text('{"started": 1, "finished": 2}\n{"started": 3, "fini\n')
     with pytest.raises(InputError, match=r"sittings.jsonl:2 is not a record of a sitting"):
-        sweep.recorded_runs(tmp_path)
-    job = sweep.Job("exp", "sve", 4, 0, [], tmp_path / "runs" / "x")
-    sweep.record_run(tmp_path / "missing", job, 0.0)  # cannot be appended to: the run's results stand
+        sittings.recorded_runs(tmp_path)
+    job = sweep_jobs.Job("exp", "sve", 4, 0, [], tmp_path / "runs" / "x")
+    sittings.record_run(tmp_path / "missing", job, 0.0)  # cannot be appended to: the run's results stand
     assert "warning: the sitting of exp sve M=4 seed 0 was not recorded" in capsys.readouterr().out
 
 

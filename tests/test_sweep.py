@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sve.cli import sweep as sweep_cli
-from sve.paper import sweep
+from sve.paper import sittings, sweep, sweep_jobs, sweep_runs, sweep_tuning
 from sve.paper.store import load_spec, run_dir, table_names
 from sve.runs.rundir import holder
 from tests.conftest import ROOT as REPO
@@ -25,8 +25,9 @@ def run_dirs(name: str, smoke: bool) -> dict:
     spec = load_spec(name, smoke)
     if spec.kind == "cost":
         return {}
-    tune = None if not spec.get("tune") or sweep.smoke_skips_tuning(spec, smoke) else OmegaConf.to_container(spec.tune)
-    return {job.dir: (job.overrides, tune) for job in sweep.jobs(spec, Path("/store"), smoke)}
+    tuned = spec.get("tune") and not sweep_tuning.smoke_skips_tuning(spec, smoke)
+    tune = OmegaConf.to_container(spec.tune) if tuned else None
+    return {job.dir: (job.overrides, tune) for job in sweep_jobs.jobs(spec, Path("/store"), smoke)}
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["real", "smoke"])
@@ -75,7 +76,7 @@ def test_smoke_target_end_to_end(names, tmp_path, capsys):
         # the sweep failed (composing a job's config costs half a second, and the sweep composed each one already).
         for name in names:
             spec = load_spec(name, smoke=True)
-            for job in sweep.jobs(spec, tmp_path / "check", smoke=True) if spec.kind != "cost" else []:
+            for job in sweep_jobs.jobs(spec, tmp_path / "check", smoke=True) if spec.kind != "cost" else []:
                 skip_unless_installed(compose_cfg(job.overrides, tmp_path))
         pytest.fail(f"the smoke sweep of {names} failed:\n{capsys.readouterr().out[-3000:]}")
     shown = capsys.readouterr().out
@@ -91,7 +92,7 @@ def test_a_table_written_by_another_entry_point_is_built_not_trained(tmp_path, c
     # were they jobs, the sweep would train them unlike those tables, and try to train its students.
     for runner in ("run_in_process", "run_subprocess"):
         monkeypatch.setattr(sweep, runner, lambda job: pytest.fail(f"trained {job}"))
-    assert sweep.jobs(load_spec("mini_distill"), tmp_path, smoke=False) == []
+    assert sweep_jobs.jobs(load_spec("mini_distill"), tmp_path, smoke=False) == []
     assert sweep_cli.main(["mini_distill", "--results", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
     assert "mini_distill: its runs are written by scripts/mini_distill.py, not by the sweep" in shown
@@ -100,7 +101,7 @@ def test_a_table_written_by_another_entry_point_is_built_not_trained(tmp_path, c
 
 def check_smoke_outputs(name: str, root: Path) -> None:
     spec = load_spec(name, smoke=True)
-    for job in sweep.jobs(spec, root, smoke=True) if spec.kind != "cost" else []:
+    for job in sweep_jobs.jobs(spec, root, smoke=True) if spec.kind != "cost" else []:
         results = json.loads((job.dir / "results.json").read_text())
         assert results["config"]["experiment_name"] == job.experiment and results["seed"] == job.seed
     if spec.kind in ("metrics", "figure2"):
@@ -184,15 +185,15 @@ def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
-    job = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)[0]
-    assert json.loads((job.dir / sweep.SWEPT).read_text())["overrides"] == job.overrides
+    job = sweep_jobs.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)[0]
+    assert json.loads((job.dir / sweep_runs.SWEPT).read_text())["overrides"] == job.overrides
     capsys.readouterr()
     assert sweep_cli.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert f"{job}: FAILED: {job.dir} holds a run trained with other overrides" in out
     assert "(only in that run: []; only in this sweep: ['trainer.max_epochs=3'])" in out and "delete the dir" in out
     # A run that no sweep recorded (trained by hand, or before sweeps recorded it) is taken as it is.
-    for path in (tmp_path / "smoke" / "runs").rglob(sweep.SWEPT):
+    for path in (tmp_path / "smoke" / "runs").rglob(sweep_runs.SWEPT):
         path.unlink()
     assert sweep_cli.main(["table4", "trainer.max_epochs=3", "--smoke", "--results", str(tmp_path)]) == 0
 
@@ -212,7 +213,7 @@ def test_dry_run_lists_commands_with_stable_directories(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[ 1/24] sst2_bert single M=1 seed 0: sve-train experiment=sst2_bert method=single" in out
     assert not (tmp_path / "runs").exists()
-    job = sweep.jobs(load_spec("table2"), tmp_path, smoke=False)[-1]
+    job = sweep_jobs.jobs(load_spec("table2"), tmp_path, smoke=False)[-1]
     assert job.dir == tmp_path / "runs" / "sst2_bert" / "sve_m8" / "seed2"
     assert "ensemble_size=8" in job.overrides and "trainer=debug" not in job.overrides
 
@@ -315,7 +316,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_awaited_at_the_end(tmp_p
     # held by a live process, here this one), trains the rest, then waits for it and takes its results; it
     # never writes into that directory. The fake "other process" finishes when the last own run is done.
     spec = load_spec("table4", smoke=True)
-    todo = sweep.jobs(spec, tmp_path / "smoke", smoke=True)
+    todo = sweep_jobs.jobs(spec, tmp_path / "smoke", smoke=True)
     other = todo[1]
     held_lock(other.dir, os.getpid())
     order = []
@@ -340,7 +341,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_awaited_at_the_end(tmp_p
 
 
 def test_a_run_whose_holder_died_is_resumed_in_order(tmp_path, monkeypatch, capsys):
-    todo = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
+    todo = sweep_jobs.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     held_lock(todo[1].dir, dead.pid)
@@ -374,10 +375,10 @@ def test_a_row_whose_tuning_another_process_trains_waits_until_the_rest_is_done(
     # The other process trains one grid value of the first row: this sweep tunes and trains every other row
     # first, then waits for that value, chooses, and trains the first row's seeds.
     spec = load_spec("mini_table2", smoke=True)
-    todo = sweep.jobs(spec, tmp_path / "smoke", smoke=True)
+    todo = sweep_jobs.jobs(spec, tmp_path / "smoke", smoke=True)
     first = todo[0]
     rest = [job for job in todo if job.method != first.method]
-    other = sweep.tuning_jobs(spec, first, sweep.settings(spec.tune)[0])[1]
+    other = sweep_tuning.tuning_jobs(spec, first, sweep_tuning.settings(spec.tune)[0])[1]
     held_lock(other.dir, os.getpid())
     order = []
 
@@ -422,35 +423,35 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
     assert all(len([line for line in out.splitlines() if ": trained in" in line]) > 0 for out in outs)  # both worked
     root = tmp_path / "smoke"
     for name in ("mini_table3", "mini_table2"):
-        table_jobs = sweep.jobs(load_spec(name, smoke=True), root, smoke=True)
+        table_jobs = sweep_jobs.jobs(load_spec(name, smoke=True), root, smoke=True)
         assert table_jobs and all((job.dir / "results.json").exists() and not (job.dir / ".lock").exists()
                                   for job in table_jobs)  # fmt: skip
-    recorded = sweep.recorded_runs(root)
+    recorded = sittings.recorded_runs(root)
     assert len(recorded) == len(trained) and len({r["pid"] for r in recorded}) == 2  # every run, as it ended
     trained_dirs = [f.parent for f in root.glob("runs/**/results.json") if not (f.parent / "REUSED.txt").exists()]
     assert sorted(r["run"] for r in recorded) == sorted(str(d.relative_to(root)) for d in trained_dirs)
-    assert sweep.wall_seconds(recorded) <= sum(r["finished"] - r["started"] for r in recorded)
+    assert sittings.wall_seconds(recorded) <= sum(r["finished"] - r["started"] for r in recorded)
 
 
 def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
     lines = [{"started": 0, "finished": 10}, {"started": 5, "finished": 12}, {"started": 20, "finished": 25},
              {"started": 21, "finished": 22}]  # fmt: skip
-    (tmp_path / sweep.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")  # blank end
-    assert sweep.wall_seconds(sweep.recorded_runs(tmp_path)) == 12 + 5
-    assert sweep.wall_seconds(sweep.recorded_runs(tmp_path / "absent")) is None
+    (tmp_path / sittings.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")  # blank end
+    assert sittings.wall_seconds(sittings.recorded_runs(tmp_path)) == 12 + 5
+    assert sittings.wall_seconds(sittings.recorded_runs(tmp_path / "absent")) is None
 
 
 def test_a_sitting_records_the_commit_its_run_trained_with(tmp_path):
     # A long run keeps the code it started with while its clone moves on: the sitting names the run's commit.
-    trained = sweep.Job("exp", "sve", 4, 0, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed0")
+    trained = sweep_jobs.Job("exp", "sve", 4, 0, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed0")
     trained.dir.mkdir(parents=True)
     (trained.dir / "results.json").write_text(json.dumps({"git_commit": "0123abc"}))
-    failed = sweep.Job("exp", "sve", 4, 1, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed1")  # no results.json
-    sweep.record_run(tmp_path, trained, started=1.0)
-    sweep.record_run(tmp_path, failed, started=2.0)
-    first, second = sweep.recorded_runs(tmp_path)
+    failed = sweep_jobs.Job("exp", "sve", 4, 1, [], tmp_path / "runs" / "exp" / "sve_m4" / "seed1")  # no results.json
+    sittings.record_run(tmp_path, trained, started=1.0)
+    sittings.record_run(tmp_path, failed, started=2.0)
+    first, second = sittings.recorded_runs(tmp_path)
     assert first["commit"] == "0123abc" and first["run"] == "runs/exp/sve_m4/seed0"
-    assert second["commit"] == sweep.git_commit()  # nothing of its own: the checked-out code's
+    assert second["commit"] == sittings.git_commit()  # nothing of its own: the checked-out code's
 
 
 def test_a_run_adopts_the_lock_its_sweep_holds_and_stays_live_while_either_lives(tmp_path, monkeypatch):
@@ -474,7 +475,7 @@ def test_a_sweep_left_with_held_runs_trains_any_that_frees_up_before_waiting_on_
     # Two runs are another process's when the sweep reaches them. While it waits, the other process gives one
     # up (its lock goes away without results): the sweep trains that one at once, and only then is the other
     # one finished by its holder. Waiting on the first held run in order would never end here.
-    todo = sweep.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
+    todo = sweep_jobs.jobs(load_spec("table4", smoke=True), tmp_path / "smoke", smoke=True)
     x, y = todo[1], todo[2]
     held_lock(x.dir, os.getpid())
     held_lock(y.dir, os.getpid())

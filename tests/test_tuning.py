@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from sve.cli import sweep as sweep_cli
 from sve.errors import InputError
-from sve.paper import sweep
+from sve.paper import sweep, sweep_tuning
 from sve.paper.store import load_spec, run_dir
 from sve.paper.tuning import choice, ladder_position, ladder_value, next_value, settings
 
@@ -108,7 +108,7 @@ def test_a_choice_over_another_grid_is_refused(tmp_path):
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps({"key": "method.lr", "value": "0.5", "grid": ["0.5", "1.0"]}))
     with pytest.raises(sweep.UnreadableFile, match=r"starting from \['0.001', '0.01'\]; delete it"):
-        sweep.read_tuned(spec, path)
+        sweep_tuning.read_tuned(spec, path)
 
 
 def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypatch):

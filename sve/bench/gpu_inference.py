@@ -2,7 +2,7 @@
 batch 1 and 16 against LoRA-Ensemble and Single (Table 5 on a GPU).
 
 BERT-base-shaped layers (768 wide, 12 heads, MLP 3072, sequence 128, 12 layers; random weights), M = 8, every
-candidate built from the same backbone and seed (``sve.bench.benchmark.Builder``), so SVE's variants hold the
+candidate built from the same backbone and seed (``sve.bench.settings.Builder``), so SVE's variants hold the
 same members. Paths (``sve.layers.sv_inference``): the merged-weight cache, factored, merged per call,
 ``auto`` (the default), lean (factored with bfloat16 U and V) and top-r (``sve_top``: the top singular values
 per member beside a frozen residual), factored and cached.
@@ -86,7 +86,7 @@ def interleaved_ms(
 
 def build(device: torch.device, tiny: bool) -> tuple[dict, object]:
     """The candidates (name -> method, in evaluation mode) and the setting they share."""
-    from sve.bench.benchmark import Builder, settings
+    from sve.bench.settings import Builder, settings
 
     setting = settings(tiny)["bert_base"]  # M = 8 (2 when tiny)
     builder = Builder(setting, None, None, device)  # the full depth; no SVD cache (random weights)

@@ -44,7 +44,8 @@ def bench(argv: list[str] | None = None) -> None:
     """The benchmark's command line: the options checked, then ``sve.bench.benchmark.run_parts``."""
     import torch
 
-    from sve.bench.benchmark import TABLE5_DEFAULT, run_parts
+    from sve.bench.benchmark import run_parts
+    from sve.bench.table5 import TABLE5_DEFAULT
     from sve.layers.svd_cache import default_dir
 
     parser = arguments()

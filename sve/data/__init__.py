@@ -3,7 +3,7 @@
 from sve.data.arc import ARCEasyData
 from sve.data.base import ClassificationData, ImageClassificationData, TextClassificationData
 from sve.data.cifar_c import CIFAR100CData
-from sve.data.generic import ImageFolderData, TextTableData
+from sve.data.image_folder import ImageFolderData
 from sve.data.image_sets import (
     CIFAR10Data,
     CIFAR100Data,
@@ -14,6 +14,7 @@ from sve.data.image_sets import (
 )
 from sve.data.sst2 import SST2Data
 from sve.data.synthetic import SyntheticImageData, SyntheticTextData
+from sve.data.text_table import TextTableData
 
 __all__ = [
     "ClassificationData",

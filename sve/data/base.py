@@ -125,8 +125,9 @@ class ClassificationData(pl.LightningDataModule):
         raise NotImplementedError
 
     def class_names(self) -> list | None:
-        """The name of each label (label i is ``class_names()[i]``) where the data names its classes (the
-        generic datasets, ``sve.data.generic``); None elsewhere. results.json and the adapter record it."""
+        """The name of each label (label i is ``class_names()[i]``) where the data names its classes (the user's
+        own data, ``sve.data.image_folder`` and ``sve.data.text_table``); None elsewhere. results.json and the
+        adapter record it."""
         return None
 
     def check_data(self) -> None:

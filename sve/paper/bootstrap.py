@@ -38,7 +38,7 @@ import torch
 
 from sve.errors import InputError
 from sve.metrics.scores import ece_bin_index
-from sve.runs.prediction_files import OOD, PREDICTIVE, TEST, Examples, read_predictive  # noqa: F401 - TODO(issue 42): claims reads them here until its split lands
+from sve.runs.prediction_files import OOD, Examples
 
 N_BINS = 15  # the ECE's bins (sve.metrics.scores.ExpectedCalibrationError's default, used by every run)
 CLASSIFICATION = ("acc", "ece", "nll", "brier")

@@ -103,8 +103,14 @@ def mini_tables() -> list[str]:
 
 
 def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str, dict]:
-    """``budget.md`` and ``budget.json``: time by experiment and method, each table's run count, and every
-    row's convergence at its tuned learning rate."""
+    """``budget.md`` and ``budget.json``: ``to_markdown`` of the ``measure``d record, and the record."""
+    record = measure(root, tables, workers)
+    return to_markdown(record), record
+
+
+def measure(root: Path, tables: list[str] | None, workers: int = 2) -> dict:
+    """``budget.json``: time by experiment and method, each table's run count, and every row's convergence at its
+    tuned learning rate (``tables``: the miniature's when None)."""
     tables = mini_tables() if tables is None else tables
     runs = all_runs(root)
     minutes: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -115,10 +121,6 @@ def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str,
             minutes[key].append(float(results["wall_time_s"]) / 60)
         if (share := curve_share(results)) is not None:
             shares[key].append(share)
-    lines = ["# The miniature's budget, measured for every method", "",
-             "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
-             "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
-             "method ran; no method chooses it. The end of this file says what the runs took.", ""]  # fmt: skip
     record: dict = {"tables": {}, "workers": workers}
     trained = {path.parent: results for path, results in runs}  # each run once: its time counts
     loaded = dict(trained)  # and the seed copies of tuning runs, whose curves count for their seed
@@ -160,7 +162,21 @@ def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str,
                              "lr": choice and choice.get("value"), "edge": choice and choice.get("edge"),
                              "seeds": len(curves), "convergence": state})  # fmt: skip
         record["tables"][name] = rows
-        lines += [f"## {spec.title}", "",
+    record.update(core_hours=total_minutes / 60, tuning_core_hours=tuning_minutes / 60,
+                  seeds_only_core_hours=seeds_only_minutes / 60, evaluation_core_hours=evaluation_minutes / 60)
+    return record
+
+
+def to_markdown(record: dict) -> str:
+    """``budget.md``: the rule, each table's rows (``measure``'s record) with their convergence, and what the runs
+    took."""
+    workers = record["workers"]
+    lines = ["# The miniature's budget, measured for every method", "",
+             "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
+             "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
+             "method ran; no method chooses it. The end of this file says what the runs took.", ""]  # fmt: skip
+    for name, rows in record["tables"].items():
+        lines += [f"## {load_spec(name).title}", "",
                   "| experiment | method | runs | min/run | curve share | lr | val NLL: start → best (step) → final | "
                   "verdict |", "|:--|:--|--:|--:|--:|--:|:--|:--|"]  # fmt: skip
         for r in rows:
@@ -175,9 +191,7 @@ def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str,
                 + (f"{c['start']:.3f} → {c['best']:.3f} ({c['best_step']}) → {c['final']:.3f} | {c['verdict']} |"
                    if c else "– | no curve yet |"))
         lines.append("")
-    hours, tuning, seeds_only = total_minutes / 60, tuning_minutes / 60, seeds_only_minutes / 60
-    record.update(core_hours=hours, tuning_core_hours=tuning, seeds_only_core_hours=seeds_only,
-                  evaluation_core_hours=evaluation_minutes / 60)
+    hours, tuning, seeds_only = record["core_hours"], record["tuning_core_hours"], record["seeds_only_core_hours"]
     lines += [f"Measured: {hours:.2f} h of runs (one CPU thread each), {hours / workers:.2f} h of wall time at "
               f"{workers} runs at a time. Curves are means over the seeds found at the tuned learning rate; a change "
               f"under {TOLERANCE} nats between the last two points is not called falling.", ""]  # fmt: skip
@@ -188,10 +202,10 @@ def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str,
               f"tuned, the seeds alone would take about {seeds_only:.1f} h of runs ({seeds_only / workers:.1f} h "
               f"of wall time; the tables' seeds times each row's measured minutes per run). Evaluation (the test "
               f"split and the curves, timed; validation, OOD and corruption passes are not timed apart) took at "
-              f"least {evaluation_minutes / 60:.2f} h of these runs. The times are the runs' own, measured while "
-              f"they ran, at times beside other work on the same cores: on an otherwise idle machine a run takes "
-              f"less.", ""]  # fmt: skip
-    return "\n".join(lines), record
+              f"least {record['evaluation_core_hours']:.2f} h of these runs. The times are the runs' own, measured "
+              f"while they ran, at times beside other work on the same cores: on an otherwise idle machine a run "
+              f"takes less.", ""]  # fmt: skip
+    return "\n".join(lines)
 
 
 def fmt(value, spec: str, suffix: str = "") -> str:

@@ -30,22 +30,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from sve.errors import InputError
-from sve.paper.registry import METHOD_NAMES, METRICS, Metric  # noqa: F401 - re-exported: the tables' names
-from sve.paper.store import (  # noqa: F401 - re-exported
-    MINI,
-    SMOKE,
+from sve.paper.registry import METHOD_NAMES, METRICS, Metric
+from sve.paper.store import (
     TUNED,
     Run,
-    definition_path,
-    first_report,
-    load_runs,
-    load_spec,
-    members_of,
-    parse_row,
-    results_root,
     run_dir,
     select,
-    table_names,
 )
 from sve.paths import CONFIGS, shown
 from sve.runs.results import read_json

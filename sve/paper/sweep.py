@@ -3,7 +3,7 @@
 ``sve-sweep table1 [--smoke] [--dry-run]`` (``make table1 [SMOKE=1]``; the command line: ``sve.cli.sweep``).
 
 Every (experiment, row, seed) of ``configs/tables/<name>.yaml`` is one run in its stable directory
-``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.paper.report.run_dir``), so a rerun finds it:
+``<root>/runs/<experiment>/<method>_m<members>/seed<seed>`` (``sve.paper.store.run_dir``), so a rerun finds it:
 a run whose ``results.json`` exists is skipped, and tables sharing an experiment share its runs (Table 4
 reuses Table 1's CIFAR-100 runs). Full runs go through ``train.py`` in a subprocess (``hydra.run.dir`` set to
 that directory, output in ``train.log`` there); smoke runs compose the same config in this process and call
@@ -39,227 +39,34 @@ at the adapter rate its plain row chose.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
-import sys
 import time
-from contextlib import ExitStack, redirect_stderr, redirect_stdout
-from dataclasses import dataclass, replace
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from sve.errors import InputError
-from sve.paper.registry import METRICS
-from sve.paper.store import (
-    TUNED,
-    first_report,
-    load_spec,
-    members_of,
-    parse_row,
-    results_root,
-    run_dir,
+from sve.paper.sittings import record_run
+from sve.paper.store import TUNED, first_report, load_spec, parse_row, results_root, run_dir
+from sve.paper.sweep_jobs import Job, jobs
+from sve.paper.sweep_runs import (
+    HELD,
+    check_same_overrides,
+    measure_costs,
+    record_overrides,
+    recorded_members,
+    reuse_tuning_run,
+    run_in_process,
+    run_subprocess,
+    who,
 )
-from sve.paper.tuning import choice as tuning_choice
-from sve.paper.tuning import next_value, settings
-from sve.paths import CONFIGS
+from sve.paper.sweep_tuning import borrowed_choice, borrowed_from, fixed_choice, smoke_skips_tuning, tune_row
 from sve.runs.multirun import clear_failure, record_failure
-from sve.runs.results import UnreadableFile, git_commit, read_json, read_results, rerun_hint, write_json
-from sve.runs.rundir import HELD_LOCK, LOCK, DirectoryInUse, claim, holder
+from sve.runs.results import UnreadableFile, read_results, write_json
+from sve.runs.rundir import DirectoryInUse, claim, holder
 from sve.runs.writable import check_writable, write_error
 
 POLL_SECONDS = 30  # how often a sweep looks whether a run held by another process has finished
-HELD = object()  # what ``attempt`` returns for a run another process is training now
-
-# Every smoke run: a few batches on the CPU, no checkpoints, no logger files, and the whole of the synthetic
-# data (an experiment's subset sizes are for its real data; larger than the data they are refused).
-SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger", "++dataset.train_size=null",
-                   "++dataset.val_size=null", "++dataset.test_size=null"]
-
-
-@dataclass
-class Job:
-    experiment: str
-    method: str
-    members: int
-    seed: int
-    overrides: list[str]
-    dir: Path
-    tuning: str | None = None  # "key=value" of a tuning run
-    tune_as: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row takes
-    tune_from: str | None = None  # the experiment of that row, when it is another one
-    fix_tuned: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row keeps fixed
-    tune: object = None  # the row's own ``tune:`` block (DictConfig), replacing the table's for this row
-
-    def __str__(self) -> str:
-        return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
-            f" ({self.tuning}, tuning)" if self.tuning else "")
-
-
-def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
-    """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots).
-    None for a table whose runs another entry point writes (``written_by``: the distillation table's students,
-    beside teachers that other tables train): the sweep only builds it."""
-    if spec.get("written_by"):
-        return []
-    out: dict[Path, Job] = {}
-    for experiment in spec.experiments:
-        for row in spec.rows:
-            for seed in spec.seeds:
-                directory = run_dir(root, experiment, row.method, int(row.members), seed)
-                overrides = [f"experiment={experiment}", f"method={row.method}",
-                             *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
-                             *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
-                tune_from, _, source_row = str(row.get("tune_as") or "").rpartition("/")
-                tune_as = parse_row(source_row) if source_row else None
-                fix_tuned = parse_row(str(row.fix_tuned)) if row.get("fix_tuned") else None
-                out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory,
-                                              tune_as=tune_as, tune_from=tune_from or None,
-                                              fix_tuned=fix_tuned, tune=row.get("tune")))  # fmt: skip
-    return list(out.values())
-
-
-# --- tuning on the validation split ------------------------------------------------------------------------
-
-
-def tuning_jobs(spec, job: Job, values: list) -> list[Job]:
-    """One run per grid value at the tuning seed, for the row of ``job``."""
-    tune = spec.tune
-    row_dir = job.dir.parent
-    return [Job(job.experiment, job.method, job.members, int(tune.seed), [*job.overrides[:-1], f"{tune.key}={value}",
-                f"seed={tune.seed}"], row_dir / "tune" / f"{tune.key}_{value}", tuning=f"{tune.key}={value}")
-            for value in values]  # fmt: skip
-
-
-def grid_scores(spec, tuned: list[tuple[Job, dict | None]], values: list, row_dir: Path) -> dict:
-    """Each grid value's validation metric (``tuned``: each grid run and its results or None); a
-    ``RuntimeError`` naming the values whose runs have not finished, since a choice from part of the grid
-    would be a different experiment."""
-    tune = spec.tune
-    scores = {}
-    for value, (_, results) in zip(values, tuned):
-        score = (results or {}).get("metrics", {}).get(f"val/{tune.metric}")
-        if score is not None:
-            scores[value] = float(score)
-    missing = [str(v) for v in values if v not in scores]
-    if missing:
-        raise RuntimeError(f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
-                           f"finished with a validation {tune.metric} (of the grid {[str(v) for v in values]})")
-    return scores
-
-
-def read_tuned(spec, path: Path) -> dict:
-    """A row's ``tuned.json``; ``UnreadableFile`` when it is not valid JSON, or not a choice of the table's
-    ``tune`` key over a grid holding its starting grid (a choice made for another definition), saying to
-    delete it to tune again."""
-    fix = f"delete it to choose again (the row's tuning runs under {path.parent / 'tune'} are kept and reused)"
-    choice = read_json(path, fix)
-    if "key" not in choice or "value" not in choice:
-        raise UnreadableFile(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}", path)
-    start = [str(v) for v in settings(spec.tune)[0]]
-    searched = [str(v) for v in choice.get("grid", [])]
-    if choice["key"] != spec.tune.key or str(choice["value"]) not in searched or not set(start) <= set(searched):
-        raise UnreadableFile(f"{path} chose {choice['key']}={choice['value']} over {searched}, but the table tunes "
-                             f"{spec.tune.key} starting from {start}; {fix}", path)  # fmt: skip
-    return choice
-
-
-SWEPT = "sweep.json"  # the overrides a sweep trains a run directory with
-
-
-def record_overrides(job: Job) -> None:
-    """``<run>/sweep.json``: the overrides this run is trained with, before it starts (a resumed attempt keeps
-    it), so a later sweep can tell its own run from another definition's."""
-    job.dir.mkdir(parents=True, exist_ok=True)
-    write_json(job.dir / SWEPT, {"overrides": list(job.overrides)})
-
-
-def check_same_overrides(job: Job) -> None:
-    """A ``RuntimeError`` when the finished run in ``job.dir`` was trained by a sweep with other overrides (the
-    table's definition or the command's overrides changed since): its results are not this job's. A run that
-    a sweep did not record (trained by hand, or before sweeps recorded it) is taken as it is."""
-    path = job.dir / SWEPT
-    if not path.exists():
-        return
-    recorded = read_results(path).get("overrides")
-    if recorded == list(job.overrides):
-        return
-    recorded = list(recorded or [])
-    there = [o for o in recorded if o not in job.overrides]
-    here = [o for o in job.overrides if o not in recorded]
-    raise RuntimeError(f"{job.dir} holds a run trained with other overrides (only in that run: {there}; only in "
-                       f"this sweep: {here}); delete the directory to train it with these, or restore the "
-                       "definition it was trained with")  # fmt: skip
-
-
-def reuse_tuning_run(source: Path, target: Path) -> dict:
-    """The chosen grid value's run is the tuning seed's run: copied (checkpoints left out), not retrained."""
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("checkpoints", ".lock"), dirs_exist_ok=True)
-    note = f"copied from {source}: the tuning run with the chosen value is this seed's run\n"
-    (target / "REUSED.txt").write_text(note)
-    return read_results(target / "results.json")
-
-
-def recorded_members(results: dict, path: Path) -> int:
-    """``members_of(results)``; ``UnreadableFile`` when the results lack what a finished run records (its
-    metrics and member count), saying to delete ``path`` to run that run again."""
-    try:
-        if not isinstance(results.get("metrics"), dict):
-            raise KeyError("metrics")
-        return members_of(results)
-    except (KeyError, TypeError, ValueError) as err:
-        raise UnreadableFile(f"{path} lacks what a finished run records ({type(err).__name__}: {err}); "
-                             f"{rerun_hint(path)}", path) from None  # fmt: skip
-
-
-def run_in_process(job: Job) -> dict:
-    import torch  # here, not at the top: `sve-sweep --help` and a typo answer without it
-    from hydra import compose, initialize_config_dir
-
-    from sve.runs.run import run
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[*job.overrides, f"paths.output_dir={job.dir}"])
-    job.dir.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: thread start-up and contention cost more than they save
-    os.environ[HELD_LOCK] = str((job.dir / LOCK).resolve())  # the run adopts the lock this sweep holds
-    try:
-        with open_log(job) as log, redirect_stdout(log), redirect_stderr(log):
-            return run(cfg)
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.pop(HELD_LOCK, None)
-
-
-def open_log(job: Job):
-    """train.log of the run, appended to: a resumed run keeps the log of its earlier attempts."""
-    log = (job.dir / "train.log").open("a")
-    log.write(f"\n===== sweep attempt, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
-    log.flush()
-    return log
-
-
-def run_subprocess(job: Job) -> dict:
-    job.dir.mkdir(parents=True, exist_ok=True)
-    # This interpreter and this installed package (not whichever ``sve-train`` is first on the PATH), in the
-    # current directory: relative data paths and the store resolve as they do for the sweep itself.
-    command = [sys.executable, "-m", "sve.cli.train", *job.overrides, f"hydra.run.dir={job.dir}"]
-    env = {**os.environ, HELD_LOCK: str((job.dir / LOCK).resolve())}  # the run adopts the lock this sweep holds
-    with open_log(job) as log:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    if code != 0:
-        raise RuntimeError(f"sve-train exited with status {code}; see {job.dir / 'train.log'}")
-    return read_results(job.dir / "results.json")
-
-
-def measure_costs(path: Path, smoke: bool) -> None:
-    """Runs the cost benchmark's Table 5 part (``sve-bench --parts table5``) into ``path``'s folder:
-    minutes on a CPU for BERT-base; ``--tiny`` for a smoke run."""
-    command = [sys.executable, "-m", "sve.cli.bench", "--parts", "table5", "--out", str(path.parent),
-               *(["--tiny"] if smoke else [])]
-    print(f"measuring: {' '.join(command[1:])}", flush=True)
-    subprocess.run(command, check=True)
 
 
 class Sweep:
@@ -448,162 +255,3 @@ def build(name: str, smoke: bool = False, root: Path | None = None) -> list[Path
     from sve.paper.build import build as build_table
 
     return build_table(name, smoke, root)
-
-
-def who(record: dict) -> str:
-    """A lock's holder in words."""
-    if not record:
-        return "starting"
-    return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('started')}"
-
-
-def borrowed_from(job: Job, first_jobs: dict) -> Job:
-    """The first job of the row whose tuned value ``job``'s row takes (``tune_as``)."""
-    key = (job.experiment, *job.tune_as)
-    if key not in first_jobs or first_jobs[key].tune_as:
-        rows = sorted(f"{m}:{k}" for (e, m, k), j in first_jobs.items() if e == job.experiment and not j.tune_as)
-        raise InputError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
-                         f"choose one of {rows}")  # fmt: skip
-    return first_jobs[key]
-
-
-def borrowed_choice(spec, source_dir: Path, dry_run: bool, failures: list[str]) -> dict | None:
-    """The ``tuned.json`` of another experiment's row (``tune_as: experiment/method:members``); None, with a
-    failure naming what to run first, when that row has not been tuned."""
-    path = source_dir / TUNED
-    if path.exists():
-        try:
-            return read_tuned(spec, path)
-        except UnreadableFile as err:
-            failures.append(str(err))
-            return None
-    if dry_run:
-        return {"key": spec.tune.key, "value": f"<the choice in {path}>"}
-    failures.append(f"{path} does not exist: its row has not been tuned yet; run the table that tunes it first")
-    return None
-
-
-def fixed_choice(root: Path, job: Job, dry_run: bool, failures: list[str]) -> dict | None:
-    """The tuned value that ``job``'s row keeps fixed (``fix_tuned: method:members``): the ``tuned.json`` of that
-    row of the same experiment, whichever key its own table tuned (a hybrid's adapter rate, say, while this
-    table tunes the singular values' rate). None, with a failure naming what to run first, when it is not tuned."""
-    path = run_dir(root, job.experiment, *job.fix_tuned, 0).parent / TUNED
-    if path.exists():
-        fix = f"delete it to tune {job.fix_tuned[0]}:{job.fix_tuned[1]} again ({job} keeps its choice fixed)"
-        try:
-            choice = read_json(path, fix)
-        except UnreadableFile as err:
-            failures.append(str(err))
-            return None
-        if "key" in choice and "value" in choice:
-            return choice
-        failures.append(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}")
-        return None
-    if dry_run:
-        return {"key": "<its tuned key>", "value": f"<the choice in {path}>"}
-    failures.append(f"{job}: not run, it keeps the tuned value of {job.fix_tuned[0]}:{job.fix_tuned[1]} fixed, "
-                    f"and {path} does not exist: run the table that tunes that row first")
-    return None
-
-
-def smoke_skips_tuning(spec, smoke: bool) -> bool:
-    return smoke and not (spec.get("smoke") or {}).get("tune")
-
-
-def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: list[str]) -> dict | None:
-    """Runs (or finds) the row's grid, growing it while its best value is on an edge (``sve.paper.tuning``), and
-    returns the choice; None when it cannot be made; ``HELD`` when another process is training one of its grid
-    runs (the choice, and whether the grid grows, need every value's score)."""
-    def found() -> dict | None:
-        try:
-            return read_tuned(spec, row_dir / TUNED)
-        except UnreadableFile as err:  # the row cannot run until it is deleted: said once, the sweep goes on
-            print(f"  {job.experiment} {job.method} M={job.members}: FAILED: {err}", flush=True)
-            failures.append(str(err))
-            return None
-
-    if (row_dir / TUNED).exists():
-        return found()
-    metric = METRICS[spec.tune.metric]
-    values = settings(spec.tune)[0]
-    tuned: list[tuple[Job, dict | None]] = []  # the grid's runs so far, each attempted once
-    while True:
-        tuned += [(g, attempt(spec, g, f"  tune {g}")) for g in tuning_jobs(spec, job, values[len(tuned):])]
-        if any(r is HELD for _, r in tuned):
-            return HELD
-        if (row_dir / TUNED).exists():  # written by the process that finished the last grid run
-            return found()
-        if dry_run:
-            return {"key": spec.tune.key, "value": "<best on validation; the grid grows while it is on an edge>"}
-        try:
-            scores = grid_scores(spec, tuned, values, row_dir)
-        except RuntimeError as err:
-            failures.append(str(err))
-            return None
-        following = next_value(spec.tune, scores, metric.higher_is_better)
-        if following is None:
-            break
-        print(f"  {job.experiment} {job.method} M={job.members}: best {spec.tune.key} on the edge of "
-              f"{[str(v) for v in sorted(values)]}: trying {following}", flush=True)  # fmt: skip
-        values = [*values, following]
-    choice = tuning_choice(spec.tune, scores, metric.higher_is_better, str)
-    write_json(row_dir / TUNED, choice)
-    edge = f", left on the {choice['edge']} edge" if choice["edge"] else ""
-    print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']}{edge} "
-          f"(validation {spec.tune.metric}: {choice['scores']})", flush=True)  # fmt: skip
-    return choice
-
-
-SITTINGS = "sittings.jsonl"  # one line per run a sweep trained, written when it ends: the store's wall time
-
-
-def record_run(root: Path, job: Job, started: float) -> None:
-    """Appends the run's start and end (and who trained it) to ``<root>/sittings.jsonl`` as soon as it ends,
-    so a sweep killed later keeps the record of what it finished. The commit is the one the run's results.json
-    names: the clone may have moved on while a long run trained with the code it started with."""
-    try:
-        commit = read_json(job.dir / "results.json", "").get("git_commit")
-    except UnreadableFile:  # a failed run has none; the clone's commit is the best record left
-        commit = None
-    run = str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir)
-    line = {"run": run, "started": started, "finished": time.time(), "pid": os.getpid(),
-            "commit": commit or git_commit()}  # fmt: skip
-    try:
-        with (root / SITTINGS).open("a") as f:
-            f.write(json.dumps(line) + "\n")
-    except OSError as err:  # the run itself finished: its results stand, only the wall-time record lacks it
-        reason = write_error(root / SITTINGS, err) or err
-        print(f"warning: the sitting of {job} was not recorded: {reason}", flush=True)
-
-
-def recorded_runs(root: Path) -> list[dict]:
-    """The lines of ``<root>/sittings.jsonl`` (none when it does not exist)."""
-    path = Path(root) / SITTINGS
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            float(record["started"]), float(record["finished"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise InputError(f"{path}:{number} is not a record of a sitting ({type(err).__name__}: {err}; expected "
-                             'one JSON object a line with "started" and "finished" times): delete or repair that '
-                             "line (a sweep killed while appending it leaves such a line; the store's wall time "
-                             "then lacks that one run)") from None  # fmt: skip
-        records.append(record)
-    return records
-
-
-def wall_seconds(records: list[dict]) -> float | None:
-    """The time during which at least one recorded run was training: runs overlapping in time (two workers)
-    count once; None without records."""
-    if not records:
-        return None
-    total, end = 0.0, float("-inf")
-    for start, finish in sorted((r["started"], r["finished"]) for r in records):
-        total += max(0.0, finish - max(start, end))
-        end = max(end, finish)
-    return total
