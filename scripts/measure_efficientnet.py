@@ -75,8 +75,13 @@ def method_for(name: str, size: int, members: int, classes: int = 10):
     cfg = config([f"method={name}", f"backbone.image_size={size}", *extra])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return instantiate(cfg.method, backbone=instantiate(cfg.backbone), ensemble_size=int(cfg.ensemble_size),
-                           num_classes=classes, task="cifar10")
+        return instantiate(
+            cfg.method,
+            backbone=instantiate(cfg.backbone),
+            ensemble_size=int(cfg.ensemble_size),
+            num_classes=classes,
+            task="cifar10",
+        )
 
 
 def step_seconds(name: str, size: int, members: int, batch_size: int, steps: int) -> tuple[float, float]:
@@ -127,7 +132,7 @@ def features(backbone, images: list, batch_size: int = 100) -> tuple[torch.Tenso
     backbone.eval()
     feats, labels = [], []
     for i in range(0, len(images), batch_size):
-        chunk = images[i:i + batch_size]
+        chunk = images[i : i + batch_size]
         x = torch.stack([test_tf(img) for img, _ in chunk])
         feats.append(backbone({"pixel_values": x}))
         labels += [y for _, y in chunk]
@@ -174,15 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per setting (after 1 warm-up)")
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--test", type=int, default=1000)
-    parser.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
-                        help="the linear probes (--no-probe: step times only)")
+    parser.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the linear probes (--no-probe: step times only)",
+    )
     parser.add_argument("--random", action="store_true", help="also probe the random-init architecture")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     BACKBONE = args.backbone
     torch.set_num_threads(1)
-    print(f"load before: {os.getloadavg()} (1, 5, 15 min), {os.cpu_count()} CPUs, torch threads "
-          f"{torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
+    print(
+        f"load before: {os.getloadavg()} (1, 5, 15 min), {os.cpu_count()} CPUs, torch threads "
+        f"{torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+        flush=True,
+    )
     start = time.perf_counter()
     images = cifar_images(args.train, args.test) if args.probe else None
     rows = []
@@ -202,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.random:
             torch.manual_seed(0)
             backbone = backbone_for(size, pretrained=False)
-            row["random_probe_acc"], _ = probe_accuracy(features(backbone, images["train"]),
-                                                        features(backbone, images["test"]))
+            row["random_probe_acc"], _ = probe_accuracy(
+                features(backbone, images["train"]), features(backbone, images["test"])
+            )
         rows.append(row)
         print(json.dumps(row), f"[{time.perf_counter() - start:.0f} s]", flush=True)
     print(f"\nload after: {os.getloadavg()}; total {time.perf_counter() - start:.0f} s\n")
@@ -215,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
         ratio = r["sve_step_cpu_s"] / r["single_step_cpu_s"]
-        line = (f"| {r['size']} | {r['sve_step_s']:.2f} ({r['sve_step_cpu_s']:.2f}) | {r['single_step_s']:.2f} "
-                f"({r['single_step_cpu_s']:.2f}) | {ratio:.2f} |")
+        line = (
+            f"| {r['size']} | {r['sve_step_s']:.2f} ({r['sve_step_cpu_s']:.2f}) | {r['single_step_s']:.2f} "
+            f"({r['single_step_cpu_s']:.2f}) | {ratio:.2f} |"
+        )
         if args.probe:
             line += f" {r['feature_cpu_ms_per_image']:.1f} | {100 * r['probe_acc']:.1f}% (l2 {r['probe_l2']:g}) |"
             line += f" {100 * r['random_probe_acc']:.1f}% |" if args.random else ""

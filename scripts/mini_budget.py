@@ -17,8 +17,12 @@ from sve.paper.budget import report
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results") / "mini", help="the result store")
-    parser.add_argument("--tables", nargs="+", default=None,
-                        help="table definitions to account for (default: every mini_* table that trains runs)")
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        default=None,
+        help="table definitions to account for (default: every mini_* table that trains runs)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs trained at a time")
     args = parser.parse_args(argv)
     from sve.paper.store import table_names

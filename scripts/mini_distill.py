@@ -28,8 +28,11 @@ OBJECTIVES = {"mean": 1, "dirichlet": SAMPLES}
 def teacher_state(root: Path, teacher: Path) -> Path | None:
     """Where the teacher's trained state is: its checkpoint, its adapter, or its retrained copy's checkpoint."""
     retrained = root / TEACHERS / teacher.relative_to(root / "runs")
-    for source, marker in ((teacher, "checkpoints/final.ckpt"), (teacher / "adapter", "adapter_config.json"),
-                           (retrained, "checkpoints/final.ckpt")):  # fmt: skip
+    for source, marker in (
+        (teacher, "checkpoints/final.ckpt"),
+        (teacher / "adapter", "adapter_config.json"),
+        (retrained, "checkpoints/final.ckpt"),
+    ):
         if (source / marker).is_file():
             return source
     return None
@@ -63,8 +66,14 @@ def retrain_teacher(root: Path, teacher: Path) -> Path:
     # The recorded command keeps checkpoints (callbacks=default), so the run writes checkpoints/final.ckpt.
     # skip_finished=false: a committed copy brings its results.json but not its checkpoint, and only the
     # checkpoint is missing here, so a finished copy must train again, not be skipped.
-    command = [sys.executable, "-m", "sve.cli.train", *recorded_overrides(committed), f"hydra.run.dir={out}",
-               "skip_finished=false"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sve.cli.train",
+        *recorded_overrides(committed),
+        f"hydra.run.dir={out}",
+        "skip_finished=false",
+    ]
     with (out / "train.log").open("a") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -75,12 +84,21 @@ def retrain_teacher(root: Path, teacher: Path) -> Path:
     differ = differing_metrics(committed["metrics"], retrained["metrics"])
     largest = max((relative_difference(*pair) for pair in differ.values()), default=0.0)
     # Digits agree only on the same kernels: the numerics records say whether the machines' differ.
-    record = {"teacher": str(teacher), "differ": differ,
-              "numerics": {"committed": committed.get("numerics"), "retrained": retrained.get("numerics")}}  # fmt: skip
+    record = {
+        "teacher": str(teacher),
+        "differ": differ,
+        "numerics": {"committed": committed.get("numerics"), "retrained": retrained.get("numerics")},
+    }
     (out / "reproduced.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"  retrained {teacher}: " + ("its test metrics are the committed run's to the last digit" if not differ
-          else f"differs from the committed run in {', '.join(differ)} by at most {largest:.1e} relative (e.g. "
-               f"{next(iter(differ.items()))})"))  # fmt: skip
+    print(
+        f"  retrained {teacher}: "
+        + (
+            "its test metrics are the committed run's to the last digit"
+            if not differ
+            else f"differs from the committed run in {', '.join(differ)} by at most {largest:.1e} relative (e.g. "
+            f"{next(iter(differ.items()))})"
+        )
+    )
     return out
 
 
@@ -100,8 +118,10 @@ def plan(root: Path, spec, experiments: list[str] | None = None) -> tuple[list[t
 
     unknown = sorted(set(experiments or []) - set(spec.experiments))
     if unknown:
-        raise InputError(f"--experiments {' '.join(unknown)}: not in the mini distillation table; choose from "
-                         f"{', '.join(spec.experiments)}")  # fmt: skip
+        raise InputError(
+            f"--experiments {' '.join(unknown)}: not in the mini distillation table; choose from "
+            f"{', '.join(spec.experiments)}"
+        )
     teacher_method, teacher_members = parse_row(spec.get("teacher", "sve:4"))
     todo, missing = [], []
     for experiment in experiments or spec.experiments:
@@ -123,11 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results/mini"))
     parser.add_argument("--dry-run", action="store_true", help="list the students to distill, distill none")
-    parser.add_argument("--experiments", nargs="+", metavar="NAME",
-                        help="only these experiments of the table (e.g. to run two at once, one each)")
-    parser.add_argument("--retrain-teachers", action="store_true",
-                        help="train a finished teacher whose trained state was left behind again, into teachers/ "
-                             "of the store, from the command its results.json records")  # fmt: skip
+    parser.add_argument(
+        "--experiments",
+        nargs="+",
+        metavar="NAME",
+        help="only these experiments of the table (e.g. to run two at once, one each)",
+    )
+    parser.add_argument(
+        "--retrain-teachers",
+        action="store_true",
+        help="train a finished teacher whose trained state was left behind again, into teachers/ "
+        "of the store, from the command its results.json records",
+    )
     args = parser.parse_args(argv)
     from sve.errors import one_line_errors
     from sve.paper.store import load_spec
@@ -148,17 +175,26 @@ def main(argv: list[str] | None = None) -> int:
             if args.retrain_teachers:  # a dry run: what the real one would do first
                 print(f"would train teacher {teacher} again (its trained state was left behind), then distill it")
                 continue
-            print(f"skipped teacher {teacher}: its trained state is in neither checkpoints/final.ckpt nor adapter/ "
-                  "(a committed run, or a copy of a tuning run, keeps no checkpoint); --retrain-teachers trains it "
-                  "again from its recorded command")  # fmt: skip
+            print(
+                f"skipped teacher {teacher}: its trained state is in neither checkpoints/final.ckpt nor adapter/ "
+                "(a committed run, or a copy of a tuning run, keeps no checkpoint); --retrain-teachers trains it "
+                "again from its recorded command"
+            )
         for i, (source, objective, student) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {objective} student of {source} -> {student}", flush=True)
             if not args.dry_run:
                 from sve.cli.distill import distill
 
                 experiment = student.relative_to(args.results / "runs").parts[0]
-                distill([f"run_dir={source}", f"objective={objective}", f"samples={SAMPLES}", f"out={student}",
-                         *student_lr(args.results, experiment)])  # fmt: skip
+                distill(
+                    [
+                        f"run_dir={source}",
+                        f"objective={objective}",
+                        f"samples={SAMPLES}",
+                        f"out={student}",
+                        *student_lr(args.results, experiment),
+                    ]
+                )
         if not args.dry_run:
             from sve.paper.build import build
 

@@ -78,16 +78,22 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
     recorded = recorded_runs(root) if root is not None else []
     measured = wall_seconds(recorded)
     if measured:
-        lines.append(f"Each run used one CPU thread, two at a time on the 2 cores (`make mini`'s two workers). "
-                     f"Measured wall time: {measured / 3600:.2f} h during which at least one run was training (runs "
-                     f"overlapping in time counted once; {len(recorded)} runs by "
-                     f"{len({r.get('pid') for r in recorded})} sweep processes, in `{SITTINGS}`).")  # fmt: skip
+        lines.append(
+            f"Each run used one CPU thread, two at a time on the 2 cores (`make mini`'s two workers). "
+            f"Measured wall time: {measured / 3600:.2f} h during which at least one run was training (runs "
+            f"overlapping in time counted once; {len(recorded)} runs by "
+            f"{len({r.get('pid') for r in recorded})} sweep processes, in `{SITTINGS}`)."
+        )
     else:
-        lines.append(f"Each run used one CPU thread; `make mini` runs two at a time on the 2 cores, so its wall "
-                     f"time is about half the sum: {total / 7200:.1f} h (no record of the sweeps' own wall time).")
-    lines[-1] += (" That is what retraining everything costs (`make mini` from scratch; `budget.md` splits it into "
-                  "tuning and seeds). Checking these numbers needs none of it: committed runs are never trained "
-                  "again, and `make mini-report` rebuilds the tables, figures and this file from them in minutes.")
+        lines.append(
+            f"Each run used one CPU thread; `make mini` runs two at a time on the 2 cores, so its wall "
+            f"time is about half the sum: {total / 7200:.1f} h (no record of the sweeps' own wall time)."
+        )
+    lines[-1] += (
+        " That is what retraining everything costs (`make mini` from scratch; `budget.md` splits it into "
+        "tuning and seeds). Checking these numbers needs none of it: committed runs are never trained "
+        "again, and `make mini-report` rebuilds the tables, figures and this file from them in minutes."
+    )
     return "\n".join(lines)
 
 
@@ -121,13 +127,18 @@ def settings_section(root: Path, found: list[tuple[Path, dict]]) -> str:
         c = r.get("config") or {}
         d, t, b = c.get("dataset") or {}, c.get("trainer") or {}, c.get("backbone") or {}
         val = d.get("val_size") if d.get("val_size") is not None else d.get("val_holdout")  # a subset of the hold-out
-        sizes = ", ".join(f"{name} {n}" for name, n in (("train", d.get("train_size")), ("val", val),
-                                                         ("test", d.get("test_size"))) if n is not None)  # fmt: skip
+        sizes = ", ".join(
+            f"{name} {n}"
+            for name, n in (("train", d.get("train_size")), ("val", val), ("test", d.get("test_size")))
+            if n is not None
+        )
         epochs = t.get("max_epochs")
         pretrained = "pretrained" if b.get("pretrained", True) else "random init"
-        lines.append(f"- `{e}`: {b.get('name')} ({pretrained}), {d.get('name')} ({sizes}), "
-                     f"{epochs} epoch{'s' if epochs != 1 else ''} at batch {d.get('batch_size')}; learning rates: "
-                     + "; ".join(learning_rates(root, e)))  # fmt: skip
+        lines.append(
+            f"- `{e}`: {b.get('name')} ({pretrained}), {d.get('name')} ({sizes}), "
+            f"{epochs} epoch{'s' if epochs != 1 else ''} at batch {d.get('batch_size')}; learning rates: "
+            + "; ".join(learning_rates(root, e))
+        )
     return "\n".join(lines)
 
 
@@ -160,12 +171,18 @@ def reproduced_section(root: Path) -> str:
         gap, key = reproduction_gap(record)
         cpus = {k: (v or {}).get("cpu") for k, v in (record.get("numerics") or {}).items()}
         first, then = cpus.get("committed"), cpus.get("retrained")
-        where = ("; CPUs not recorded (runs before results.json kept them)" if first is None and then is None
-                 else f"; CPUs {first or 'not recorded'} then {then or 'not recorded'}")  # fmt: skip
-        verdict = ("equal to the last digit" if not record.get("differ")
-                   else f"accuracy equal, the other test metrics within {gap:.1e} relative (largest: `{key}`{where})"
-                   if same_run(record)
-                   else f"**differs: {gap:.1e} relative in `{key}`**{where}")  # fmt: skip
+        where = (
+            "; CPUs not recorded (runs before results.json kept them)"
+            if first is None and then is None
+            else f"; CPUs {first or 'not recorded'} then {then or 'not recorded'}"
+        )
+        verdict = (
+            "equal to the last digit"
+            if not record.get("differ")
+            else f"accuracy equal, the other test metrics within {gap:.1e} relative (largest: `{key}`{where})"
+            if same_run(record)
+            else f"**differs: {gap:.1e} relative in `{key}`**{where}"
+        )
         lines.append(f"- `{Path(record['teacher']).relative_to('results/mini/runs')}`: {verdict}")
     return "\n".join(lines)
 
@@ -178,35 +195,57 @@ def singular_values_section(root: Path, runs: list | None = None, threshold: flo
     moved = all_movements(root, runs if runs is not None else load_runs(root))
     if not moved:
         return "*(no SVE-family run yet)*"
-    lines = ["| experiment | method | M | sigma_init | seeds recorded | member spread (%) | initial spread (%) | "
-             "ratio | mean shift (%) |", "|:--|:--|--:|--:|:--|--:|--:|--:|--:|"]  # fmt: skip
+    lines = [
+        "| experiment | method | M | sigma_init | seeds recorded | member spread (%) | initial spread (%) | "
+        "ratio | mean shift (%) |",
+        "|:--|:--|--:|--:|:--|--:|--:|--:|--:|",
+    ]
     missing, copied = [], False
     for m in moved:
         spread, shift = m.mean("member_spread"), m.mean("mean_shift")
         from_copies = [s for s in m.known if m.source.get(s) == TEACHER]
         copied = copied or bool(from_copies)
-        seeds = f"{len(m.known)} of {len(m.record)}" + (f" ({len(from_copies)} from `teachers/`)¹" if from_copies
-                                                        else "")  # fmt: skip
-        ratio = ("one member" if m.members == 1 else "–" if m.ratio is None else
-                 f"{m.ratio:.2f}" + (" (not separated)" if m.ratio < threshold else ""))  # fmt: skip
+        seeds = f"{len(m.known)} of {len(m.record)}" + (
+            f" ({len(from_copies)} from `teachers/`)¹" if from_copies else ""
+        )
+        ratio = (
+            "one member"
+            if m.members == 1
+            else "–"
+            if m.ratio is None
+            else f"{m.ratio:.2f}" + (" (not separated)" if m.ratio < threshold else "")
+        )
         initial = "–" if m.initial is None else f"{100 * m.initial:.2f}"
-        lines.append(f"| `{m.experiment}` | {METHOD_NAMES.get(m.method, m.method)} | {m.members} | {m.sigma_init} | "
-                     f"{seeds} | {'–' if spread is None else f'{100 * spread:.2f}'} | {initial} | {ratio} | "
-                     f"{'–' if shift is None else f'{100 * shift:.2f}'} |")  # fmt: skip
+        lines.append(
+            f"| `{m.experiment}` | {METHOD_NAMES.get(m.method, m.method)} | {m.members} | {m.sigma_init} | "
+            f"{seeds} | {'–' if spread is None else f'{100 * spread:.2f}'} | {initial} | {ratio} | "
+            f"{'–' if shift is None else f'{100 * shift:.2f}'} |"
+        )
         if m.missing:
-            missing.append(f"`{m.experiment}/{m.method}_m{m.members}` seed{'s' if len(m.missing) > 1 else ''} "
-                           f"{', '.join(map(str, m.missing))}")  # fmt: skip
-    lines += ["", f"Ratio: the trained spread over its initial value; below {threshold:g} the members did not "
-              "separate (they still differ by their initial noise only). One member has no spread."]
+            missing.append(
+                f"`{m.experiment}/{m.method}_m{m.members}` seed{'s' if len(m.missing) > 1 else ''} "
+                f"{', '.join(map(str, m.missing))}"
+            )
+    lines += [
+        "",
+        f"Ratio: the trained spread over its initial value; below {threshold:g} the members did not "
+        "separate (they still differ by their initial noise only). One member has no spread.",
+    ]
     if copied:
-        lines += ["", "¹ Trained before results.json recorded the movement; the numbers are those of the copy that "
-                  "`make mini-distill` trained again from the same command into `teachers/` (its test metrics against "
-                  "the committed run's: the distillation section above)."]
+        lines += [
+            "",
+            "¹ Trained before results.json recorded the movement; the numbers are those of the copy that "
+            "`make mini-distill` trained again from the same command into `teachers/` (its test metrics against "
+            "the committed run's: the distillation section above).",
+        ]
     if missing:
-        lines += ["", "–: trained before results.json recorded the movement (`method_report.singular_values`), with "
-                  "no retrained copy: " + "; ".join(missing) + ". Training such a seed again from the command its "
-                  "results.json records (as `scripts/mini_distill.py --retrain-teachers` does for the SVE teachers) "
-                  "would give it; no table reads the copy."]
+        lines += [
+            "",
+            "–: trained before results.json recorded the movement (`method_report.singular_values`), with "
+            "no retrained copy: " + "; ".join(missing) + ". Training such a seed again from the command its "
+            "results.json records (as `scripts/mini_distill.py --retrain-teachers` does for the SVE teachers) "
+            "would give it; no table reads the copy.",
+        ]
     return "\n".join(lines)
 
 
@@ -224,8 +263,11 @@ def status_section(root: Path) -> str:
     if not missing:
         return "**Complete**: every row of every table below has all its runs."
     seeds = sum(len(s.split(",")) for s in missing.values())
-    lines = [f"**In progress**: {len(missing)} rows still miss runs ({seeds} seeds; their tuning runs not counted).",
-             "The sweeps that train them skip every run committed here; the tables mark the missing cells –.", ""]
+    lines = [
+        f"**In progress**: {len(missing)} rows still miss runs ({seeds} seeds; their tuning runs not counted).",
+        "The sweeps that train them skip every run committed here; the tables mark the missing cells –.",
+        "",
+    ]
     lines += [f"- {row}: seed{'s' if ',' in s else ''} {s}" for row, s in sorted(missing.items())]
     return "\n".join(lines)
 
@@ -257,15 +299,18 @@ def render(root: Path, template: str) -> str:
     def judged() -> list:  # the intervals take most of a rebuild: computed once for the claims and the changes
         return judge(claims, runs)
 
-    fill = {"runs": lambda: runs_section(found), "times": lambda: times_section(found, root),
-            "settings": lambda: settings_section(root, found),
-            "budget": lambda: budget_section(root),
-            "singular_values": lambda: singular_values_section(root, runs, float(claims.get("separation", SEPARATED))),
-            "status": lambda: status_section(root),
-            "reproduced": lambda: reproduced_section(root),
-            "claims": lambda: claims_markdown("mini", root, runs, judged()),
-            "changes": lambda: changes_markdown(judged()),
-            "procedure": lambda: procedure(claims)}  # fmt: skip
+    fill = {
+        "runs": lambda: runs_section(found),
+        "times": lambda: times_section(found, root),
+        "settings": lambda: settings_section(root, found),
+        "budget": lambda: budget_section(root),
+        "singular_values": lambda: singular_values_section(root, runs, float(claims.get("separation", SEPARATED))),
+        "status": lambda: status_section(root),
+        "reproduced": lambda: reproduced_section(root),
+        "claims": lambda: claims_markdown("mini", root, runs, judged()),
+        "changes": lambda: changes_markdown(judged()),
+        "procedure": lambda: procedure(claims),
+    }
 
     def replace(match: re.Match) -> str:
         key, _, arg = match.group(1).partition(":")
@@ -274,8 +319,10 @@ def render(root: Path, template: str) -> str:
         if key == "figure":
             return figure_section(root, arg)
         if key not in fill:
-            raise ValueError(f"unknown placeholder {{{{{match.group(1)}}}}}; choose table:<name>, figure:<file> "
-                             f"or one of {sorted(fill)}")  # fmt: skip
+            raise ValueError(
+                f"unknown placeholder {{{{{match.group(1)}}}}}; choose table:<name>, figure:<file> "
+                f"or one of {sorted(fill)}"
+            )
         return fill[key]()
 
     return re.sub(r"\{\{([^}]+)\}\}", replace, template)

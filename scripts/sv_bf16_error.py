@@ -67,8 +67,11 @@ def main() -> None:
         from safetensors.torch import load_file
 
         weights = load_file(smol)
-        for key in ("model.layers.0.self_attn.q_proj.weight", "model.layers.15.mlp.down_proj.weight",
-                    "model.layers.29.mlp.up_proj.weight"):  # fmt: skip
+        for key in (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.15.mlp.down_proj.weight",
+            "model.layers.29.mlp.up_proj.weight",
+        ):
             report(f"SmolLM2 {key.removeprefix('model.').removesuffix('.weight')}", weights[key].float())
 
 

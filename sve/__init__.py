@@ -5,13 +5,15 @@ Package map, by role, top to bottom: a module imports only from its own layer an
 flow of a run).
 
 - ``cli``: the console entry points, every ``main()`` and argument parser.
-- ``paper``: ``sweep`` (table sweeps; its parts ``sweep_jobs``, ``sweep_runs``, ``sweep_tuning``, ``sittings``) with ``tuning`` (grids grown to an interior optimum), ``store`` (table
-  definitions, run directories, the runs of a store), ``registry`` (metric names, method labels), ``report``
-  (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims``
-  (verdicts) with ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired
-  intervals), ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``, beside it: memory and FLOP counters (``counters``), the cost benchmark
-  (``benchmark``, with ``settings``, its parts ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table
-  ``markdown``) and the GPU check (``gpu_check``, ``make gpu-check``).
+- ``paper``: ``sweep`` (table sweeps; its parts ``sweep_jobs``, ``sweep_runs``, ``sweep_tuning``,
+  ``sittings``) with ``tuning`` (grids grown to an interior optimum), ``store`` (table definitions, run
+  directories, the runs of a store), ``registry`` (metric names, method labels), ``report`` (a table's
+  cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims`` (verdicts) with
+  ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired intervals),
+  ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``, beside it:
+  memory and FLOP counters (``counters``), the cost benchmark (``benchmark``, with ``settings``, its parts
+  ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
+  (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
   locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
   ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
@@ -55,32 +57,64 @@ import warnings
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "SVE": "sve.methods", "SVF": "sve.methods", "Single": "sve.methods", "EnsembleMethod": "sve.methods",
-    "LoRAEnsemble": "sve.methods", "DeepEnsemble": "sve.methods", "MCDropout": "sve.methods",
-    "BatchEnsemble": "sve.methods", "EnsembleModule": "sve.training.module", "SVLinear": "sve.layers.sv_linear",
-    "SVConv2d": "sve.layers.sv_conv", "run": "sve.runs.run", "build": "sve.runs.run", "InputError": "sve.errors",
-    "uncertainty": "sve.metrics.scores", "Prediction": "sve.metrics.scores", "wrap": "sve.api",
-    "from_pretrained": "sve.api", "Ensemble": "sve.api", "ModuleBackbone": "sve.api",
-}  # fmt: skip
+    "SVE": "sve.methods",
+    "SVF": "sve.methods",
+    "Single": "sve.methods",
+    "EnsembleMethod": "sve.methods",
+    "LoRAEnsemble": "sve.methods",
+    "DeepEnsemble": "sve.methods",
+    "MCDropout": "sve.methods",
+    "BatchEnsemble": "sve.methods",
+    "EnsembleModule": "sve.training.module",
+    "SVLinear": "sve.layers.sv_linear",
+    "SVConv2d": "sve.layers.sv_conv",
+    "run": "sve.runs.run",
+    "build": "sve.runs.run",
+    "InputError": "sve.errors",
+    "uncertainty": "sve.metrics.scores",
+    "Prediction": "sve.metrics.scores",
+    "wrap": "sve.api",
+    "from_pretrained": "sve.api",
+    "Ensemble": "sve.api",
+    "ModuleBackbone": "sve.api",
+}
 __all__ = ["__version__", *_EXPORTS]
 
 MOVED = {
-    "sve.inject": "sve.layers.inject", "sve.shared_inputs": "sve.layers.shared_inputs",
-    "sve.svd_cache": "sve.layers.svd_cache", "sve.singular_values": "sve.layers.singular_values",
-    "sve.module": "sve.training.module", "sve.optim": "sve.training.optim",
-    "sve.checkpoint": "sve.training.checkpoint", "sve.draws": "sve.layers.draws",
-    "sve.allocator": "sve.training.allocator", "sve.loggers": "sve.training.loggers",
-    "sve.curves": "sve.training.curves", "sve.run": "sve.runs.run", "sve.rundir": "sve.runs.rundir",
-    "sve.validate": "sve.runs.validate", "sve.evaluation": "sve.runs.evaluation",
-    "sve.evaluate": "sve.runs.evaluate", "sve.results": "sve.runs.results", "sve.multirun": "sve.runs.multirun",
-    "sve.writable": "sve.runs.writable", "sve.resolvers": "sve.runs.resolvers",
-    "sve.calibration": "sve.metrics.calibration", "sve.sweep": "sve.paper.sweep", "sve.tuning": "sve.paper.tuning",
-    "sve.report": "sve.paper.report", "sve.render": "sve.paper.render", "sve.figures": "sve.paper.figures",
-    "sve.claims": "sve.paper.claims", "sve.budget": "sve.paper.budget", "sve.bootstrap": "sve.paper.bootstrap",
+    "sve.inject": "sve.layers.inject",
+    "sve.shared_inputs": "sve.layers.shared_inputs",
+    "sve.svd_cache": "sve.layers.svd_cache",
+    "sve.singular_values": "sve.layers.singular_values",
+    "sve.module": "sve.training.module",
+    "sve.optim": "sve.training.optim",
+    "sve.checkpoint": "sve.training.checkpoint",
+    "sve.draws": "sve.layers.draws",
+    "sve.allocator": "sve.training.allocator",
+    "sve.loggers": "sve.training.loggers",
+    "sve.curves": "sve.training.curves",
+    "sve.run": "sve.runs.run",
+    "sve.rundir": "sve.runs.rundir",
+    "sve.validate": "sve.runs.validate",
+    "sve.evaluation": "sve.runs.evaluation",
+    "sve.evaluate": "sve.runs.evaluate",
+    "sve.results": "sve.runs.results",
+    "sve.multirun": "sve.runs.multirun",
+    "sve.writable": "sve.runs.writable",
+    "sve.resolvers": "sve.runs.resolvers",
+    "sve.calibration": "sve.metrics.calibration",
+    "sve.sweep": "sve.paper.sweep",
+    "sve.tuning": "sve.paper.tuning",
+    "sve.report": "sve.paper.report",
+    "sve.render": "sve.paper.render",
+    "sve.figures": "sve.paper.figures",
+    "sve.claims": "sve.paper.claims",
+    "sve.budget": "sve.paper.budget",
+    "sve.bootstrap": "sve.paper.bootstrap",
     "sve.benchmark": "sve.bench.benchmark",
     # moved by issue 42 (imports run down the package map)
-    "sve.training.draws": "sve.layers.draws", "sve.training.recompute": "sve.layers.recompute",
-}  # fmt: skip
+    "sve.training.draws": "sve.layers.draws",
+    "sve.training.recompute": "sve.layers.recompute",
+}
 MOVED_UNTIL = "0.2.0"  # the next minor release after __version__ removes the old names of MOVED
 _warned: set[str] = set()  # old names this process has warned about (each once)
 
@@ -97,8 +131,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             _warned.add(spec.name)
             # FutureWarning, not DeprecationWarning: Python hides the latter outside __main__, and the users of
             # an old name are scripts and configs, not the code that imports it.
-            warnings.warn(f"{spec.name} is now {MOVED[spec.name]}; the old name goes in sve {MOVED_UNTIL}: import "
-                          f"{MOVED[spec.name]} (or set _target_ to it)", FutureWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{spec.name} is now {MOVED[spec.name]}; the old name goes in sve {MOVED_UNTIL}: import "
+                f"{MOVED[spec.name]} (or set _target_ to it)",
+                FutureWarning,
+                stacklevel=2,
+            )
         return importlib.import_module(MOVED[spec.name])
 
     def exec_module(self, module) -> None:

@@ -13,8 +13,10 @@ def load_state(module: nn.Module, state: dict) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     current = module.state_dict()
-    state = {k: distribute_tensor(v.to(current[k].device_mesh.device_type), current[k].device_mesh,
-                                  current[k].placements)
-             if isinstance(current.get(k), DTensor) and not isinstance(v, DTensor) else v
-             for k, v in state.items()}  # fmt: skip
+    state = {
+        k: distribute_tensor(v.to(current[k].device_mesh.device_type), current[k].device_mesh, current[k].placements)
+        if isinstance(current.get(k), DTensor) and not isinstance(v, DTensor)
+        else v
+        for k, v in state.items()
+    }
     module.load_state_dict(state)

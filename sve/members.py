@@ -73,11 +73,13 @@ def split_members(x: Tensor, ensemble_size: int, who: str = "split_members") -> 
     return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])
 
 
-def repeat_batch(batch: Mapping[str, Tensor], ensemble_size: int, skip: tuple[str, ...] = ("labels",),
-                 batch_size: int | None = None) -> dict:
+def repeat_batch(
+    batch: Mapping[str, Tensor], ensemble_size: int, skip: tuple[str, ...] = ("labels",), batch_size: int | None = None
+) -> dict:
     """Applies ``repeat_members`` to every tensor of a batch dict whose leading dimension is the batch's
     (``batch_size``), except the targets. Other tensors (a 0-d scale, a vector or mask that every example
     shares: arguments of a user's model) are the same for every member and pass as they are."""
+
     def per_example(v: Tensor) -> bool:
         return batch_size is None or (v.dim() > 0 and v.shape[0] == batch_size)
 
@@ -123,8 +125,17 @@ def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
     raise InputError(f"aggregate={aggregate!r} is not valid; choose one of ['probs', 'logits']")
 
 
-__all__ = ["MemberLayoutError", "member_rows", "expected_rows", "repeat_members", "split_members", "repeat_batch",
-           "check_member_logits", "predictive", "log_predictive"]
+__all__ = [
+    "MemberLayoutError",
+    "member_rows",
+    "expected_rows",
+    "repeat_members",
+    "split_members",
+    "repeat_batch",
+    "check_member_logits",
+    "predictive",
+    "log_predictive",
+]
 
 
 def non_finite_rows(batch: Mapping) -> dict[str, list[int]]:

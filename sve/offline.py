@@ -12,15 +12,19 @@ from contextlib import contextmanager
 from urllib.parse import urlparse
 
 TRUE = ("1", "true", "yes")
-OFFLINE_HINT = ("the Hugging Face Hub did not answer from this machine, so only the local cache was read "
-                "(HF_HUB_OFFLINE=1 skips the check)")
+OFFLINE_HINT = (
+    "the Hugging Face Hub did not answer from this machine, so only the local cache was read "
+    "(HF_HUB_OFFLINE=1 skips the check)"
+)
 
 
 def hub_reachable(timeout: float = 5.0) -> bool:
     """Whether the Hub (``HF_ENDPOINT``) answers a TCP connection; no request is made. False at once when
     ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in TRUE or \
-            os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in TRUE:  # fmt: skip
+    if (
+        os.environ.get("HF_HUB_OFFLINE", "0").lower() in TRUE
+        or os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in TRUE
+    ):
         return False
     return endpoint_answers(timeout)
 

@@ -25,6 +25,7 @@ def child(spec: dict) -> None:
         code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # noqa: BLE001 - a bug: its traceback, then a failing status
         import traceback
+
         traceback.print_exc()
         code = 1
     sys.stdout.flush()

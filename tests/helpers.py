@@ -23,6 +23,7 @@ class Trace(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import torch
+
         s = sum(float(p.double().sum()) for p in pl_module.parameters() if p.requires_grad)
         r = float(torch.get_rng_state().double().sum())
         with open(self.path, "a") as f:
@@ -42,11 +43,13 @@ class Crash(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         import pathlib
+
         self.seen += 1
         marker = pathlib.Path(f"{self.marker}.{trainer.global_rank}" if self.per_rank else self.marker)
         if self.seen == self.after_batches and not marker.exists():
             marker.touch()
             import builtins
+
             raise getattr(builtins, self.error)(f"simulated crash after {self.seen} training batches")
 
 
@@ -65,6 +68,7 @@ class KillAt(pl.Callback):
         import os
         import pathlib
         import signal
+
         if not pathlib.Path(self.marker).exists():
             pathlib.Path(self.marker).touch()
             os.kill(os.getpid(), getattr(signal, self.signal))

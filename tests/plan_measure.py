@@ -69,8 +69,13 @@ def main() -> None:
     method_node = cfg.method.copy()
     if "svd_cache" in method_node:
         method_node.svd_cache = None
-    method = instantiate(method_node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
-                         num_classes=datamodule.num_classes, task=cfg.dataset.name)  # fmt: skip
+    method = instantiate(
+        method_node,
+        backbone=backbone,
+        ensemble_size=int(cfg.ensemble_size),
+        num_classes=datamodule.num_classes,
+        task=cfg.dataset.name,
+    )
     if cfg.get("exact_draws", True):
         unfuse_attention_dropout(method.backbone)
     stored = sum(plan.stored_bytes(method).values())

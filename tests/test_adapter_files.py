@@ -60,8 +60,15 @@ def test_wrapping_a_model_in_training_mode_leaves_its_batchnorm_statistics_and_i
     # the features must not update BatchNorm's running statistics, or the model (and its fingerprint) change.
     def cnn() -> nn.Module:
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                             nn.Flatten(), nn.Linear(8, 3))  # fmt: skip
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 3),
+        )
+
     model, x = cnn(), torch.randn(4, 3, 8, 8)
     assert model.training
     before = {k: v.clone() for k, v in model[1].state_dict().items()}
@@ -146,9 +153,18 @@ def test_a_model_that_refuses_zero_token_ids_reloads_from_the_example_it_was_wra
 
     def bart() -> nn.Module:
         torch.manual_seed(0)
-        config = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                            max_position_embeddings=32, num_labels=3)
+        config = BartConfig(
+            vocab_size=40,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=32,
+            num_labels=3,
+        )
         return BartForSequenceClassification(config).eval()
 
     ids = torch.tensor([[0, 7, 9, 11, 2], [0, 5, 6, 8, 2]])  # <s> ... </s>
@@ -218,8 +234,10 @@ def test_a_damaged_or_missing_tensor_file_is_named_before_any_svd(damage, tmp_pa
     import sve.layers.sv_linear as sv_linear
 
     monkeypatch.setattr(sv_linear, "decompose", lambda *a, **k: pytest.fail("an SVD ran before the file was read"))
-    with pytest.raises(InputError, match=rf"{path}: no such file" if damage == "missing"
-                       else rf"{path} is not a readable safetensors file"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=rf"{path}: no such file" if damage == "missing" else rf"{path} is not a readable safetensors file",
+    ):
         sve.from_pretrained(base(), tmp_path)
 
 

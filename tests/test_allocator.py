@@ -37,8 +37,10 @@ print(applied, in_heap, min(tries))
 """
 PAGES = 5 * 5 * 2**20 * 4 // 4096  # the pages of five 20 MiB tensors
 
-glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                           reason="the tuned policy applies to glibc (Linux) only")
+glibc = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the tuned policy applies to glibc (Linux) only",
+)
 
 
 def probe(policy: str) -> tuple[bool, bool, int]:

@@ -14,15 +14,30 @@ from sve.runs.run import instantiate, run
 from tests.conftest import compose_cfg, shared_path
 
 QUESTIONS = [  # 3, 4 and 5 options; letter and digit labels
-    {"id": "q3", "question": "Which is a liquid?", "choices": {"text": ["ice", "water", "steam"],
-     "label": ["1", "2", "3"]}, "answerKey": "2"},
-    {"id": "q4", "question": "Which is a planet?", "choices": {"text": ["sun", "moon", "mars", "comet"],
-     "label": ["A", "B", "C", "D"]}, "answerKey": "C"},
-    {"id": "q5", "question": "Which is a mammal?", "choices": {"text": ["cod", "bee", "ant", "owl", "bat"],
-     "label": ["1", "2", "3", "4", "5"]}, "answerKey": "5"},
-]  # fmt: skip
-TINY_CHOICE_LLM = ["backbone=tiny_llama", "+backbone.answer_tokens=null",
-                   "backbone._target_=sve.backbones.ChoiceCausalLMBackbone"]  # fmt: skip
+    {
+        "id": "q3",
+        "question": "Which is a liquid?",
+        "choices": {"text": ["ice", "water", "steam"], "label": ["1", "2", "3"]},
+        "answerKey": "2",
+    },
+    {
+        "id": "q4",
+        "question": "Which is a planet?",
+        "choices": {"text": ["sun", "moon", "mars", "comet"], "label": ["A", "B", "C", "D"]},
+        "answerKey": "C",
+    },
+    {
+        "id": "q5",
+        "question": "Which is a mammal?",
+        "choices": {"text": ["cod", "bee", "ant", "owl", "bat"], "label": ["1", "2", "3", "4", "5"]},
+        "answerKey": "5",
+    },
+]
+TINY_CHOICE_LLM = [
+    "backbone=tiny_llama",
+    "+backbone.answer_tokens=null",
+    "backbone._target_=sve.backbones.ChoiceCausalLMBackbone",
+]
 
 
 def _write_arc(root, copies=4, subset="ARC-Easy"):
@@ -138,9 +153,18 @@ def test_cloze_needs_a_scoring_backbone_and_a_known_mode(tmp_path):
 @pytest.mark.parametrize("method", ["sve", "lora_ensemble"])
 def test_cloze_training_run_on_fake_arc(method, tmp_path):
     _write_arc(tmp_path / "arc")
-    cfg = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'arc'}", f"method={method}",
-                                         "dataset.scoring=cloze", "ensemble_size=2", "dataset.batch_size=4"],
-                      tmp_path / "out")  # fmt: skip
+    cfg = compose_cfg(
+        TINY_CHOICE_LLM
+        + [
+            "dataset=arc_easy",
+            f"dataset.root={tmp_path / 'arc'}",
+            f"method={method}",
+            "dataset.scoring=cloze",
+            "ensemble_size=2",
+            "dataset.batch_size=4",
+        ],
+        tmp_path / "out",
+    )
     results = run(cfg)
     assert results["num_members"] == 2 and 0 <= results["metrics"]["test/acc"] <= 1
     assert results["method_report"]["fell_back_to_one_member_at_a_time"] is None  # the member layout holds
@@ -155,8 +179,17 @@ def test_initial_head_only_when_letters_match_classes():
 
 def test_training_run_on_fake_arc(tmp_path):
     _write_arc(tmp_path / "arc")
-    cfg = compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'arc'}", "method=sve",
-                                         "ensemble_size=2", "dataset.batch_size=4"], tmp_path / "out")  # fmt: skip
+    cfg = compose_cfg(
+        TINY_CHOICE_LLM
+        + [
+            "dataset=arc_easy",
+            f"dataset.root={tmp_path / 'arc'}",
+            "method=sve",
+            "ensemble_size=2",
+            "dataset.batch_size=4",
+        ],
+        tmp_path / "out",
+    )
     results = run(cfg)
     assert 0 <= results["metrics"]["test/acc"] <= 1 and results["dataset"] == "arc_easy"
 
@@ -166,8 +199,9 @@ def test_real_arc_easy_splits_parse():
     splits = ARCEasyData(root=str(root)).load_splits()
     assert [len(splits[s]) for s in ("train", "val", "test")] == [2251, 570, 2376]  # Table 8
     for split in splits.values():
-        assert all(2 < count <= 5 and 0 <= label < count and len(options) == count
-                   for _, label, count, _, options in split)  # fmt: skip
+        assert all(
+            2 < count <= 5 and 0 <= label < count and len(options) == count for _, label, count, _, options in split
+        )
         assert {e[2] for e in split} >= {4, 5}
 
 
@@ -192,17 +226,31 @@ def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, capl
     _write_arc(tmp_path / "easy")
     _write_arc(tmp_path / "challenge", copies=2, subset="ARC-Challenge")
     run_dir = tmp_path / "run"
-    run(compose_cfg(TINY_CHOICE_LLM + ["dataset=arc_easy", f"dataset.root={tmp_path / 'easy'}", "method=sve",
-                                       "dataset.scoring=cloze", "ensemble_size=2", "dataset.batch_size=4",
-                                       "dataset.max_length=64", "callbacks=default"], run_dir))  # fmt: skip
+    run(
+        compose_cfg(
+            TINY_CHOICE_LLM
+            + [
+                "dataset=arc_easy",
+                f"dataset.root={tmp_path / 'easy'}",
+                "method=sve",
+                "dataset.scoring=cloze",
+                "ensemble_size=2",
+                "dataset.batch_size=4",
+                "dataset.max_length=64",
+                "callbacks=default",
+            ],
+            run_dir,
+        )
+    )
     challenge = ["dataset=arc_challenge", f"dataset.root={tmp_path / 'challenge'}"]
     with caplog.at_level(logging.WARNING, logger="sve.runs.evaluate"):
         record = evaluate_run(run_dir, challenge)
     assert record["dataset"] == "arc_challenge" and record["metrics"]["test/examples"] == 2  # 2 debug batches of 1
     evaluated = record["config"]["dataset"]  # the option's own values but the one that shapes the model
     assert (evaluated["scoring"], evaluated["max_length"], evaluated["hub_config"]) == ("cloze", 512, "ARC-Challenge")
-    assert [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()] == \
-        ["dataset=arc_challenge keeps the run's dataset.scoring=cloze: it shapes the trained model"]  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()] == [
+        "dataset=arc_challenge keeps the run's dataset.scoring=cloze: it shapes the trained model"
+    ]
     # What the command line gives wins; the checkpoint then refuses the model, naming the key that differs.
     with pytest.raises(InputError, match=r"does not fit the model .* dataset.scoring=letters \(trained with cloze\)"):
         evaluate_run(run_dir, [*challenge, "dataset.scoring=letters"])

@@ -25,39 +25,132 @@ from sve.methods import SVE
 V = 160  # the character tokenizer has 141 tokens
 SIZES = dict(num_hidden_layers=2, num_attention_heads=2)
 HF = {
-    "bert": (HFBackbone, dict(model_type="bert", vocab_size=V, hidden_size=32, intermediate_size=64, **SIZES),
-             ["query", "key", "value", "dense"], "cls"),
-    "roberta": (HFBackbone, dict(model_type="roberta", vocab_size=V, hidden_size=32, intermediate_size=64,
-                                 max_position_embeddings=300, pad_token_id=0, **SIZES),
-                ["query", "value", "dense"], "cls"),
-    "distilbert": (HFBackbone, dict(model_type="distilbert", vocab_size=V, dim=32, n_layers=2, n_heads=2,
-                                    hidden_dim=64),
-                   ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"], "cls"),
-    "deberta_v2": (HFBackbone, dict(model_type="deberta-v2", vocab_size=V, hidden_size=32, intermediate_size=64,
-                                    relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
-                                    position_buckets=8, **SIZES),
-                   ["query_proj", "key_proj", "value_proj", "dense"], "cls"),
-    "gpt2_conv1d": (HFCausalLMBackbone, dict(model_type="gpt2", vocab_size=V, n_embd=32, n_layer=2, n_head=2),
-                    ["c_attn", "c_proj", "c_fc"], "last"),
-    "llama": (HFCausalLMBackbone, dict(model_type="llama", vocab_size=V, hidden_size=32, intermediate_size=64,
-                                       num_key_value_heads=1, **SIZES),
-              [r"(q|k|v|o)_proj", r"(gate|up|down)_proj"], "last"),
-    "opt_projected": (HFCausalLMBackbone, dict(model_type="opt", vocab_size=V, hidden_size=32, ffn_dim=64,
-                                               word_embed_proj_dim=16, max_position_embeddings=300, **SIZES),
-                      [r"(q|k|v|out)_proj", "fc1", "fc2"], "last"),
-    "t5": (HFBackbone, dict(model_type="t5", vocab_size=V, d_model=32, d_kv=16, num_layers=2, num_heads=2, d_ff=64,
-                            decoder_start_token_id=0), ["q", "k", "v", "o", "wi", "wo"], "last"),
-    "bart": (HFBackbone, dict(model_type="bart", vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
-                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                              decoder_ffn_dim=64, max_position_embeddings=300),
-             [r"(q|k|v|out)_proj", "fc1", "fc2"], "last"),
-    "hf_vit": (HFBackbone, dict(model_type="vit", hidden_size=32, intermediate_size=64, image_size=32, patch_size=8,
-                                **SIZES), [r"(q|k|v|o)_proj", "fc1", "fc2"], "cls"),
+    "bert": (
+        HFBackbone,
+        dict(model_type="bert", vocab_size=V, hidden_size=32, intermediate_size=64, **SIZES),
+        ["query", "key", "value", "dense"],
+        "cls",
+    ),
+    "roberta": (
+        HFBackbone,
+        dict(
+            model_type="roberta",
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            max_position_embeddings=300,
+            pad_token_id=0,
+            **SIZES,
+        ),
+        ["query", "value", "dense"],
+        "cls",
+    ),
+    "distilbert": (
+        HFBackbone,
+        dict(model_type="distilbert", vocab_size=V, dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+        ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
+        "cls",
+    ),
+    "deberta_v2": (
+        HFBackbone,
+        dict(
+            model_type="deberta-v2",
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            max_relative_positions=16,
+            position_buckets=8,
+            **SIZES,
+        ),
+        ["query_proj", "key_proj", "value_proj", "dense"],
+        "cls",
+    ),
+    "gpt2_conv1d": (
+        HFCausalLMBackbone,
+        dict(model_type="gpt2", vocab_size=V, n_embd=32, n_layer=2, n_head=2),
+        ["c_attn", "c_proj", "c_fc"],
+        "last",
+    ),
+    "llama": (
+        HFCausalLMBackbone,
+        dict(model_type="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_key_value_heads=1, **SIZES),
+        [r"(q|k|v|o)_proj", r"(gate|up|down)_proj"],
+        "last",
+    ),
+    "opt_projected": (
+        HFCausalLMBackbone,
+        dict(
+            model_type="opt",
+            vocab_size=V,
+            hidden_size=32,
+            ffn_dim=64,
+            word_embed_proj_dim=16,
+            max_position_embeddings=300,
+            **SIZES,
+        ),
+        [r"(q|k|v|out)_proj", "fc1", "fc2"],
+        "last",
+    ),
+    "t5": (
+        HFBackbone,
+        dict(
+            model_type="t5",
+            vocab_size=V,
+            d_model=32,
+            d_kv=16,
+            num_layers=2,
+            num_heads=2,
+            d_ff=64,
+            decoder_start_token_id=0,
+        ),
+        ["q", "k", "v", "o", "wi", "wo"],
+        "last",
+    ),
+    "bart": (
+        HFBackbone,
+        dict(
+            model_type="bart",
+            vocab_size=V,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=300,
+        ),
+        [r"(q|k|v|out)_proj", "fc1", "fc2"],
+        "last",
+    ),
+    "hf_vit": (
+        HFBackbone,
+        dict(model_type="vit", hidden_size=32, intermediate_size=64, image_size=32, patch_size=8, **SIZES),
+        [r"(q|k|v|o)_proj", "fc1", "fc2"],
+        "cls",
+    ),
     # CNNs: (N, C, H, W) maps, read through the pooled output their own classifiers take
-    "hf_convnext": (HFBackbone, dict(model_type="convnext", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
-                                     image_size=32), ["pwconv1", "pwconv2"], "cls"),
-    "hf_resnet": (HFBackbone, dict(model_type="resnet", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
-                                   embedding_size=8, layer_type="basic", image_size=32), [r"convolution"], "cls"),
+    "hf_convnext": (
+        HFBackbone,
+        dict(model_type="convnext", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], image_size=32),
+        ["pwconv1", "pwconv2"],
+        "cls",
+    ),
+    "hf_resnet": (
+        HFBackbone,
+        dict(
+            model_type="resnet",
+            hidden_sizes=[8, 16, 32, 64],
+            depths=[1, 1, 1, 1],
+            embedding_size=8,
+            layer_type="basic",
+            image_size=32,
+        ),
+        [r"convolution"],
+        "cls",
+    ),
 }
 TINY_VIT = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2)
 TIMM = {
@@ -95,9 +188,11 @@ def timm_backbone(name):
     return TimmBackbone(name, TIMM[name], pretrained=False, image_size=32, model_kwargs=TINY_VIT)
 
 
-CASES = ([pytest.param(hf_backbone, n, id=f"hf-{n}") for n in HF]
-         + [pytest.param(timm_backbone, n, id=f"timm-{n}") for n in TIMM]
-         + [pytest.param(lambda _: TimeMajorEncoder(), "time_major", id="torch-time_major")])
+CASES = (
+    [pytest.param(hf_backbone, n, id=f"hf-{n}") for n in HF]
+    + [pytest.param(timm_backbone, n, id=f"timm-{n}") for n in TIMM]
+    + [pytest.param(lambda _: TimeMajorEncoder(), "time_major", id="torch-time_major")]
+)
 
 
 def batch_for(backbone) -> dict:
@@ -135,8 +230,9 @@ def test_sve_preserves_the_function_and_members_equal_their_merged_models(make, 
             with torch.no_grad():
                 method(batch)  # the full path, with any layout fallback
                 features = torch.cat([method.member_features(batch, [k]) for k in range(3)])  # (3, B, D)
-        assert method.wrapped and all(isinstance(method.backbone.model.get_submodule(n), MemberLayer)
-                                      for n in method.wrapped)
+        assert method.wrapped and all(
+            isinstance(method.backbone.model.get_submodule(n), MemberLayer) for n in method.wrapped
+        )
         if method.fallback:  # the fallback names the module and says so, once
             said = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
             assert len(said) == 1 and method.fallback in said[0]
@@ -206,8 +302,9 @@ def test_an_image_model_is_normalised_with_its_own_processors_mean_and_std(tmp_p
     hub_file.parent.mkdir()
     hub_file.write_text(json.dumps(settings))
     asked = []
-    monkeypatch.setattr(transformers.utils, "cached_file", lambda repo, name, **_: asked.append((repo, name)) or
-                        str(hub_file))  # fmt: skip
+    monkeypatch.setattr(
+        transformers.utils, "cached_file", lambda repo, name, **_: asked.append((repo, name)) or str(hub_file)
+    )
     monkeypatch.setattr(hf, "hub_reachable", lambda: False)
     assert hf.preprocessor_config("google/vit-base-patch16-224") == settings
     assert asked == [("google/vit-base-patch16-224", "preprocessor_config.json")]
@@ -231,8 +328,10 @@ def test_cls_pooling_on_a_tokenizer_without_a_summary_token_is_warned_of(tmp_pat
     config = dict(model_type="bert", vocab_size=V, hidden_size=16, intermediate_size=32, **SIZES)
     with caplog.at_level("WARNING"):
         HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(tmp_path), pooling="cls")
-    assert f"the tokenizer of '{tmp_path}' starts a text with no [CLS]-like token (it starts with 'a'); " \
-           "backbone.pooling=mean" in caplog.text
+    assert (
+        f"the tokenizer of '{tmp_path}' starts a text with no [CLS]-like token (it starts with 'a'); "
+        "backbone.pooling=mean" in caplog.text
+    )
     caplog.clear()
     with caplog.at_level("WARNING"):
         HFBackbone(["query"], pretrained=False, config=config, tokenizer=str(tmp_path), pooling="mean")

@@ -39,15 +39,22 @@ def test_pretrained_resnet_head_is_reused_only_for_its_own_task():
     torch.testing.assert_close(backbone.initial_head("cifar10", 10)[0], backbone.model.linear.weight)
     fresh = SVE(backbone, ensemble_size=3, num_classes=10, task="fashion_mnist")
     assert fresh.head_init == "random" and not torch.allclose(fresh.heads.weight[0], fresh.heads.weight[1])
-    reused = SVE(ResNetCIFARBackbone(20, ["conv1", "conv2"], checkpoint_path=str(next(path.glob("resnet20-*.th")))),
-                 ensemble_size=3, num_classes=10, task="cifar10")
+    reused = SVE(
+        ResNetCIFARBackbone(20, ["conv1", "conv2"], checkpoint_path=str(next(path.glob("resnet20-*.th")))),
+        ensemble_size=3,
+        num_classes=10,
+        task="cifar10",
+    )
     assert reused.head_init.startswith("pretrained")
     torch.testing.assert_close(reused.heads.weight[1], backbone.model.linear.weight)
 
 
 def test_resnet_missing_checkpoint_names_key_and_layout():
-    with pytest.raises(InputError, match=r"resnet20_cifar: backbone.checkpoint_path=/nonexistent/resnet20.th: no file "
-                                         r"at /nonexistent/resnet20.th; set .*module.conv1.weight"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"resnet20_cifar: backbone.checkpoint_path=/nonexistent/resnet20.th: no file "
+        r"at /nonexistent/resnet20.th; set .*module.conv1.weight",
+    ):
         ResNetCIFARBackbone(20, ["conv1"], checkpoint_path="/nonexistent/resnet20.th")
 
 
@@ -71,8 +78,15 @@ def test_vit_small_random_is_dino_architecture_untrained():
 def test_llama2_7b_settings_bf16_frozen_checkpointed_float32_singular_values():
     """The llama2_7b config on a tiny random LLaMA: bf16 weights, gradient checkpointing, SVE keeps the
     singular values float32 while U and V stay bf16; one training step runs and reaches them."""
-    cfg = compose_cfg(["backbone=llama2_7b", "backbone.pretrained=false", "backbone.tokenizer=char",
-                       "backbone.name_or_path=null", f"+backbone.config={TINY_LLAMA}"])  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "backbone=llama2_7b",
+            "backbone.pretrained=false",
+            "backbone.tokenizer=char",
+            "backbone.name_or_path=null",
+            f"+backbone.config={TINY_LLAMA}",
+        ]
+    )
     assert cfg.backbone.torch_dtype == "bfloat16" and cfg.backbone.gradient_checkpointing
     backbone = instantiate(cfg.backbone)
     assert backbone.model.is_gradient_checkpointing and backbone.model.dtype == torch.bfloat16

@@ -78,9 +78,27 @@ def test_flops_and_paired_ratio():
 @pytest.mark.slow  # the benchmark script end to end (80 s of the default suite); make test-slow
 def test_bench_script_tiny_writes_every_file(tmp_path):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "vit_s", "table5",
-                           "rule", "weights", "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sve.cli.bench",
+            "--tiny",
+            "--parts",
+            "vit_s",
+            "table5",
+            "rule",
+            "weights",
+            "--out",
+            str(out),
+            "--svd-cache",
+            str(tmp_path / "svd"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     vit = json.loads((out / "vit_s.json").read_text())
     M = vit["setting"]["ensemble_size"]
@@ -130,17 +148,35 @@ def test_bench_script_tiny_writes_every_file(tmp_path):
     weights = json.loads((out / "weights.json").read_text())
     for row in weights["rows"]:  # enough distinct layers that their shared weights alone stream from memory
         assert row["copies"] * row["in"] * row["out"] * 4 >= weights["stream_bytes"]
-        assert row["shared_ms"] > 0 and all(row[f"{n}_ratio"] > 0 for n in ("lora_ensemble", "sve_cached",
-                                                                          "one_weight_split"))
+        assert row["shared_ms"] > 0 and all(
+            row[f"{n}_ratio"] > 0 for n in ("lora_ensemble", "sve_cached", "one_weight_split")
+        )
     md = (out / "bench.md").read_text()
     assert "### tiny ViT (test)" in md and "### Table 5 setting" in md and "### The inference rule" in md
     assert "### Batch 1: one shared weight against M distinct ones" in md and "from an earlier run" not in md
 
     # Rerunning some parts keeps the others' files, and the table says which parts come from the earlier run;
     # Table 5 may leave out any method (Deep Ensemble included).
-    again = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "weights",
-                            "table5", "--table5-methods", "sve", "lora_ensemble", "--out", str(out)],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sve.cli.bench",
+            "--tiny",
+            "--parts",
+            "weights",
+            "table5",
+            "--table5-methods",
+            "sve",
+            "lora_ensemble",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert set(json.loads((out / "table5.json").read_text())["methods"]) == {"single", "sve", "lora_ensemble"}
     md = (out / "bench.md").read_text()
@@ -163,9 +199,24 @@ def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
     from sve.bench.front import FRONT, on_front
 
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "sve.cli.bench", "--tiny", "--parts", "front",
-                           "--out", str(out), "--svd-cache", str(tmp_path / "svd")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sve.cli.bench",
+            "--tiny",
+            "--parts",
+            "front",
+            "--out",
+            str(out),
+            "--svd-cache",
+            str(tmp_path / "svd"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((out / "front.json").read_text())["rows"]
     found = {(r["method"], r["setting"]) for r in rows}
@@ -179,8 +230,9 @@ def test_bench_front_tiny_has_every_setting_and_a_consistent_front(tmp_path):
     for b in (1, 16):
         assert by["sve", "lean"][f"infer_memory_bytes_b{b}"] < by["sve", "fast"][f"infer_memory_bytes_b{b}"]
         assert by["single", "fast"][f"ratio_to_single_b{b}"] == 1.0
-        points = {f"{r['method']} {r['setting']}": (r[f"infer_memory_bytes_b{b}"], r[f"ratio_to_single_b{b}"])
-                  for r in rows}
+        points = {
+            f"{r['method']} {r['setting']}": (r[f"infer_memory_bytes_b{b}"], r[f"ratio_to_single_b{b}"]) for r in rows
+        }
         assert {f"{r['method']} {r['setting']}" for r in rows if r[f"on_front_b{b}"]} == on_front(points)
     assert by["deep_ensemble", "fast"]["parameters"] == 2 * by["single", "fast"]["parameters"]
     assert "### Table 5 as a front" in (out / "bench.md").read_text()

@@ -190,8 +190,10 @@ def ood_sets(rng, n_in: int = 300, n_out: int = 200, ties: bool = True):
 
 def ood_examples(inside: np.ndarray, outside: np.ndarray) -> list[Examples]:
     """(in-distribution, OOD) sets of an OOD metric; their labels are never read."""
-    return [examples("test", inside, np.zeros(len(inside), dtype=np.int64)),
-            examples("ood", outside, np.zeros(len(outside), dtype=np.int64))]  # fmt: skip
+    return [
+        examples("test", inside, np.zeros(len(inside), dtype=np.int64)),
+        examples("ood", outside, np.zeros(len(outside), dtype=np.int64)),
+    ]
 
 
 def ood_reference(inside: np.ndarray, outside: np.ndarray) -> dict[str, float]:
@@ -283,8 +285,11 @@ def test_every_seed_and_row_shares_one_resample_of_the_same_examples():
     rng = np.random.default_rng(13)
     labels = rng.integers(0, 3, 150)
     a, b = random_probs(rng, 150, 3), random_probs(rng, 150, 3)
-    terms = [Term(coef, seed, statistic("nll", [examples("test", p, labels)]))
-             for seed in (0, 1) for coef, p in ((0.5, a), (-0.5, b))]  # fmt: skip
+    terms = [
+        Term(coef, seed, statistic("nll", [examples("test", p, labels)]))
+        for seed in (0, 1)
+        for coef, p in ((0.5, a), (-0.5, b))
+    ]
     joint = bootstrap.draw(terms, replicates=200)
     assert joint.columns == (("", 0), ("", 1))
     assert np.array_equal(joint.replicates[:, 0], joint.replicates[:, 1])
@@ -308,8 +313,9 @@ def test_the_seeds_spread_beyond_the_test_sets_noise_widens_the_interval_at_stud
     rng = np.random.default_rng(14)
     n, labels = 300, rng.integers(0, 3, 300)
     b = random_probs(rng, n, 3)
-    pairs = [(examples("test", flip(b, labels, 6 * k, True, rng), labels), examples("test", b, labels))
-             for k in range(3)]
+    pairs = [
+        (examples("test", flip(b, labels, 6 * k, True, rng), labels), examples("test", b, labels)) for k in range(3)
+    ]
     terms = paired_terms("acc", pairs)
     found, draws = interval(terms), bootstrap.draw(terms)
     per_seed = 3 * draws.points
@@ -341,8 +347,10 @@ def test_coverage_of_a_known_difference_is_near_95_percent_and_the_procedure_bef
         assert found["per_seed"] < found["combined"], (scenario, found)
     assert max(c["per_seed"] for (n, tau, _), c in table.items() if tau == max(coverage.TAUS) and n > 120) < 0.5
     assert min(c["hierarchical"] for c in table.values()) < 0.85
-    assert coverage.coverage_range("combined") == (min(c["combined"] for c in table.values()),
-                                                   max(c["combined"] for c in table.values()))
+    assert coverage.coverage_range("combined") == (
+        min(c["combined"] for c in table.values()),
+        max(c["combined"] for c in table.values()),
+    )
 
 
 def test_the_simulated_truths_are_the_differences_of_many_examples():
@@ -397,11 +405,20 @@ def test_the_interval_covers_a_true_difference_of_zero_about_95_percent_of_the_t
         for _ in "ab":
             correct = rng.random(n) < p_right
             conf = np.where(correct, 0.8, 0.6)
-            arrays = {"index": np.arange(n), "labels": np.zeros(n, dtype=np.int64), "confidence": conf,
-                      "correct": correct, "nll": np.zeros(n), "brier": np.zeros(n)}  # only acc is read here
+            arrays = {
+                "index": np.arange(n),
+                "labels": np.zeros(n, dtype=np.int64),
+                "confidence": conf,
+                "correct": correct,
+                "nll": np.zeros(n),
+                "brier": np.zeros(n),
+            }  # only acc is read here
             sets.append(Examples("test", arrays))
-        found = interval([Term(1.0, 0, statistic("acc", [sets[0]])), Term(-1.0, 0, statistic("acc", [sets[1]]))],
-                         replicates=300, seed=0)  # fmt: skip
+        found = interval(
+            [Term(1.0, 0, statistic("acc", [sets[0]])), Term(-1.0, 0, statistic("acc", [sets[1]]))],
+            replicates=300,
+            seed=0,
+        )
         covered += found.low <= 0 <= found.high
     assert 0.90 <= covered / 200 <= 0.99, covered
 
@@ -413,8 +430,9 @@ def test_unpaired_examples_and_bad_options_are_refused():
     other = labels.copy()
     other[0] = (other[0] + 1) % 3
     with pytest.raises(InputError, match="same examples"):
-        bootstrap.check_paired(statistic("acc", [examples("test", probs, labels)]),
-                               statistic("acc", [examples("test", probs, other)]))  # fmt: skip
+        bootstrap.check_paired(
+            statistic("acc", [examples("test", probs, labels)]), statistic("acc", [examples("test", probs, other)])
+        )
     terms = paired_terms("acc", [(examples("test", probs, labels), examples("test", probs, labels))])
     with pytest.raises(ValueError, match="replicates=0 is not valid"):
         interval(terms, replicates=0)
@@ -427,8 +445,17 @@ def test_unpaired_examples_and_bad_options_are_refused():
 # --- (f) the claims pipeline on a fake result store -----------------------------------------------------------------
 
 
-def store_run(root, experiment: str, row: str, seed: int, probs: np.ndarray, labels: np.ndarray, files: bool = True,
-              shift: dict | None = None, ood: np.ndarray | None = None) -> None:
+def store_run(
+    root,
+    experiment: str,
+    row: str,
+    seed: int,
+    probs: np.ndarray,
+    labels: np.ndarray,
+    files: bool = True,
+    shift: dict | None = None,
+    ood: np.ndarray | None = None,
+) -> None:
     """A results.json whose metrics are sve.metrics.scores' on ``probs`` (as an evaluation writes them) and, with
     ``files``, its predictive/ files; ``shift``: {corruption: probs} at severity 3 (labels: the first 100)."""
     method, members = row.split(":")
@@ -437,19 +464,33 @@ def store_run(root, experiment: str, row: str, seed: int, probs: np.ndarray, lab
     if ood is not None:
         metrics.update(ood_reference(probs, ood))
     if shift:
-        by_corruption = {c: {"3": predictive_metrics(torch.from_numpy(p), torch.from_numpy(labels[:100]))}
-                         for c, p in shift.items()}  # fmt: skip
-        by_severity = {"3": {k: float(np.mean([m["3"][k] for m in by_corruption.values()])) for k in metrics
-                             if k in bootstrap.CLASSIFICATION}}  # fmt: skip
+        by_corruption = {
+            c: {"3": predictive_metrics(torch.from_numpy(p), torch.from_numpy(labels[:100]))} for c, p in shift.items()
+        }
+        by_severity = {
+            "3": {
+                k: float(np.mean([m["3"][k] for m in by_corruption.values()]))
+                for k in metrics
+                if k in bootstrap.CLASSIFICATION
+            }
+        }
         extra["shift"] = {"by_corruption": by_corruption, "by_severity": by_severity}
     path = write_run(root, experiment, method, int(members), seed, metrics, num_members=int(members), **extra)
     if not files:
         return
-    sets = {"test": (probs, labels), **({"ood": (ood, np.zeros(len(ood), dtype=np.int64))} if ood is not None else {}),
-            **{f"shift/{c}/3": (p, labels[:100]) for c, p in (shift or {}).items()}}  # fmt: skip
+    sets = {
+        "test": (probs, labels),
+        **({"ood": (ood, np.zeros(len(ood), dtype=np.int64))} if ood is not None else {}),
+        **{f"shift/{c}/3": (p, labels[:100]) for c, p in (shift or {}).items()},
+    }
     for name, (p, y) in sets.items():
-        prediction_files.write_predictive(path.parent / "predictive" / f"{name}.npz", name, torch.from_numpy(p),
-                                   torch.from_numpy(y), torch.arange(len(y)))  # fmt: skip
+        prediction_files.write_predictive(
+            path.parent / "predictive" / f"{name}.npz",
+            name,
+            torch.from_numpy(p),
+            torch.from_numpy(y),
+            torch.arange(len(y)),
+        )
 
 
 @pytest.fixture
@@ -478,18 +519,30 @@ def store(tmp_path):
 
 
 def claims(*checks) -> OmegaConf:
-    return OmegaConf.create({"settings": {"e": "Exp"}, "bootstrap": {"replicates": 500, "seed": 3},
-                             "claims": [{"title": "T", "paper": "P", "checks": list(checks)}]})  # fmt: skip
+    return OmegaConf.create(
+        {
+            "settings": {"e": "Exp"},
+            "bootstrap": {"replicates": 500, "seed": 3},
+            "claims": [{"title": "T", "paper": "P", "checks": list(checks)}],
+        }
+    )
 
 
 def test_claims_give_held_reversed_unresolved_and_fall_back_without_files(store):
     runs = load_runs(store)
-    (_, verdicts), = judge(claims(
-        {"experiment": "e", "a": "sve:4", "metrics": ["acc"],
-         "against": ["single:1", "deep_ensemble:4", "mc_dropout:10"]},
-        {"experiment": "e", "a": "svf:1", "metrics": ["acc"], "against": ["single:1"]},
-        {"experiment": "e", "a": "svf:1", "metrics": ["acc"], "expect": "not_worse", "against": ["single:1"]},
-    ), runs)  # fmt: skip
+    ((_, verdicts),) = judge(
+        claims(
+            {
+                "experiment": "e",
+                "a": "sve:4",
+                "metrics": ["acc"],
+                "against": ["single:1", "deep_ensemble:4", "mc_dropout:10"],
+            },
+            {"experiment": "e", "a": "svf:1", "metrics": ["acc"], "against": ["single:1"]},
+            {"experiment": "e", "a": "svf:1", "metrics": ["acc"], "expect": "not_worse", "against": ["single:1"]},
+        ),
+        runs,
+    )
     over_single, over_deep, over_dropout, same, same_at_least = verdicts
     assert over_single.verdict == HELD and over_single.held and not over_single.noise
     assert over_single.differences[0].point == pytest.approx(10.0, abs=1e-9)  # 30 of 300: 10 points, every seed
@@ -500,8 +553,19 @@ def test_claims_give_held_reversed_unresolved_and_fall_back_without_files(store)
     assert over_dropout.interval is None
     assert same.verdict == UNRESOLVED and same.interval == (0.0, 0.0) and same.noise
     assert same_at_least.verdict == HELD
-    text = to_markdown(judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"],
-                                     "against": ["single:1", "deep_ensemble:4", "mc_dropout:10"]}), runs))  # fmt: skip
+    text = to_markdown(
+        judge(
+            claims(
+                {
+                    "experiment": "e",
+                    "a": "sve:4",
+                    "metrics": ["acc"],
+                    "against": ["single:1", "deep_ensemble:4", "mc_dropout:10"],
+                }
+            ),
+            runs,
+        )
+    )
     assert f"| +10.0 [{low:+.1f}, {high:+.1f}] | held |" in text
     assert "| **reversed** |" in text
     assert "held (no interval: predictive files missing)" in text
@@ -521,7 +585,7 @@ def test_a_one_seed_row_has_no_interval_and_an_unknown_spread_passes_no_check(st
     store_run(store, "o", "svf:1", 0, flip(single, labels, 60, False, rng), labels)
     shutil.rmtree(store / "runs" / "o" / "svf_m1" / "seed1", ignore_errors=True)
     check = {"experiment": "o", "a": "svf:1", "metrics": ["acc"], "expect": "not_worse", "against": ["single:1"]}
-    (_, (v,)), = judge(claims(check), load_runs(store))
+    ((_, (v,)),) = judge(claims(check), load_runs(store))
     assert v.no_interval is not None and v.one_seed and v.noise
     assert v.differences[0].point == pytest.approx(-20.0, abs=1e-9)
     assert v.verdict == NOT_HELD and not v.held
@@ -534,13 +598,15 @@ def test_a_seed_without_per_example_files_is_left_out_of_the_interval_and_said_s
     """Seeds 1 and 2 have the files, seed 0 not: the difference and its interval are over seeds 1 and 2 (each 20
     points behind), and the verdict names the seed it left out; the summary counts it as an interval."""
     runs = load_runs(store)
-    (_, (v,)), = judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"],
-                               "against": ["batch_ensemble:4"]}), runs)  # fmt: skip
+    ((_, (v,)),) = judge(
+        claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"], "against": ["batch_ensemble:4"]}), runs
+    )
     assert v.no_interval is None and v.verdict == REVERSED
     assert v.differences[0].point == pytest.approx(-20.0, abs=1e-9) and v.interval[1] < 0
     assert v.partial == "difference and interval without seed 0: predictive files missing"
-    text = to_markdown(judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"],
-                                     "against": ["batch_ensemble:4"]}), runs))  # fmt: skip
+    text = to_markdown(
+        judge(claims({"experiment": "e", "a": "sve:4", "metrics": ["acc"], "against": ["batch_ensemble:4"]}), runs)
+    )
     assert "| **reversed** (difference and interval without seed 0: predictive files missing) |" in text
     assert 'Strict ("better"): of 1 with a 95% interval, held in 0, reversed in 1, unresolved in 0.' in text
 
@@ -551,7 +617,7 @@ def test_the_point_difference_is_the_tables_difference_for_every_metric_kind(sto
 
     runs = load_runs(store)
     keys = ["acc", "nll", "ece", "brier", "sev3/acc", "sev3/ece", "ood_auroc", "ood_fpr95"]
-    (_, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "metrics": keys, "against": ["single:1"]}), runs)
+    ((_, verdicts),) = judge(claims({"experiment": "e", "a": "sve:4", "metrics": keys, "against": ["single:1"]}), runs)
     assert len(verdicts) == len(keys)
     for key, v in zip(keys, verdicts):
         table = improvement(cell(runs, "e", "sve:4", key), cell(runs, "e", "single:1", key), metric_of(key)[0])
@@ -563,18 +629,27 @@ def test_the_point_difference_is_the_tables_difference_for_every_metric_kind(sto
 
 def test_gain_and_trend_intervals(store):
     runs = load_runs(store)
-    (_, g), = judge(claims({"kind": "gain", "experiments": ["e", "r"], "a": "sve:4", "metrics": ["acc"],
-                            "against": ["single:1"]}), runs)  # fmt: skip
+    ((_, g),) = judge(
+        claims({"kind": "gain", "experiments": ["e", "r"], "a": "sve:4", "metrics": ["acc"], "against": ["single:1"]}),
+        runs,
+    )
     assert g[0].verdict == HELD and g[0].ours == "+10.0 vs +0.0"
     assert g[0].differences[0].point == pytest.approx(10.0) and g[0].interval[0] > 0
-    (_, t), = judge(claims({"kind": "trend", "experiment": "e", "rows": ["single:1", "sve:4", "deep_ensemble:4"],
-                            "metrics": ["acc"]}), runs)  # fmt: skip
+    ((_, t),) = judge(
+        claims(
+            {"kind": "trend", "experiment": "e", "rows": ["single:1", "sve:4", "deep_ensemble:4"], "metrics": ["acc"]}
+        ),
+        runs,
+    )
     assert t[0].verdict == HELD and [d.point for d in t[0].differences] == pytest.approx([10.0, 20.0])
-    (_, t), = judge(claims({"kind": "trend", "experiment": "e", "rows": ["deep_ensemble:4", "sve:4", "svf:1"],
-                            "metrics": ["acc"]}), runs)  # fmt: skip
+    ((_, t),) = judge(
+        claims({"kind": "trend", "experiment": "e", "rows": ["deep_ensemble:4", "sve:4", "svf:1"], "metrics": ["acc"]}),
+        runs,
+    )
     assert t[0].verdict == REVERSED
-    (_, t), = judge(claims({"kind": "trend", "experiment": "e", "rows": ["single:1", "mc_dropout:10"],
-                            "metrics": ["acc"]}), runs)  # fmt: skip
+    ((_, t),) = judge(
+        claims({"kind": "trend", "experiment": "e", "rows": ["single:1", "mc_dropout:10"], "metrics": ["acc"]}), runs
+    )
     assert t[0].verdict == NOT_HELD and t[0].no_interval == "predictive files missing"  # equal means: not held
 
 
@@ -582,10 +657,12 @@ def test_a_file_that_disagrees_with_results_json_gets_no_interval_and_unpaired_r
     path = next((store / "runs" / "e" / "svf_m1" / "seed0" / "predictive").glob("test.npz"))
     rng = np.random.default_rng(11)
     labels = np.load(path)["labels"]
-    prediction_files.write_predictive(path, "test", torch.from_numpy(random_probs(rng, 300, 3)), torch.from_numpy(labels),
-                               torch.arange(300))  # fmt: skip
-    (_, v), = judge(claims({"experiment": "e", "a": "svf:1", "metrics": ["acc"], "against": ["single:1"]}),
-                    load_runs(store))  # fmt: skip
+    prediction_files.write_predictive(
+        path, "test", torch.from_numpy(random_probs(rng, 300, 3)), torch.from_numpy(labels), torch.arange(300)
+    )
+    ((_, v),) = judge(
+        claims({"experiment": "e", "a": "svf:1", "metrics": ["acc"], "against": ["single:1"]}), load_runs(store)
+    )
     assert "disagrees with results.json on acc" in v[0].no_interval
     probs = np.load(path)["probs"].astype(np.float64)
     shuffled = rng.permutation(labels)
@@ -602,8 +679,19 @@ def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
     from tests.conftest import compose_cfg
     from tests.test_evaluation import OOD, TINY
 
-    run(compose_cfg(["method=sve", "ensemble_size=2", OOD, "dataset.corruptions=[gaussian_noise,contrast]",
-                     "dataset.severities=[3]", *TINY], tmp_path))  # fmt: skip
+    run(
+        compose_cfg(
+            [
+                "method=sve",
+                "ensemble_size=2",
+                OOD,
+                "dataset.corruptions=[gaussian_noise,contrast]",
+                "dataset.severities=[3]",
+                *TINY,
+            ],
+            tmp_path,
+        )
+    )
     found = sorted(p.relative_to(tmp_path / "predictive").as_posix() for p in (tmp_path / "predictive").rglob("*.npz"))
     assert found == ["ood.npz", "shift/contrast/3.npz", "shift/gaussian_noise/3.npz", "test.npz"]
     with np.load(tmp_path / "predictive" / "test.npz") as test, np.load(tmp_path / "predictive" / "ood.npz") as ood:
@@ -626,8 +714,10 @@ def test_backfill_writes_the_files_from_saved_predictions(tmp_path):
     for name in ("val", "test", "shift/noise/2"):
         write_predictions(tmp_path / "predictions" / f"{name}.npz", Predictions(logits, labels, index), "probs", 256)
     written = prediction_files.backfill(tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == ["predictive/shift/noise/2.npz",
-                                                                           "predictive/test.npz"]  # fmt: skip
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "predictive/shift/noise/2.npz",
+        "predictive/test.npz",
+    ]
     test = prediction_files.read_predictive(tmp_path / "predictive" / "test.npz", "test")
     expected = predictive_metrics(predictive(logits, "probs"), labels)
     assert statistic("ece", [test]).value() == pytest.approx(expected["ece"], abs=1e-12)

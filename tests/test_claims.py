@@ -40,10 +40,14 @@ def test_cell_is_the_mean_and_spread_over_seeds_in_display_units(tmp_path):
 
 @pytest.mark.parametrize("sve_ece, held", [(0.02, True), (0.09, False)])
 def test_compare_verdict_follows_the_numbers(tmp_path, sve_ece, held):
-    runs = runs_with(tmp_path, {("e", "sve", 4): [{"ece": sve_ece, "acc": 0.80}] * 3,
-                                ("e", "single", 1): [{"ece": 0.05, "acc": 0.805}] * 3})  # fmt: skip
-    (claim, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"],
-                                       "similar": {"acc": 1.0}}), runs)  # fmt: skip
+    runs = runs_with(
+        tmp_path,
+        {("e", "sve", 4): [{"ece": sve_ece, "acc": 0.80}] * 3, ("e", "single", 1): [{"ece": 0.05, "acc": 0.805}] * 3},
+    )
+    ((claim, verdicts),) = judge(
+        claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["ece"], "similar": {"acc": 1.0}}),
+        runs,
+    )
     ece, acc = verdicts
     assert ece.held is held and not ece.noise  # identical seeds: no spread, a clear difference
     # 0.5 points behind, within the 1.0 margin: held before, never now (a difference below 0 is not held)
@@ -53,38 +57,57 @@ def test_compare_verdict_follows_the_numbers(tmp_path, sve_ece, held):
 
 
 def test_a_difference_inside_the_seed_spread_is_flagged(tmp_path):
-    runs = runs_with(tmp_path, {("e", "sve", 4): [{"nll": 0.40}, {"nll": 0.50}, {"nll": 0.60}],
-                                ("e", "single", 1): [{"nll": 0.52}, {"nll": 0.52}, {"nll": 0.52}]})  # fmt: skip
-    (_, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"]}), runs)
+    runs = runs_with(
+        tmp_path,
+        {
+            ("e", "sve", 4): [{"nll": 0.40}, {"nll": 0.50}, {"nll": 0.60}],
+            ("e", "single", 1): [{"nll": 0.52}, {"nll": 0.52}, {"nll": 0.52}],
+        },
+    )
+    ((_, verdicts),) = judge(
+        claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"]}), runs
+    )
     assert verdicts[0].held and verdicts[0].noise
-    (_, worse), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"],
-                                   "expect": "worse"}), runs)  # fmt: skip
+    ((_, worse),) = judge(
+        claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["nll"], "expect": "worse"}), runs
+    )
     assert not worse[0].held
 
 
 def test_gain_and_trend(tmp_path):
-    runs = runs_with(tmp_path, {
-        ("pre", "sve", 4): [{"acc": 0.90}] * 2, ("pre", "single", 1): [{"acc": 0.85}] * 2,
-        ("rand", "sve", 4): [{"acc": 0.60}] * 2, ("rand", "single", 1): [{"acc": 0.62}] * 2,
-        ("arc", "sve", 1): [{"nll": 1.2}] * 2, ("arc", "sve", 2): [{"nll": 1.1}] * 2,
-        ("arc", "sve", 4): [{"nll": 1.15}] * 2,
-    })  # fmt: skip
-    (_, g), = judge(claims({"kind": "gain", "experiments": ["pre", "rand"], "a": "sve:4", "against": ["single:1"],
-                            "metrics": ["acc"]}), runs)  # fmt: skip
+    runs = runs_with(
+        tmp_path,
+        {
+            ("pre", "sve", 4): [{"acc": 0.90}] * 2,
+            ("pre", "single", 1): [{"acc": 0.85}] * 2,
+            ("rand", "sve", 4): [{"acc": 0.60}] * 2,
+            ("rand", "single", 1): [{"acc": 0.62}] * 2,
+            ("arc", "sve", 1): [{"nll": 1.2}] * 2,
+            ("arc", "sve", 2): [{"nll": 1.1}] * 2,
+            ("arc", "sve", 4): [{"nll": 1.15}] * 2,
+        },
+    )
+    ((_, g),) = judge(
+        claims(
+            {"kind": "gain", "experiments": ["pre", "rand"], "a": "sve:4", "against": ["single:1"], "metrics": ["acc"]}
+        ),
+        runs,
+    )
     assert g[0].held and g[0].ours == "+5.0 vs -2.0"
-    (_, t), = judge(claims({"kind": "trend", "experiment": "arc", "rows": ["sve:1", "sve:2", "sve:4"],
-                            "metrics": ["nll"]}), runs)  # fmt: skip
+    ((_, t),) = judge(
+        claims({"kind": "trend", "experiment": "arc", "rows": ["sve:1", "sve:2", "sve:4"], "metrics": ["nll"]}), runs
+    )
     assert not t[0].held  # M = 4 is worse than M = 2
     assert t[0].ours == "1.20 ± 0.00 → 1.10 ± 0.00 → 1.15 ± 0.00"
 
 
 def test_shift_metrics_read_the_severity_means(tmp_path):
     for seed, ece in enumerate([0.10, 0.12]):
-        write_run(tmp_path, "e", "sve", 4, seed, {}, num_members=4,
-                  shift={"by_severity": {"5": {"ece": ece}}})
+        write_run(tmp_path, "e", "sve", 4, seed, {}, num_members=4, shift={"by_severity": {"5": {"ece": ece}}})
         write_run(tmp_path, "e", "single", 1, seed, {}, num_members=1, shift={"by_severity": {"5": {"ece": 0.2}}})
-    (_, verdicts), = judge(claims({"experiment": "e", "a": "sve:4", "against": ["single:1"],
-                                   "metrics": ["sev5/ece"]}), load_runs(tmp_path))  # fmt: skip
+    ((_, verdicts),) = judge(
+        claims({"experiment": "e", "a": "sve:4", "against": ["single:1"], "metrics": ["sev5/ece"]}), load_runs(tmp_path)
+    )
     assert verdicts[0].held and verdicts[0].metric == "ECE (%) ↓, severity 5"
 
 
@@ -119,11 +142,24 @@ def test_the_mini_claims_file_names_real_rows_and_metrics():
 
 def test_mini_report_fills_every_placeholder(tmp_path):
     root = tmp_path / "mini"
-    write_run(root, "mini_sst2_minilm", "sve", 4, 0, {"acc": 0.8, "ece": 0.05, "nll": 0.5}, num_members=4,
-              wall_time_s=120.0, git_commit="abc123-dirty",
-              config={"experiment_name": "mini_sst2_minilm", "method": {"lr": 0.001},
-                      "dataset": {"name": "sst2", "train_size": 1000, "batch_size": 16},
-                      "trainer": {"max_epochs": 2}, "backbone": {"name": "minilm_l6"}})  # fmt: skip
+    write_run(
+        root,
+        "mini_sst2_minilm",
+        "sve",
+        4,
+        0,
+        {"acc": 0.8, "ece": 0.05, "nll": 0.5},
+        num_members=4,
+        wall_time_s=120.0,
+        git_commit="abc123-dirty",
+        config={
+            "experiment_name": "mini_sst2_minilm",
+            "method": {"lr": 0.001},
+            "dataset": {"name": "sst2", "train_size": 1000, "batch_size": 16},
+            "trainer": {"max_epochs": 2},
+            "backbone": {"name": "minilm_l6"},
+        },
+    )
     tuned = root / "runs" / "mini_sst2_minilm" / "sve_m4" / "tuned.json"
     tuned.write_text(json.dumps({"value": "0.001", "metric": "val/nll", "scores": {"0.0001": 0.6, "0.001": 0.5}}))
     text = mini_report.render(root, (REPO / "configs" / "claims" / "mini_readme.md").read_text())
@@ -135,18 +171,20 @@ def test_mini_report_fills_every_placeholder(tmp_path):
         mini_report.render(root, "{{nonsense}}")
 
 
-
 def test_status_names_each_row_missing_runs_once_across_tables(tmp_path):
     """The README's status comes from the built tables' "Missing runs" lists: a row shared by two tables (Table 1
     and Table 4; Fig. 3's per-severity form) is named once, and no missing line means complete."""
     tables = tmp_path / "tables"
     tables.mkdir()
     assert "**Complete**" in mini_report.status_section(tmp_path)
-    (tables / "a.md").write_text("| x |\n\nMissing runs (–):\n"
-                                 "- exp · SV-Ensemble (M=4): seeds 1, 2 (results/mini/runs/exp/sve_m4)\n"
-                                 "- exp · Single (M=1): seed 0 (results/mini/runs/exp/single_m1)\n")  # fmt: skip
-    (tables / "b.md").write_text("Missing runs (–):\n- exp · SV-Ensemble (M=4): seeds 1, 2 without a per-severity "
-                                 "record\n")  # fmt: skip
+    (tables / "a.md").write_text(
+        "| x |\n\nMissing runs (–):\n"
+        "- exp · SV-Ensemble (M=4): seeds 1, 2 (results/mini/runs/exp/sve_m4)\n"
+        "- exp · Single (M=1): seed 0 (results/mini/runs/exp/single_m1)\n"
+    )
+    (tables / "b.md").write_text(
+        "Missing runs (–):\n- exp · SV-Ensemble (M=4): seeds 1, 2 without a per-severity record\n"
+    )
     (tables / "c.md").write_text("Missing runs: none.\n")
     text = mini_report.status_section(tmp_path)
     assert text.startswith("**In progress**: 2 rows still miss runs (3 seeds;")
@@ -157,20 +195,27 @@ def test_status_names_each_row_missing_runs_once_across_tables(tmp_path):
 def test_retrained_teachers_are_reported_equal_within_rounding_or_different(tmp_path):
     """reproduced.json's differences: none -> equal to the last digit; within another machine's rounding
     (SAME_RUN) -> the largest, with the CPUs; more -> flagged. Member lists compare element-wise."""
+
     def record(name: str, differ: dict, numerics=None):
         path = tmp_path / "teachers" / "exp" / name / "seed0"
         path.mkdir(parents=True)
-        (path / "reproduced.json").write_text(json.dumps({"teacher": f"results/mini/runs/exp/{name}/seed0",
-                                                          "differ": differ, "numerics": numerics or {}}))  # fmt: skip
+        (path / "reproduced.json").write_text(
+            json.dumps({"teacher": f"results/mini/runs/exp/{name}/seed0", "differ": differ, "numerics": numerics or {}})
+        )
 
     record("a", {})
-    record("b", {"test/nll": [0.40803795, 0.40803803], "test/member_nll": [[0.5, 0.6], [0.5, 0.6000001]]},
-           {"committed": None, "retrained": {"cpu": "AMD EPYC"}})
+    record(
+        "b",
+        {"test/nll": [0.40803795, 0.40803803], "test/member_nll": [[0.5, 0.6], [0.5, 0.6000001]]},
+        {"committed": None, "retrained": {"cpu": "AMD EPYC"}},
+    )
     record("c", {"test/nll": [0.4, 0.41]})
     lines = mini_report.reproduced_section(tmp_path).splitlines()
     assert lines[0] == "- `exp/a/seed0`: equal to the last digit"
-    assert lines[1] == ("- `exp/b/seed0`: accuracy equal, the other test metrics within 2.0e-07 relative (largest: "
-                        "`test/nll`; CPUs not recorded then AMD EPYC)")  # fmt: skip
+    assert lines[1] == (
+        "- `exp/b/seed0`: accuracy equal, the other test metrics within 2.0e-07 relative (largest: "
+        "`test/nll`; CPUs not recorded then AMD EPYC)"
+    )
     assert lines[2].startswith("- `exp/c/seed0`: **differs: 2.4e-02 relative in `test/nll`**")
 
 
@@ -187,8 +232,9 @@ def test_time_section_reports_the_measured_wall_time_of_overlapping_sweeps(tmp_p
     # Two workers: runs of 0-4 h and 2-8 h overlap, so the wall time is 8 h (not 10).
     write_run(tmp_path, "mini_x", "sve", 4, 0, {"acc": 0.8}, num_members=4, wall_time_s=3600)
     spans = [(0, 4 * 3600, 1), (2 * 3600, 8 * 3600, 2)]
-    (tmp_path / "sittings.jsonl").write_text("".join(json.dumps({"started": a, "finished": b, "pid": pid}) + "\n"
-                                                     for a, b, pid in spans))  # fmt: skip
+    (tmp_path / "sittings.jsonl").write_text(
+        "".join(json.dumps({"started": a, "finished": b, "pid": pid}) + "\n" for a, b, pid in spans)
+    )
     text = mini_report.times_section(mini_report.all_results(tmp_path), tmp_path)
     assert "Measured wall time: 8.00 h during which at least one run was training" in text
     assert "2 runs by 2 sweep processes" in text
@@ -218,10 +264,21 @@ def test_the_initial_spread_is_sigma_times_the_root_of_m_minus_one_over_m():
 
 def test_the_singular_values_section_gives_each_rows_ratio_to_its_initial_spread(tmp_path):
     def sve_run(seed, moved, method="sve", tune=False, members=4):
-        path = write_run(tmp_path, "mini_x", method, members, seed, {"acc": 0.5}, num_members=members,
-                         method_report={"svd_seconds": 0.1, **({"singular_values": moved} if moved else {})},
-                         config={"experiment_name": "mini_x", "sigma_init": 0.01,
-                                 "method": {"sigma_init": 0.0 if method == "svf" else 0.01}})  # fmt: skip
+        path = write_run(
+            tmp_path,
+            "mini_x",
+            method,
+            members,
+            seed,
+            {"acc": 0.5},
+            num_members=members,
+            method_report={"svd_seconds": 0.1, **({"singular_values": moved} if moved else {})},
+            config={
+                "experiment_name": "mini_x",
+                "sigma_init": 0.01,
+                "method": {"sigma_init": 0.0 if method == "svf" else 0.01},
+            },
+        )
         if tune:  # a tuning run of the row: not one of its seeds
             target = path.parent.parent / "tune" / "method.lr_0.1" / "results.json"
             target.parent.mkdir(parents=True)
@@ -245,8 +302,9 @@ def test_the_singular_values_section_gives_each_rows_ratio_to_its_initial_spread
     # or not its test metrics matched the committed run's to the last digit
     copy = tmp_path / "teachers" / "mini_x" / "sve_m4" / "seed2"
     copy.mkdir(parents=True)
-    (copy / "results.json").write_text(json.dumps({"method_report": {"singular_values": {
-        "member_spread": 0.020, "mean_shift": 0.003}}}))  # fmt: skip
+    (copy / "results.json").write_text(
+        json.dumps({"method_report": {"singular_values": {"member_spread": 0.020, "mean_shift": 0.003}}})
+    )
     (copy / "reproduced.json").write_text(json.dumps({"differ": {"test/acc": [0.5, 0.501]}}))
     text = mini_report.singular_values_section(tmp_path)
     assert "| `mini_x` | SV-Ensemble | 4 | 0.01 | 3 of 3 (1 from `teachers/`)¹ | 2.00 | 0.87 | 2.31 | 0.30 |" in text
@@ -257,17 +315,35 @@ def test_a_claim_says_in_its_text_which_members_did_not_separate(tmp_path):
     from sve.paper.claims_text import movement_sentences
 
     for seed in range(2):
-        write_run(tmp_path, "e", "sve", 4, seed, {"acc": 0.5}, num_members=4,
-                  method_report={"svd_seconds": 0.1, "singular_values": {"member_spread": 0.0088, "mean_shift": 0.01}},
-                  config={"experiment_name": "e", "method": {"sigma_init": 0.01}})  # fmt: skip
-        write_run(tmp_path, "e", "sve", 2, seed, {"acc": 0.5}, num_members=2,
-                  method_report={"svd_seconds": 0.1, "singular_values": {"member_spread": 0.03, "mean_shift": 0.01}},
-                  config={"experiment_name": "e", "method": {"sigma_init": 0.01}})  # fmt: skip
+        write_run(
+            tmp_path,
+            "e",
+            "sve",
+            4,
+            seed,
+            {"acc": 0.5},
+            num_members=4,
+            method_report={"svd_seconds": 0.1, "singular_values": {"member_spread": 0.0088, "mean_shift": 0.01}},
+            config={"experiment_name": "e", "method": {"sigma_init": 0.01}},
+        )
+        write_run(
+            tmp_path,
+            "e",
+            "sve",
+            2,
+            seed,
+            {"acc": 0.5},
+            num_members=2,
+            method_report={"svd_seconds": 0.1, "singular_values": {"member_spread": 0.03, "mean_shift": 0.01}},
+            config={"experiment_name": "e", "method": {"sigma_init": 0.01}},
+        )
         write_run(tmp_path, "e", "single", 1, seed, {"acc": 0.5}, num_members=1)
     spec = claims({"experiment": "e", "a": "sve:4", "against": ["single:1", "sve:2"], "metrics": ["acc"]})
     sentences = movement_sentences(spec, tmp_path, load_runs(tmp_path))["T"]
-    assert sentences == ["SV-Ensemble (M=4), Exp: the members' spread is 1.02 times its initial value: the members "
-                         "did not separate (below 1.2).",
-                         "SV-Ensemble (M=2), Exp: the members' spread is 4.24 times its initial value."]  # fmt: skip
+    assert sentences == [
+        "SV-Ensemble (M=4), Exp: the members' spread is 1.02 times its initial value: the members "
+        "did not separate (below 1.2).",
+        "SV-Ensemble (M=2), Exp: the members' spread is 4.24 times its initial value.",
+    ]
     text = to_markdown(judge(spec, load_runs(tmp_path)), {"T": sentences})
     assert "**Members:** SV-Ensemble (M=4), Exp: the members' spread is 1.02 times" in text

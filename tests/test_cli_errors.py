@@ -18,8 +18,14 @@ from sve.errors import InputError, did_you_mean
 from tests.conftest import CONFIGS, ROOT
 from tests.helpers import run_main
 
-COMMANDS = {"sve-train": "train", "sve-eval": "evaluate", "sve-sweep": "sweep", "sve-tables": "tables",
-            "sve-distill": "distill", "sve-bench": "bench"}  # fmt: skip
+COMMANDS = {
+    "sve-train": "train",
+    "sve-eval": "evaluate",
+    "sve-sweep": "sweep",
+    "sve-tables": "tables",
+    "sve-distill": "distill",
+    "sve-bench": "bench",
+}
 
 
 def composition_error(overrides: list[str]) -> str:
@@ -37,13 +43,21 @@ def composition_error(overrides: list[str]) -> str:
 def command(name: str, *args: str, cwd: Path = ROOT) -> tuple[int, str, str, bool, float]:
     """(exit status, stdout, stderr, whether torch was imported, seconds) of the console script ``name`` run in
     a fresh interpreter, as its entry point runs it."""
-    code = (f"import sys, runpy; sys.argv = [{name!r}] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('sve.cli." + COMMANDS[name] + "', run_name='__main__')\n"
-            "except SystemExit as stop:\n    code = stop.code\nelse:\n    code = 0\n"
-            "print('TORCH', 'torch' in sys.modules, file=sys.stderr)\nsys.exit(code)")  # fmt: skip
+    code = (
+        f"import sys, runpy; sys.argv = [{name!r}] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('sve.cli." + COMMANDS[name] + "', run_name='__main__')\n"
+        "except SystemExit as stop:\n    code = stop.code\nelse:\n    code = 0\n"
+        "print('TORCH', 'torch' in sys.modules, file=sys.stderr)\nsys.exit(code)"
+    )
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
     seconds = time.perf_counter() - start
     stderr = done.stderr.replace("TORCH True\n", "").replace("TORCH False\n", "")
     return done.returncode, done.stdout, stderr, "TORCH True" in done.stderr, seconds
@@ -52,13 +66,16 @@ def command(name: str, *args: str, cwd: Path = ROOT) -> tuple[int, str, str, boo
 # ----- Hydra's composition errors, one line with "did you mean" ------------------------------------------------
 
 
-@pytest.mark.parametrize("override, said", [
-    ("method=sev", "method=sev: no such option (did you mean sve?); the options of method are: batch_ensemble"),
-    ("backbone=bert_bsae", "backbone=bert_bsae: no such option (did you mean bert_base?)"),
-    ("trainer=gpuu", "trainer=gpuu: no such option (did you mean gpu?)"),
-    ("experiment=mini_sst2_mnilm", "experiment=mini_sst2_mnilm: no such option (did you mean mini_sst2_minilm?)"),
-    ("dataset=cifar1000", "dataset=cifar1000: no such option (did you mean cifar100?)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("method=sev", "method=sev: no such option (did you mean sve?); the options of method are: batch_ensemble"),
+        ("backbone=bert_bsae", "backbone=bert_bsae: no such option (did you mean bert_base?)"),
+        ("trainer=gpuu", "trainer=gpuu: no such option (did you mean gpu?)"),
+        ("experiment=mini_sst2_mnilm", "experiment=mini_sst2_mnilm: no such option (did you mean mini_sst2_minilm?)"),
+        ("dataset=cifar1000", "dataset=cifar1000: no such option (did you mean cifar100?)"),
+    ],
+)
 def test_an_unknown_option_of_any_group_names_it_the_closest_and_every_option(override, said):
     message = composition_error([override])
     assert message.startswith(said) and "\n" not in message and "search path" not in message.lower()
@@ -71,8 +88,9 @@ def test_a_key_not_in_the_struct_is_named_with_the_keys_there_and_not_the_plus_t
     assert message.startswith("dataset.roots: no such key (did you mean root?); dataset has: _target_, name, root,")
     assert "+dataset.roots" not in message and "\n" not in message
     assert composition_error(["ensembel_size=2"]).startswith("ensembel_size: no such key (did you mean ensemble_size?)")
-    assert composition_error(["trainer.max_epoch=2"]).startswith("trainer.max_epoch: no such key (did you mean "
-                                                                 "max_epochs?)")
+    assert composition_error(["trainer.max_epoch=2"]).startswith(
+        "trainer.max_epoch: no such key (did you mean max_epochs?)"
+    )
     assert composition_error(["methd=sve"]).startswith("methd: no such key (did you mean method?)")
 
 
@@ -83,15 +101,17 @@ def test_did_you_mean_prefers_a_swap_of_two_letters():
 
 
 def test_sve_train_answers_a_bad_option_in_one_line_without_torch_and_creates_nothing(tmp_path):
-    for args, said in ((["method=sev"], "error: method=sev: no such option (did you mean sve?)"),
-                       (["-m", "method=sve,sev"], "error: method=sev: no such option (did you mean sve?)"),
-                       (["dataset=image_folder", "dataset.roots=x"], "error: dataset.roots: no such key (did you "
-                                                                     "mean root?)"),
-                       (["dataset=image_folder", f"dataset.root={tmp_path}/absent"],
-                        f"error: dataset image_folder: dataset.root={tmp_path}/absent: no such file or directory"),
-                       (["plan=true", "plan_memory_gib=-1"], "error: plan_memory_gib=-1 is not valid"),
-                       (["plan=true", "plan_memory_gib=abc"], "error: plan_memory_gib='abc' is not valid"),
-                       ):  # fmt: skip
+    for args, said in (
+        (["method=sev"], "error: method=sev: no such option (did you mean sve?)"),
+        (["-m", "method=sve,sev"], "error: method=sev: no such option (did you mean sve?)"),
+        (["dataset=image_folder", "dataset.roots=x"], "error: dataset.roots: no such key (did you mean root?)"),
+        (
+            ["dataset=image_folder", f"dataset.root={tmp_path}/absent"],
+            f"error: dataset image_folder: dataset.root={tmp_path}/absent: no such file or directory",
+        ),
+        (["plan=true", "plan_memory_gib=-1"], "error: plan_memory_gib=-1 is not valid"),
+        (["plan=true", "plan_memory_gib=abc"], "error: plan_memory_gib='abc' is not valid"),
+    ):
         code, out, err, torch, _ = command("sve-train", *args, cwd=tmp_path)
         assert code == 2 and err.startswith(said) and err.count("\n") == 1, (args, out, err)
         assert not torch, args
@@ -160,8 +180,6 @@ def test_a_table_file_with_a_yaml_syntax_error_is_one_line_naming_the_file_and_l
 # ----- a refused run leaves nothing behind --------------------------------------------------------------------
 
 
-
-
 def refuse(cfg):
     raise InputError("dataset.root=/x lacks train/")
 
@@ -193,8 +211,9 @@ NOISE = ("`torch.jit.script` is deprecated", "backend not available", "💡 Tip:
 
 
 def test_a_tiny_run_prints_none_of_the_libraries_notices(tmp_path):
-    code, out, err, _, _ = command("sve-train", "trainer=debug", "callbacks=none", f"hydra.run.dir={tmp_path}/run",
-                                   cwd=tmp_path)  # fmt: skip
+    code, out, err, _, _ = command(
+        "sve-train", "trainer=debug", "callbacks=none", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
+    )
     assert code == 0, err[-3000:]
     assert (tmp_path / "run" / "results.json").is_file()
     for notice in NOISE:

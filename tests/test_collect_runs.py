@@ -21,9 +21,19 @@ def write(path, text="x"):
 def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_path):
     source, target = tmp_path / "clone" / "results" / "mini", tmp_path / "main" / "results" / "mini"
     done = source / "runs" / "exp" / "sve_m4" / "seed0"
-    for name in ("results.json", "run_config.yaml", "train.log", "predictive/test.npz", "checkpoints/final.ckpt",
-                 "csv/metrics.csv", "predictions/test.npz", ".hydra/config.yaml", ".lock", "failed.json",
-                 "adapter/adapter_config.json"):
+    for name in (
+        "results.json",
+        "run_config.yaml",
+        "train.log",
+        "predictive/test.npz",
+        "checkpoints/final.ckpt",
+        "csv/metrics.csv",
+        "predictions/test.npz",
+        ".hydra/config.yaml",
+        ".lock",
+        "failed.json",
+        "adapter/adapter_config.json",
+    ):
         write(done / name)
     write(done / "results.json", json.dumps({"metrics": {"test/acc": 0.5}}))
     tuning = source / "runs" / "exp" / "sve_m4" / "tune" / "method.lr_0.01"
@@ -45,8 +55,13 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     changes = collect(source, target)
     assert "added runs/exp/sve_m4/seed0" in changes and "tuned runs/exp/sve_m4" in changes
     copied = target / "runs" / "exp" / "sve_m4"
-    assert sorted(p.name for p in (copied / "seed0").iterdir()) == ["adapter", "predictive", "results.json",
-                                                                    "run_config.yaml", "train.log"]  # fmt: skip
+    assert sorted(p.name for p in (copied / "seed0").iterdir()) == [
+        "adapter",
+        "predictive",
+        "results.json",
+        "run_config.yaml",
+        "train.log",
+    ]
     assert not (copied / "tune" / "method.lr_0.01" / "predictive").exists()  # tuning runs' statistics stay
     assert not (copied / "seed1").exists()
     assert (target / "runs" / "exp" / "single_m1" / "seed0" / "results.json").exists()
@@ -57,8 +72,10 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
     teacher = source / "teachers" / "exp" / "sve_m4" / "seed0"  # trained again by mini_distill.py
     for name in ("results.json", "reproduced.json", "checkpoints/final.ckpt", "train.log"):
         write(teacher / name)
-    assert collect(source, target) == ["teacher teachers/exp/sve_m4/seed0: reproduced.json",
-                                       "teacher teachers/exp/sve_m4/seed0: results.json"]  # fmt: skip
+    assert collect(source, target) == [
+        "teacher teachers/exp/sve_m4/seed0: reproduced.json",
+        "teacher teachers/exp/sve_m4/seed0: results.json",
+    ]
     kept = target / "teachers" / "exp" / "sve_m4" / "seed0"
     assert sorted(p.name for p in kept.iterdir()) == ["reproduced.json", "results.json"]  # no checkpoint
     assert (target / "sittings.jsonl").read_text().splitlines() == lines
@@ -67,7 +84,10 @@ def test_finished_runs_are_copied_without_what_the_repository_does_not_keep(tmp_
         write(diagnostic / name)
     assert collect(source, target) == ["added diagnostics/exp_sve_lr/seed0"]
     assert sorted(p.name for p in (target / "diagnostics" / "exp_sve_lr" / "seed0").iterdir()) == [
-        "predictive", "results.json", "train.log"]  # fmt: skip
+        "predictive",
+        "results.json",
+        "train.log",
+    ]
 
 
 def test_a_source_that_is_not_a_store_is_one_line(tmp_path, monkeypatch, capsys):

@@ -75,8 +75,9 @@ def test_every_committed_config_builds_its_model(path, monkeypatch):
 @pytest.mark.slow
 def test_the_committed_checkpoint_evaluates_to_its_results(tmp_path):
     cfg = saved_config(CHECKPOINTED / "results.json")
-    missing = [p for p in local_paths(OmegaConf.to_container(cfg.backbone)) + data_roots(cfg)
-               if not (ROOT / p).exists()]  # fmt: skip
+    missing = [
+        p for p in local_paths(OmegaConf.to_container(cfg.backbone)) + data_roots(cfg) if not (ROOT / p).exists()
+    ]
     if missing:
         pytest.skip(f"needs {missing} (MiniLM-L6: make install; SST-2: ../shared)")
     run_dir = tmp_path / "run"  # a copy: evaluate.py writes evaluations/ into the run directory
@@ -84,8 +85,14 @@ def test_the_committed_checkpoint_evaluates_to_its_results(tmp_path):
     shutil.copy(CHECKPOINTED / "results.json", run_dir)
     shutil.copy(CHECKPOINTED / "checkpoints" / "final.ckpt", run_dir / "checkpoints")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # as the sweep worker trained it
-    done = subprocess.run([sys.executable, "-m", "sve.cli.evaluate", f"run_dir={run_dir}", "name=again"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sve.cli.evaluate", f"run_dir={run_dir}", "name=again"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     trained = json.loads((CHECKPOINTED / "results.json").read_text())
     again = json.loads((run_dir / "evaluations" / "again.json").read_text())
@@ -134,8 +141,10 @@ def test_the_committed_miniature_is_what_its_runs_build(tmp_path, monkeypatch):
     assert {p.name for p in (mini / "figures").iterdir()} == {p.name for p in (copy / "figures").iterdir()}
 
 
-DONE = re.compile(r"^\[\s*\d+/\d+\] \S+ (?P<experiment>\S+) (?P<method>\S+) M=(?P<members>\d+) "
-                  r"seed (?P<seed>\d+): done$")
+DONE = re.compile(
+    r"^\[\s*\d+/\d+\] \S+ (?P<experiment>\S+) (?P<method>\S+) M=(?P<members>\d+) "
+    r"seed (?P<seed>\d+): done$"
+)
 
 
 def test_make_mini_in_a_fresh_clone_trains_no_committed_run(tmp_path):
@@ -152,8 +161,14 @@ def test_make_mini_in_a_fresh_clone_trains_no_committed_run(tmp_path):
     command = [sys.executable, "-m", "sve.cli.sweep", *tables, "--results", "results/mini", "--dry-run"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    skipped = {f"{m['experiment']}/{m['method']}_m{m['members']}/seed{m['seed']}"
-               for m in map(DONE.match, done.stdout.splitlines()) if m}  # fmt: skip
-    committed = {str(p.parent.relative_to(mini / "runs")) for p in (mini / "runs").glob("*/*/seed*/results.json")
-                 if not p.parent.parent.name.startswith("distilled_")}  # fmt: skip
+    skipped = {
+        f"{m['experiment']}/{m['method']}_m{m['members']}/seed{m['seed']}"
+        for m in map(DONE.match, done.stdout.splitlines())
+        if m
+    }
+    committed = {
+        str(p.parent.relative_to(mini / "runs"))
+        for p in (mini / "runs").glob("*/*/seed*/results.json")
+        if not p.parent.parent.name.startswith("distilled_")
+    }
     assert committed and committed <= skipped, sorted(committed - skipped)

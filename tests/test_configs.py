@@ -65,8 +65,9 @@ def test_every_option_instantiates(group, tmp_path):
 
 @pytest.mark.parametrize("method", config_options("method"))
 def test_every_method_builds_on_a_tiny_backbone(method):
-    backbone, datamodule, built, module = build(compose_cfg([f"method={method}", "backbone=tiny_bert",
-                                                             "dataset=synthetic_text"]))  # fmt: skip
+    backbone, datamodule, built, module = build(
+        compose_cfg([f"method={method}", "backbone=tiny_bert", "dataset=synthetic_text"])
+    )
     assert built.trainable_parameters()
 
 
@@ -92,8 +93,12 @@ def test_minilm_resolves_to_packaged_weights():
     assert backbone.feature_dim == 384 and backbone.pooling == "mean"
 
 
-TINY_BY_MODALITY = {"TimmBackbone": "tiny_vit", "HFEncoderBackbone": "tiny_bert", "HFCausalLMBackbone": "tiny_llama",
-                    "ChoiceCausalLMBackbone": "tiny_llama"}
+TINY_BY_MODALITY = {
+    "TimmBackbone": "tiny_vit",
+    "HFEncoderBackbone": "tiny_bert",
+    "HFCausalLMBackbone": "tiny_llama",
+    "ChoiceCausalLMBackbone": "tiny_llama",
+}
 
 
 @pytest.mark.parametrize("experiment", config_options("experiment"))
@@ -105,8 +110,13 @@ def test_every_experiment_runs_in_fast_dev_mode(experiment, tmp_path):
     tiny = TINY_BY_MODALITY.get(cfg.backbone._target_.rsplit(".", 1)[-1])
     if tiny is None:
         pytest.skip(f"no tiny stand-in for backbone {cfg.backbone._target_}")
-    overrides = [f"experiment={experiment}", f"backbone={tiny}", "dataset.train_size=8", "dataset.val_size=4",
-                 "dataset.test_size=4"]  # fmt: skip
+    overrides = [
+        f"experiment={experiment}",
+        f"backbone={tiny}",
+        "dataset.train_size=8",
+        "dataset.val_size=4",
+        "dataset.test_size=4",
+    ]
     if cfg.dataset.get("shift_size"):  # corrupted sets are drawn from the 4 test examples: all of them
         overrides.append("dataset.shift_size=null")
     if cfg.backbone._target_.endswith("ChoiceCausalLMBackbone"):  # the tiny LLaMA, scoring answers the same way

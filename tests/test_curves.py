@@ -9,9 +9,20 @@ from sve.training.curves import LearningCurve
 from tests.conftest import compose_cfg
 
 # 6 optimiser steps per epoch, 2 epochs, dropout on (the curve must not shift the random numbers training draws).
-RUN = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "trainer=cpu",
-       "trainer.max_epochs=2", "+backbone.model_kwargs.drop_rate=0.2", "dataset.num_train=48", "dataset.num_val=16",
-       "dataset.num_test=16", "method.lr=3e-2", "+trainer.enable_progress_bar=false"]  # fmt: skip
+RUN = [
+    "backbone=tiny_vit",
+    "dataset=synthetic_image",
+    "method=sve",
+    "ensemble_size=2",
+    "trainer=cpu",
+    "trainer.max_epochs=2",
+    "+backbone.model_kwargs.drop_rate=0.2",
+    "dataset.num_train=48",
+    "dataset.num_val=16",
+    "dataset.num_test=16",
+    "method.lr=3e-2",
+    "+trainer.enable_progress_bar=false",
+]
 CURVE = ["+callbacks.curve._target_=sve.training.curves.LearningCurve", "+callbacks.curve.points=2"]
 
 
@@ -27,8 +38,9 @@ def test_a_curve_records_its_steps_and_does_not_change_training(tmp_path):
     curved = run(compose_cfg(RUN + CURVE, tmp_path / "curved"))
     assert plain["curve"] is None
     drop = {"test/seconds"}
-    assert {k: v for k, v in curved["metrics"].items() if k not in drop} == \
-        {k: v for k, v in plain["metrics"].items() if k not in drop}  # fmt: skip
+    assert {k: v for k, v in curved["metrics"].items() if k not in drop} == {
+        k: v for k, v in plain["metrics"].items() if k not in drop
+    }
     points = curved["curve"]["points"]
     assert [p["step"] for p in points] == [0, 4, 8, 12] and curved["curve"]["total_steps"] == 12
     assert [p["epoch"] for p in points] == [0.0, pytest.approx(4 / 6, abs=1e-4), pytest.approx(8 / 6, abs=1e-4), 2.0]
@@ -50,9 +62,17 @@ def test_debug_scores_two_batches_of_every_set_and_every_curve_point(tmp_path, c
 
     import numpy as np
 
-    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "ensemble_size=2", "callbacks=default",
-                 "dataset.num_val=80", "dataset.num_test=80", "dataset.corruptions=[contrast]",
-                 "dataset.severities=[2]"]  # fmt: skip
+    overrides = [
+        "backbone=tiny_vit",
+        "dataset=synthetic_image",
+        "method=sve",
+        "ensemble_size=2",
+        "callbacks=default",
+        "dataset.num_val=80",
+        "dataset.num_test=80",
+        "dataset.corruptions=[contrast]",
+        "dataset.severities=[2]",
+    ]
     with caplog.at_level(logging.INFO, logger="sve.runs.evaluation"):
         results = run(compose_cfg(overrides, tmp_path))  # trainer=debug: limit_val_batches=limit_test_batches=2
     assert {p["examples"] for p in results["curve"]["points"]} == {16}  # 2 batches of 8, not 80

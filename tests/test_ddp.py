@@ -20,9 +20,17 @@ from tests.conftest import ROOT, compose_cfg, config_options
 METHODS = config_options("method")
 # 21 test examples: 11 on rank 0, 10 on rank 1 plus one padding example that must not be counted.
 # Two epochs of 3 steps with the default callbacks (checkpoints at steps 2 and 4, mid-epoch, and at epoch ends).
-DATA = ["backbone=tiny_vit", "dataset=synthetic_image", "ensemble_size=2", "trainer.max_epochs=2",
-        "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
-        "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=21"]  # fmt: skip
+DATA = [
+    "backbone=tiny_vit",
+    "dataset=synthetic_image",
+    "ensemble_size=2",
+    "trainer.max_epochs=2",
+    "callbacks=default",
+    "callbacks.checkpoint.every_n_steps=2",
+    "dataset.num_train=24",
+    "dataset.num_val=8",
+    "dataset.num_test=21",
+]
 # Sampled methods match too: evaluation draws are seeded per batch (the batches are the same on any number of
 # processes), and training draws per optimiser step, made for the whole global batch (sve.layers.draws): MC
 # dropout's masks and BLoB's per-example weight samples are those of one process.
@@ -58,14 +66,16 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
     chunked = overrides("sve", "ddp_sim") + TEXT + ["method.members_at_once=1"]
     runs = [overrides(m, "ddp_sim") for m in METHODS] + [overrides(m, "ddp_sim") + TEXT for m in text_methods]
     results = ddp_runs(tmp_path / "ddp", runs + [chunked])
-    for method, result in zip(text_methods, results[len(METHODS):]):
+    for method, result in zip(text_methods, results[len(METHODS) :]):
         assert isinstance(result, dict) and result["metrics"]["test/examples"] == 21, (method, result)
     assert isinstance(results[-1], dict), f"members_at_once=1 under DDP: {results[-1]}"
     # ... and trains what all members at once train under DDP (equal to the last digit here). (Text runs are
     # compared with each other, not with one process: a micro-batch pads its sentences to its own longest,
     # so dropout masks, drawn per padded shape, differ from one process's.)
-    together, one_by_one = (np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")["member_logits"]
-                            for i in (len(METHODS), len(runs)))  # fmt: skip
+    together, one_by_one = (
+        np.load(tmp_path / "ddp" / str(i) / "predictions" / "test.npz")["member_logits"]
+        for i in (len(METHODS), len(runs))
+    )
     np.testing.assert_allclose(one_by_one, together, rtol=1e-6, atol=1e-7)
     for i, (method, ddp) in enumerate(zip(METHODS, results)):
         assert isinstance(ddp, dict), f"{method} under DDP: {ddp}"
@@ -98,8 +108,9 @@ def test_ddp_sim_runs_every_method_and_equals_one_process(tmp_path):
 @pytest.mark.parametrize("method", METHODS)
 def test_every_trainable_parameter_gets_a_gradient(method, backbone):
     dataset = "synthetic_image" if backbone == "tiny_vit" else "synthetic_text"
-    _, datamodule, _, module = build(compose_cfg([f"method={method}", f"backbone={backbone}", f"dataset={dataset}",
-                                                  "ensemble_size=2"]))  # fmt: skip
+    _, datamodule, _, module = build(
+        compose_cfg([f"method={method}", f"backbone={backbone}", f"dataset={dataset}", "ensemble_size=2"])
+    )
     datamodule.setup()
     before = {n: p.detach().clone() for n, p in module.state_dict().items() if isinstance(p, torch.Tensor)}
     rng = torch.get_rng_state()

@@ -33,8 +33,9 @@ def probs_of(npz) -> np.ndarray:
 @pytest.mark.parametrize("objective, members", [("mean", 1), ("dirichlet", 8)])
 def test_a_run_is_distilled_and_evaluated_with_its_cost(teacher, tmp_path, objective, members):
     out = tmp_path / objective
-    record = distill_run([f"run_dir={teacher}", f"objective={objective}", "epochs=4", "lr=0.01", "samples=8",
-                          f"out={out}"])  # fmt: skip
+    record = distill_run(
+        [f"run_dir={teacher}", f"objective={objective}", "epochs=4", "lr=0.01", "samples=8", f"out={out}"]
+    )
     saved = json.loads((out / "results.json").read_text())
     assert saved["num_members"] == members and saved["teacher_members"] == 3 and saved["objective"] == objective
     assert saved["losses"][-1] < saved["losses"][0]  # the student moved towards the teacher
@@ -93,8 +94,9 @@ def test_a_teacher_trained_on_a_gpu_is_distilled_on_the_cpu_when_told(teacher, t
     with pytest.raises(InputError, match="no CUDA GPU here.*trainer.accelerator=cpu trainer.devices=1"):
         distill_run([f"run_dir={copy}", "epochs=1", f"out={tmp_path / 'refused'}"])
     assert not (tmp_path / "refused").exists()
-    record = distill_run([f"run_dir={copy}", "epochs=1", "trainer.accelerator=cpu", "trainer.devices=1",
-                          f"out={tmp_path / 'student'}"])  # fmt: skip
+    record = distill_run(
+        [f"run_dir={copy}", "epochs=1", "trainer.accelerator=cpu", "trainer.devices=1", f"out={tmp_path / 'student'}"]
+    )
     assert 0 <= record["metrics"]["test/acc"] <= 1
 
 
@@ -149,10 +151,12 @@ def test_the_mini_distillation_plan_finds_teachers_by_checkpoint_or_adapter(tmp_
     (retrained / "final.ckpt").write_bytes(b"")
     assert ("teachers/a/sve_m4/seed2", "mean", "runs/a/distilled_mean_m1/seed2") in [
         (s.relative_to(tmp_path).as_posix(), o, d.relative_to(tmp_path).as_posix())
-        for s, o, d in script.plan(tmp_path, spec)[0]]  # fmt: skip
+        for s, o, d in script.plan(tmp_path, spec)[0]
+    ]
     retrained.joinpath("final.ckpt").unlink()
     assert [t.relative_to(tmp_path).as_posix() for t, _, _ in script.plan(tmp_path, spec, ["a"])[0]][:1] == [
-        "runs/a/sve_m4/seed0"]
+        "runs/a/sve_m4/seed0"
+    ]
     with pytest.raises(InputError, match=r"--experiments b: not in the mini distillation table; choose from a"):
         script.plan(tmp_path, spec, ["b"])
     assert script.student_lr(tmp_path, "a") == []  # no tuning record: the student method's default
@@ -174,8 +178,12 @@ def test_a_teacher_whose_state_was_left_behind_is_trained_again_to_the_same_digi
     script = load_script()
     teacher = run_dir(tmp_path, "exp", "sve", 2, 0)
     overrides = ["method=sve", "ensemble_size=2", "trainer.max_epochs=1", "+experiment_name=exp", *TINY]
-    subprocess.run([sys.executable, "-m", "sve.cli.train", *overrides, f"hydra.run.dir={teacher}"], cwd=ROOT,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "sve.cli.train", *overrides, f"hydra.run.dir={teacher}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     assert script.recorded_overrides(json.loads((teacher / "results.json").read_text())) == overrides
     shutil.rmtree(teacher / "checkpoints")
     shutil.rmtree(teacher / "adapter")  # as a committed run of before adapters were kept
@@ -206,8 +214,9 @@ def test_unlabeled_inputs_are_the_training_splits_next_ones_and_bounded(teacher,
         return [0.0]
 
     monkeypatch.setattr("sve.runs.distillation.distill", spy)
-    record = distill_run([f"run_dir={teacher}", "epochs=1", "unlabeled=8", "+dataset.train_size=16",
-                          f"out={tmp_path / 'u'}"])  # fmt: skip
+    record = distill_run(
+        [f"run_dir={teacher}", "epochs=1", "unlabeled=8", "+dataset.train_size=16", f"out={tmp_path / 'u'}"]
+    )
     assert record["inputs"] == {"labelled": 16, "unlabeled": 8}
     labelled = subset_indices(64, 16, 0)
     assert seen["indices"][:16] == labelled and len(set(seen["indices"])) == 24
@@ -224,7 +233,10 @@ def test_a_dirichlet_student_of_one_member_is_refused(tmp_path):
     # A Dirichlet fitted to one member's probabilities has no spread to learn; it was built without a word.
     single = tmp_path / "single"
     run(compose_cfg(["method=single", "trainer.max_epochs=1", *TINY], single))
-    with pytest.raises(InputError, match=rf"objective=dirichlet .* needs at least 2; run_dir={single} "
-                                         r"\(method=single\) predicts with 1 member\(s\); use objective=mean"):
+    with pytest.raises(
+        InputError,
+        match=rf"objective=dirichlet .* needs at least 2; run_dir={single} "
+        r"\(method=single\) predicts with 1 member\(s\); use objective=mean",
+    ):
         distill_run([f"run_dir={single}", "objective=dirichlet", "epochs=1", f"out={tmp_path / 'student'}"])
     assert not (tmp_path / "student").exists()

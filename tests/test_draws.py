@@ -45,8 +45,17 @@ def test_a_draw_that_is_not_batch_first_falls_back_with_a_warning():
 
 
 def test_training_with_accumulation_equals_training_without_it():
-    overrides = ["backbone=tiny_vit", "trainer=cpu", "trainer.max_epochs=1", "dataset.num_train=16",
-                 "dataset.num_val=8", "dataset.num_test=8", "method=mc_dropout", "callbacks=default"]  # fmt: skip
+    overrides = [
+        "backbone=tiny_vit",
+        "trainer=cpu",
+        "trainer.max_epochs=1",
+        "dataset.num_train=16",
+        "dataset.num_val=8",
+        "dataset.num_test=8",
+        "method=mc_dropout",
+        "callbacks=default",
+    ]
+
     def trained(*extra: str) -> dict:
         out = tempfile.mkdtemp()
         run(compose_cfg([*overrides, *extra], out))

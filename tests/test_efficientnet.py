@@ -57,11 +57,24 @@ def timm_to_efficientnet_pytorch(state: dict, model: nn.Module) -> dict:
     for s, stage in enumerate(model.blocks):
         for i, block in enumerate(stage):
             number[(s, i)] = (len(number), hasattr(block, "conv_pwl"))
-    inverted = {"conv_pw": "_expand_conv", "bn1": "_bn0", "conv_dw": "_depthwise_conv", "bn2": "_bn1",
-                "se.conv_reduce": "_se_reduce", "se.conv_expand": "_se_expand", "conv_pwl": "_project_conv",
-                "bn3": "_bn2"}  # fmt: skip
-    separable = {"conv_dw": "_depthwise_conv", "bn1": "_bn1", "se.conv_reduce": "_se_reduce",
-                 "se.conv_expand": "_se_expand", "conv_pw": "_project_conv", "bn2": "_bn2"}  # fmt: skip
+    inverted = {
+        "conv_pw": "_expand_conv",
+        "bn1": "_bn0",
+        "conv_dw": "_depthwise_conv",
+        "bn2": "_bn1",
+        "se.conv_reduce": "_se_reduce",
+        "se.conv_expand": "_se_expand",
+        "conv_pwl": "_project_conv",
+        "bn3": "_bn2",
+    }
+    separable = {
+        "conv_dw": "_depthwise_conv",
+        "bn1": "_bn1",
+        "se.conv_reduce": "_se_reduce",
+        "se.conv_expand": "_se_expand",
+        "conv_pw": "_project_conv",
+        "bn2": "_bn2",
+    }
     top = {"conv_stem": "_conv_stem", "bn1": "_bn0", "conv_head": "_conv_head", "bn2": "_bn1", "classifier": "_fc"}
     out = {}
     for key, value in state.items():
@@ -104,8 +117,9 @@ def test_backbone_reads_either_naming_and_drops_the_classifier(tmp_path):
     with torch.no_grad():
         expected = source.forward_head(source.forward_features(x["pixel_values"]), pre_logits=True)
     for file in ("effnet_pytorch.pth", "timm.pth", "timm_headless.pth"):
-        backbone = TimmCNNBackbone("tf_efficientnet_lite0", TARGETS, checkpoint_path=str(tmp_path / file),
-                                   image_size=32).eval()
+        backbone = TimmCNNBackbone(
+            "tf_efficientnet_lite0", TARGETS, checkpoint_path=str(tmp_path / file), image_size=32
+        ).eval()
         assert backbone.feature_dim == 1280 and isinstance(backbone.model.classifier, nn.Identity)
         with torch.no_grad():
             torch.testing.assert_close(backbone(x), expected, atol=1e-5, rtol=1e-5)
@@ -139,8 +153,13 @@ def test_timm_backbone_passes_img_size_only_to_models_that_take_it():
     """A CNN has no img_size argument (TimmBackbone used to pass one and fail); a ViT still gets it."""
     cnn = TimmBackbone("tf_efficientnet_lite0", TARGETS, pretrained=False, image_size=48)
     assert cnn.feature_dim == 1280 and cnn.image_size == 48
-    vit = TimmBackbone("vit_tiny_patch16_224", [r"attn\.qkv"], pretrained=False, image_size=32,
-                       model_kwargs=dict(patch_size=8, embed_dim=32, depth=1, num_heads=2))
+    vit = TimmBackbone(
+        "vit_tiny_patch16_224",
+        [r"attn\.qkv"],
+        pretrained=False,
+        image_size=32,
+        model_kwargs=dict(patch_size=8, embed_dim=32, depth=1, num_heads=2),
+    )
     assert tuple(vit.model.patch_embed.img_size) == (32, 32)
     with pytest.raises(TypeError, match="no_such_arg"):  # any other bad keyword is still the user's error
         TimmBackbone("tf_efficientnet_lite0", TARGETS, pretrained=False, model_kwargs={"no_such_arg": 1})
@@ -211,8 +230,16 @@ METHODS = ["sve", "svf", "lora_ensemble", "batch_ensemble"]  # the methods with 
 @pytest.mark.parametrize("method", METHODS)
 def test_members_equal_the_base_model_at_init(method):
     noise = [f"method.{k}=0.0" for k in ("sigma_init",) if k in compose_cfg([f"method={method}"]).method]
-    cfg = compose_cfg([f"method={method}", "backbone=efficientnet_lite0", "backbone.pretrained=false",
-                       "backbone.image_size=32", "ensemble_size=3", *noise])
+    cfg = compose_cfg(
+        [
+            f"method={method}",
+            "backbone=efficientnet_lite0",
+            "backbone.pretrained=false",
+            "backbone.image_size=32",
+            "ensemble_size=3",
+            *noise,
+        ]
+    )
     torch.manual_seed(0)
     reference = instantiate(cfg.backbone).eval()
     torch.manual_seed(0)
@@ -234,8 +261,15 @@ def bn_state(module: nn.Module) -> dict:
 def test_frozen_bn_statistics_never_move(method):
     """A training step in train mode leaves every running statistic as it was; the BN affine parameters train
     only where the method trains the backbone (single), as with the CIFAR ResNets."""
-    cfg = compose_cfg([f"method={method}", "backbone=efficientnet_lite0", "backbone.pretrained=false",
-                       "backbone.image_size=32", "ensemble_size=2"])
+    cfg = compose_cfg(
+        [
+            f"method={method}",
+            "backbone=efficientnet_lite0",
+            "backbone.pretrained=false",
+            "backbone.image_size=32",
+            "ensemble_size=2",
+        ]
+    )
     m = instantiate(cfg.method, backbone=random_backbone(), ensemble_size=2, num_classes=10).train()
     bns = [x for x in m.backbone.model.modules() if isinstance(x, _BatchNorm)]
     assert bns and all(not x.training for x in bns) and m.backbone.model.training
@@ -294,8 +328,14 @@ def test_imagenet_weights_load_strictly_and_classify():
 
     photo = os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")
     if os.path.exists(photo):
-        tf = T.Compose([T.Resize(256, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(224), T.ToTensor(),
-                        T.Normalize([0.5] * 3, [0.5] * 3)])
+        tf = T.Compose(
+            [
+                T.Resize(256, interpolation=T.InterpolationMode.BICUBIC),
+                T.CenterCrop(224),
+                T.ToTensor(),
+                T.Normalize([0.5] * 3, [0.5] * 3),
+            ]
+        )
         with torch.no_grad():
             top5 = model(tf(Image.open(photo).convert("RGB"))[None]).topk(5).indices[0].tolist()
         assert {400, 652, 667} & set(top5[:3]), top5  # academic gown, military uniform, mortarboard
@@ -309,13 +349,25 @@ def test_a_normalisation_other_than_the_weights_own_is_warned_of(tmp_path, caplo
     # an ImageNet-normalised ResNet the wrong inputs without a word.
     torch.save(timm.create_model("resnet10t", pretrained=False).state_dict(), tmp_path / "resnet.pth")
     with caplog.at_level("WARNING"):
-        backbone = TimmCNNBackbone("resnet10t", ["conv2"], checkpoint_path=str(tmp_path / "resnet.pth"),
-                                   image_size=32, mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])  # fmt: skip
+        backbone = TimmCNNBackbone(
+            "resnet10t",
+            ["conv2"],
+            checkpoint_path=str(tmp_path / "resnet.pth"),
+            image_size=32,
+            mean=[0.5, 0.5, 0.5],
+            std=[0.5, 0.5, 0.5],
+        )
     assert backbone.mean == (0.5, 0.5, 0.5)  # as asked
     assert "backbone.mean=[0.5, 0.5, 0.5] is not resnet10t's own ([0.485, 0.456, 0.406])" in caplog.text
     caplog.clear()
     torch.save(timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict(), tmp_path / "lite0.pth")
     with caplog.at_level("WARNING"):  # the architecture's own: nothing to say
-        TimmCNNBackbone("tf_efficientnet_lite0", TARGETS, checkpoint_path=str(tmp_path / "lite0.pth"), image_size=32,
-                        mean=[0.5] * 3, std=[0.5] * 3)  # fmt: skip
+        TimmCNNBackbone(
+            "tf_efficientnet_lite0",
+            TARGETS,
+            checkpoint_path=str(tmp_path / "lite0.pth"),
+            image_size=32,
+            mean=[0.5] * 3,
+            std=[0.5] * 3,
+        )
     assert "is not" not in caplog.text

@@ -29,8 +29,9 @@ def library_modules():
 
 
 def test_no_module_outside_cli_defines_main_or_builds_an_argument_parser():
-    misplaced = {str(p.relative_to(ROOT)): found for p in library_modules()
-                 if (found := entry_points(ast.parse(p.read_text())))}  # fmt: skip
+    misplaced = {
+        str(p.relative_to(ROOT)): found for p in library_modules() if (found := entry_points(ast.parse(p.read_text())))
+    }
     assert misplaced == {}
 
 

@@ -38,13 +38,16 @@ def same_metrics(trained: dict, evaluated: dict, rel: float = 0.0) -> None:
         assert evaluated[key] == pytest.approx(trained[key], rel=rel, abs=0), key
 
 
-@pytest.mark.parametrize("method, extra", [
-    ("sve", ["ensemble_size=2"]),
-    ("mc_dropout", ["method.num_samples=3"]),  # sampled members: each set's pass is seeded
-    ("checkpoint_ensemble", ["ensemble_size=2", "trainer.max_epochs=2"]),  # snapshots in use after after_fit
-    ("deep_ensemble", ["ensemble_size=2", "method.mode=sequential"]),  # the last round's members stored
-    ("bayes_lora_llla", ["method.marglik_steps=3"]),  # the posterior comes with the checkpoint
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, extra",
+    [
+        ("sve", ["ensemble_size=2"]),
+        ("mc_dropout", ["method.num_samples=3"]),  # sampled members: each set's pass is seeded
+        ("checkpoint_ensemble", ["ensemble_size=2", "trainer.max_epochs=2"]),  # snapshots in use after after_fit
+        ("deep_ensemble", ["ensemble_size=2", "method.mode=sequential"]),  # the last round's members stored
+        ("bayes_lora_llla", ["method.marglik_steps=3"]),  # the posterior comes with the checkpoint
+    ],
+)
 def test_evaluate_gives_the_training_metrics(method, extra, tmp_path):
     trained = run(compose_cfg([f"method={method}", *extra, *TINY], tmp_path))
     before = (tmp_path / "results.json").read_bytes()
@@ -174,11 +177,24 @@ def test_evaluating_on_data_with_other_class_names_is_refused(tmp_path):
     other = image_tree(tmp_path / "cars", {"train": {"car": 2, "truck": 2}, "test": {"car": 2, "truck": 2}})
     same = image_tree(tmp_path / "more_pets", {"train": {"cat": 2, "dog": 2}, "test": {"cat": 3, "dog": 3}})
     run_dir = tmp_path / "run"
-    run(compose_cfg(["dataset=image_folder", f"dataset.root={trained}", "callbacks=default", "ensemble_size=2",
-                     "dataset.batch_size=4"], run_dir))  # fmt: skip
+    run(
+        compose_cfg(
+            [
+                "dataset=image_folder",
+                f"dataset.root={trained}",
+                "callbacks=default",
+                "ensemble_size=2",
+                "dataset.batch_size=4",
+            ],
+            run_dir,
+        )
+    )
     for directory in (run_dir, run_dir / "adapter"):
-        with pytest.raises(InputError, match=r"its classes \['car', 'truck'\] are not the classes the run was "
-                                             r"trained with on image_folder \['cat', 'dog'\]"):
+        with pytest.raises(
+            InputError,
+            match=r"its classes \['car', 'truck'\] are not the classes the run was "
+            r"trained with on image_folder \['cat', 'dog'\]",
+        ):
             evaluate_run(directory, [f"dataset.root={other}"], name="cars")
     assert evaluate_run(run_dir, [f"dataset.root={same}"], name="more")["metrics"]["test/examples"] == 6
     assert not (run_dir / "evaluations" / "cars.json").exists()
@@ -197,15 +213,30 @@ def test_a_run_trained_on_a_gpu_evaluates_on_the_cpu_when_told(trained):
 
 def test_evaluate_py_command_line(trained):
     tmp_path, trained = trained
-    done = subprocess.run([sys.executable, "evaluate.py", f"run_dir={tmp_path}", "name=cli"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", f"run_dir={tmp_path}", "name=cli"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"acc {100 * trained['metrics']['test/acc']:.2f}%" in done.stdout
     same_metrics(trained["metrics"], json.loads((tmp_path / "evaluations" / "cli.json").read_text())["metrics"])
     # The directory as the first argument, as people type it (and as sve-train's messages write it).
-    done = subprocess.run([sys.executable, "evaluate.py", str(tmp_path), "trainer.colour=red"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", str(tmp_path), "trainer.colour=red"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: trainer.colour")
-    done = subprocess.run([sys.executable, "evaluate.py", "name=x", "dataset=cifar10"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", "name=x", "dataset=cifar10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "error: no run directory among the arguments" in done.stderr

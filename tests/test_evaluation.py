@@ -14,8 +14,14 @@ from sve.training.module import Predictions
 from tests.conftest import compose_cfg
 from tests.test_metrics import reference, reference_mutual_information, softmax
 
-TINY = ["backbone=tiny_vit", "dataset=synthetic_image", "dataset.num_test=21", "dataset.num_val=13",
-        "trainer.limit_test_batches=null", "trainer.limit_val_batches=null"]  # fmt: skip
+TINY = [
+    "backbone=tiny_vit",
+    "dataset=synthetic_image",
+    "dataset.num_test=21",
+    "dataset.num_val=13",
+    "trainer.limit_test_batches=null",
+    "trainer.limit_val_batches=null",
+]
 OOD = "++dataset.ood={_target_: sve.data.SyntheticImageData, seed: 1, num_test: 17}"
 TOL = 1e-6
 
@@ -95,8 +101,16 @@ def test_saved_predictions_recompute_every_metric(aggregate, tmp_path):
 
 def test_shift_per_corruption_and_severity_from_the_saved_sets(tmp_path):
     corruptions = ["gaussian_noise", "contrast"]
-    cfg = compose_cfg(["method=sve", "ensemble_size=2", f"dataset.corruptions=[{','.join(corruptions)}]",
-                       "dataset.severities=[1,3,5]", *TINY], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "method=sve",
+            "ensemble_size=2",
+            f"dataset.corruptions=[{','.join(corruptions)}]",
+            "dataset.severities=[1,3,5]",
+            *TINY,
+        ],
+        tmp_path,
+    )
     saved = run(cfg)
     shift = saved["shift"]
     assert sorted(shift["by_corruption"]) == sorted(corruptions) and list(shift["by_severity"]) == ["0", "1", "3", "5"]
@@ -124,12 +138,15 @@ def test_shift_per_corruption_and_severity_from_the_saved_sets(tmp_path):
         assert shift["pooled"][key] == pytest.approx(pooled[key], abs=TOL)
 
 
-@pytest.mark.parametrize("method, extra, members", [
-    ("mc_dropout", ["method.num_samples=3"], 3),
-    ("blob", ["method.num_samples=5"], 5),
-    ("bayes_lora_llla", ["method.num_samples=4", "method.marglik_steps=3"], 4),
-    ("checkpoint_ensemble", ["ensemble_size=2", "trainer.max_epochs=3"], 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, extra, members",
+    [
+        ("mc_dropout", ["method.num_samples=3"], 3),
+        ("blob", ["method.num_samples=5"], 5),
+        ("bayes_lora_llla", ["method.num_samples=4", "method.marglik_steps=3"], 4),
+        ("checkpoint_ensemble", ["ensemble_size=2", "trainer.max_epochs=3"], 2),
+    ],
+)
 def test_sampled_methods_record_every_sample_as_a_member(method, extra, members, tmp_path):
     saved = run(compose_cfg([f"method={method}", *extra, *TINY], tmp_path))
     assert saved["num_members"] == members

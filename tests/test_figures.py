@@ -48,8 +48,11 @@ def test_figure2_keeps_every_shifted_marker_inside_its_axes(tmp_path, monkeypatc
 
 def test_figure3_series_per_severity(tmp_path):
     def shift(offset):
-        return {"by_severity": {str(s): {"acc": 0.9 - 0.1 * s - offset, "ece": 0.02 * s, "nll": 0.3 + 0.2 * s}
-                                for s in range(6)}}  # fmt: skip
+        return {
+            "by_severity": {
+                str(s): {"acc": 0.9 - 0.1 * s - offset, "ece": 0.02 * s, "nll": 0.3 + 0.2 * s} for s in range(6)
+            }
+        }
 
     for seed in (0, 1, 2):
         write_run(tmp_path, "cifar100_c_dino", "sve", 4, seed, {"acc": 0.5}, shift=shift(0.01 * seed))
@@ -77,8 +80,9 @@ def test_singular_values_file_holds_each_sv_layer(tmp_path):
     pretrained, members = layers[name]
     assert members.shape == (3, pretrained.shape[0])
     np.testing.assert_allclose(members, layer.singular_values.detach().numpy())
-    np.testing.assert_allclose(relative_change(pretrained, members, 2), 100 * (members[:, :2] / pretrained[:2] - 1),
-                               rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        relative_change(pretrained, members, 2), 100 * (members[:, :2] / pretrained[:2] - 1), rtol=1e-5
+    )
     assert save_singular_values(torch.nn.Linear(2, 2), tmp_path / "none") is None  # no SV layers, no file
 
 
@@ -116,8 +120,9 @@ def test_reliability_diagrams_from_saved_predictions(tmp_path):
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((4, 50, 5))
     for method, members in (("sve", 4), ("single", 1)):
-        run = write_run(tmp_path, "sst2_bert", method, members, 0, {"acc": 0.5},
-                        predictions={"test": "predictions/test.npz"}).parent  # fmt: skip
+        run = write_run(
+            tmp_path, "sst2_bert", method, members, 0, {"acc": 0.5}, predictions={"test": "predictions/test.npz"}
+        ).parent
         (run / "predictions").mkdir()
         np.savez(run / "predictions" / "test.npz", member_logits=logits[:members], labels=rng.integers(0, 5, 50))
     build("table2", root=tmp_path)
@@ -155,12 +160,20 @@ def test_a_run_reliability_figure_draws_its_bins_and_their_counts(tmp_path):
     accuracy[9], accuracy[14] = 1 / 3, 0.8
     confidence = [None] * N_BINS
     confidence[9], confidence[14] = 0.64, 0.97
-    results = {"method": "sve", "num_members": 4, "dataset": "d", "backbone": "b", "seed": 0,
-               "metrics": {"test/ece": 0.1}, "reliability": {"test": {"count": count, "accuracy": accuracy,
-                                                                       "confidence": confidence}}}
+    results = {
+        "method": "sve",
+        "num_members": 4,
+        "dataset": "d",
+        "backbone": "b",
+        "seed": 0,
+        "metrics": {"test/ece": 0.1},
+        "reliability": {"test": {"count": count, "accuracy": accuracy, "confidence": confidence}},
+    }
     assert [p.name for p in run_reliability_figure(results, tmp_path)] == ["reliability.png", "reliability.pdf"]
-    bins = {k: np.asarray([np.nan if v is None else v for v in results["reliability"]["test"][k]], dtype=float)
-            for k in ("count", "confidence", "accuracy")}
+    bins = {
+        k: np.asarray([np.nan if v is None else v for v in results["reliability"]["test"][k]], dtype=float)
+        for k in ("count", "confidence", "accuracy")
+    }
     fig = reliability_grid([("SVE", bins)], "t")
     top, bottom = fig.axes
     heights = sorted(round(p.get_height(), 6) for p in top.patches[:2])

@@ -19,8 +19,12 @@ from tests.test_ddp import ddp_runs, overrides
 # trainable singular values in one unit) and a full-fine-tune deep ensemble trained in rounds (each round a
 # fit of its own, starting from the whole pretrained weights cut to the shards; the stored members made
 # whole after training). A LoRA deep ensemble is refused, naming the trainers that hold it.
-METHODS = [["method=single"], ["method=sve"],
-           ["method=deep_ensemble", "method.mode=sequential"], ["method=deep_ensemble_lora"]]  # fmt: skip
+METHODS = [
+    ["method=single"],
+    ["method=sve"],
+    ["method=deep_ensemble", "method.mode=sequential"],
+    ["method=deep_ensemble_lora"],
+]
 
 
 def test_fsdp_sim_trains_as_one_process(tmp_path):
@@ -36,13 +40,15 @@ def test_fsdp_sim_trains_as_one_process(tmp_path):
         single = np.load(alone / "predictions" / "test.npz")
         assert sharded["index"].tolist() == list(range(21))
         # Gradients reduced in shards, in another order than one process's sums: 3.6e-7 measured here.
-        np.testing.assert_allclose(sharded["member_logits"], single["member_logits"], rtol=1e-5, atol=1e-5,
-                                   err_msg=str(method))  # fmt: skip
+        np.testing.assert_allclose(
+            sharded["member_logits"], single["member_logits"], rtol=1e-5, atol=1e-5, err_msg=str(method)
+        )
         assert (tmp_path / "fsdp" / str(i) / "checkpoints" / "final.ckpt").is_file()
 
 
-@pytest.mark.parametrize(("method", "after"), [(["method=single"], 3),
-                                               (["method=deep_ensemble", "method.mode=sequential"], 8)])
+@pytest.mark.parametrize(
+    ("method", "after"), [(["method=single"], 3), (["method=deep_ensemble", "method.mode=sequential"], 8)]
+)
 def test_a_sharded_run_resumes_after_a_crash_as_if_uninterrupted(tmp_path, method, after):
     # Both ranks crash after their 3rd batch (the last of epoch 1, after the step-2 checkpoint; a deep
     # ensemble: the 8th, in its second round, with the first member stored): the rerun in the same directory
@@ -55,12 +61,21 @@ def test_a_sharded_run_resumes_after_a_crash_as_if_uninterrupted(tmp_path, metho
     from tests.conftest import ROOT
 
     base = overrides(method[0].split("=")[1], "fsdp_sim") + method[1:]
-    crash = ["+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={after}",
-             "+callbacks.crash.per_rank=true", f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    crash = [
+        "+callbacks.crash._target_=tests.helpers.Crash",
+        f"+callbacks.crash.after_batches={after}",
+        "+callbacks.crash.per_rank=true",
+        f"+callbacks.crash.marker={tmp_path / 'crashed'}",
+    ]
     crashing = f"@crashed {shlex.join(base + crash)}"
     runs = [f"@whole {shlex.join(base)}", crashing, crashing]  # the second is the resume
-    done = subprocess.run([sys.executable, "-m", "tests.ddp_runner", str(tmp_path / "fsdp"), *runs], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.ddp_runner", str(tmp_path / "fsdp"), *runs],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "fsdp"
     assert all((tmp_path / f"crashed.{rank}").exists() for rank in (0, 1))  # both ranks did crash, once

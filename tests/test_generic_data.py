@@ -99,13 +99,18 @@ def test_deep_grey_and_rotated_images_are_read_as_they_look(tmp_path):
     assert upright.size == (6, 12)
 
 
-@pytest.mark.parametrize("splits, message", [
-    ({"train": {"a": 2, "b": 2}, "test": {"a": 1, "fox": 1}},
-     r"test has class folders that .*train lacks: \['fox'\]; every class must have training images"),
-    ({"train": {"a": 3}, "test": {"a": 1}}, r"has 1 class folder\(s\) \['a'\]; a classification needs at least 2"),
-    ({"train": {"a": 2, "b": 0}, "test": {"a": 1}}, r"cannot read the image tree .*train \(.*b"),
-    ({"train": {"a": 2, "b": 2}}, r"lacks \['test/'\]; set dataset.root to a directory holding train/<class>"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "splits, message",
+    [
+        (
+            {"train": {"a": 2, "b": 2}, "test": {"a": 1, "fox": 1}},
+            r"test has class folders that .*train lacks: \['fox'\]; every class must have training images",
+        ),
+        ({"train": {"a": 3}, "test": {"a": 1}}, r"has 1 class folder\(s\) \['a'\]; a classification needs at least 2"),
+        ({"train": {"a": 2, "b": 0}, "test": {"a": 1}}, r"cannot read the image tree .*train \(.*b"),
+        ({"train": {"a": 2, "b": 2}}, r"lacks \['test/'\]; set dataset.root to a directory holding train/<class>"),
+    ],
+)
 def test_a_bad_image_folder_is_one_error_naming_what_is_wrong(tmp_path, splits, message):
     root = image_tree(tmp_path, splits)
     if splits["train"].get("b") == 0:
@@ -128,8 +133,11 @@ def test_a_text_table_numbers_labels_in_sorted_order_and_holds_out_validation(tm
     again = TextTableData(root=str(tmp_path), val_holdout=5)
     again.check_data()
     assert list(again.parsed["val"]) == list(data.parsed["val"])  # seeded by subset_seed
-    assert sorted(list(data.parsed["val"]) + list(data.parsed["train"])) == sorted(data.examples(
-        [{"text": f"t{i}", "label": v} for i, v in enumerate([2, 10, 2, 10, 7] * 4)], "", {2: 0, 7: 1, 10: 2}))
+    assert sorted(list(data.parsed["val"]) + list(data.parsed["train"])) == sorted(
+        data.examples(
+            [{"text": f"t{i}", "label": v} for i, v in enumerate([2, 10, 2, 10, 7] * 4)], "", {2: 0, 7: 1, 10: 2}
+        )
+    )
 
 
 def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
@@ -140,35 +148,68 @@ def test_a_text_table_reads_tsv_jsonl_and_sentence_pairs(tmp_path):
     assert sorted([*data.parsed["train"], *data.parsed["val"]]) == [('said "no', 0), ("yes", 1)]
     pairs = tmp_path / "pairs"
     pairs.mkdir()
-    for split, rows in (("train", [("a", "b", "yes"), ("c", "d", "no")]), ("validation", [("e", "f", "no")]),
-                        ("test", [("g", "h", "yes")])):  # fmt: skip
+    for split, rows in (
+        ("train", [("a", "b", "yes"), ("c", "d", "no")]),
+        ("validation", [("e", "f", "no")]),
+        ("test", [("g", "h", "yes")]),
+    ):
         (pairs / f"{split}.jsonl").write_text("".join(json.dumps({"p": p, "h": h, "y": y}) + "\n" for p, h, y in rows))
     data = TextTableData(root=str(pairs), text_column=["p", "h"], label_column="y")
     data.check_data()
     assert data.parsed["val"] == [(("e", "f"), 0)] and data.parsed["test"] == [(("g", "h"), 1)]
 
 
-@pytest.mark.parametrize("files, options, message", [
-    ({"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,z\n"}, {},
-     r"test.csv, row 1: label 'z' is not one of the training split's labels \['x', 'y'\]"),
-    ({"train.csv": "body,label\na,x\nb,y\n", "test.csv": "body,label\nc,x\n"}, {},
-     r"train.csv: no column \['text'\]; its columns are \['body', 'label'\] \(set dataset.text_column"),
-    ({"train.csv": "text,label\na,x\n", "train.jsonl": "", "test.csv": "text,label\nc,x\n"}, {},
-     r"holds 2 files for the train split \(\['train.csv', 'train.jsonl'\]\); keep one"),
-    ({"train.csv": "text,label\na,x\nb,x\n", "test.csv": "text,label\nc,x\n"}, {},
-     r"has 1 distinct label\(s\) in column 'label'; a classification needs at least 2"),
-    ({"train.csv": "text,label\na,x\n"}, {}, r"lacks a test file; expected train.<ext> and test.<ext>"),
-    ({}, {"text_column": ["a", "b", "c"]}, r"dataset.text_column=\['a', 'b', 'c'\] is not valid"),
-    # An empty label is a row someone forgot to label, not a third class named ''.
-    ({"train.csv": "text,label\na,x\nb,y\nc,\n", "test.csv": "text,label\nc,x\n"}, {},
-     r"train.csv, row 3: the label \(column 'label'\) is empty; label the row or remove it"),
-    ({"train.jsonl": '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n{"text": "c", "label": null}\n',
-      "test.csv": "text,label\nc,1\n"}, {}, r"train.jsonl, row 3: the label \(column 'label'\) is empty"),
-    ({"train.csv": "text,label\ncaf\u00e9,x\nb,y\n", "test.csv": "text,label\nc,x\n"}, {"encoding": "ascii"},
-     r"train.csv: is not ascii text \(UnicodeDecodeError.*\); name its encoding with dataset.encoding="),
-    ({"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,x\n"}, {"encoding": "klingon"},
-     r"dataset.encoding='klingon' is not an encoding Python knows"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "files, options, message",
+    [
+        (
+            {"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,z\n"},
+            {},
+            r"test.csv, row 1: label 'z' is not one of the training split's labels \['x', 'y'\]",
+        ),
+        (
+            {"train.csv": "body,label\na,x\nb,y\n", "test.csv": "body,label\nc,x\n"},
+            {},
+            r"train.csv: no column \['text'\]; its columns are \['body', 'label'\] \(set dataset.text_column",
+        ),
+        (
+            {"train.csv": "text,label\na,x\n", "train.jsonl": "", "test.csv": "text,label\nc,x\n"},
+            {},
+            r"holds 2 files for the train split \(\['train.csv', 'train.jsonl'\]\); keep one",
+        ),
+        (
+            {"train.csv": "text,label\na,x\nb,x\n", "test.csv": "text,label\nc,x\n"},
+            {},
+            r"has 1 distinct label\(s\) in column 'label'; a classification needs at least 2",
+        ),
+        ({"train.csv": "text,label\na,x\n"}, {}, r"lacks a test file; expected train.<ext> and test.<ext>"),
+        ({}, {"text_column": ["a", "b", "c"]}, r"dataset.text_column=\['a', 'b', 'c'\] is not valid"),
+        # An empty label is a row someone forgot to label, not a third class named ''.
+        (
+            {"train.csv": "text,label\na,x\nb,y\nc,\n", "test.csv": "text,label\nc,x\n"},
+            {},
+            r"train.csv, row 3: the label \(column 'label'\) is empty; label the row or remove it",
+        ),
+        (
+            {
+                "train.jsonl": '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n{"text": "c", "label": null}\n',
+                "test.csv": "text,label\nc,1\n",
+            },
+            {},
+            r"train.jsonl, row 3: the label \(column 'label'\) is empty",
+        ),
+        (
+            {"train.csv": "text,label\ncaf\u00e9,x\nb,y\n", "test.csv": "text,label\nc,x\n"},
+            {"encoding": "ascii"},
+            r"train.csv: is not ascii text \(UnicodeDecodeError.*\); name its encoding with dataset.encoding=",
+        ),
+        (
+            {"train.csv": "text,label\na,x\nb,y\n", "test.csv": "text,label\nc,x\n"},
+            {"encoding": "klingon"},
+            r"dataset.encoding='klingon' is not an encoding Python knows",
+        ),
+    ],
+)
 def test_a_bad_text_table_is_one_error_naming_what_is_wrong(tmp_path, files, options, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -213,8 +254,12 @@ def test_empty_texts_train_as_empty_strings_with_a_warning_naming_the_rows(tmp_p
     assert "2 row(s) with an empty text (column ['text']), rows [2, 4]" in caplog.text
     assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", "", "a", "c"]
     (tmp_path / "train.csv").unlink()  # JSON null and NaN are empty texts too, never the strings "None", "nan"
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in
-                                                  [("a", "x"), (None, "y"), ("c", "x"), (float("nan"), "y")]))
+    (tmp_path / "train.jsonl").write_text(
+        "".join(
+            json.dumps({"text": t, "label": y}) + "\n"
+            for t, y in [("a", "x"), (None, "y"), ("c", "x"), (float("nan"), "y")]
+        )
+    )
     data = TextTableData(root=str(tmp_path), val_holdout=1)
     data.check_data()
     assert sorted(t for t, _ in [*data.parsed["train"], *data.parsed["val"]]) == ["", "", "a", "c"]
@@ -228,8 +273,12 @@ def test_a_text_table_needs_a_root_or_a_hub_dataset():
 def test_both_train_end_to_end_with_the_classes_they_found(tmp_path):
     texts = tmp_path / "texts"
     texts.mkdir()
-    write_csv(texts / "train.csv", [(f"good {i}", "pos") for i in range(6)] + [(f"bad {i}", "neg") for i in range(6)]
-              + [(f"meh {i}", "neutral") for i in range(6)])  # fmt: skip
+    write_csv(
+        texts / "train.csv",
+        [(f"good {i}", "pos") for i in range(6)]
+        + [(f"bad {i}", "neg") for i in range(6)]
+        + [(f"meh {i}", "neutral") for i in range(6)],
+    )
     write_csv(texts / "test.csv", [("good x", "pos"), ("bad x", "neg")])
     tiny = ["method=sve", "ensemble_size=2", "trainer.max_epochs=1", "dataset.batch_size=4"]
     text_run = ["dataset=text_table", f"dataset.root={texts}", "backbone=tiny_bert", *tiny]
@@ -247,36 +296,52 @@ def test_a_hub_dataset_is_read_by_its_splits_and_columns(monkeypatch):
     # The hub is out of reach here: the loader returns a real DatasetDict made in memory, as load_dataset would.
     import datasets
 
-    hub = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"review": ["good", "bad", "fine", "awful"], "stars": [5, 1, 4, 1],
-                                             "id": [0, 1, 2, 3]}),
-        "validation": datasets.Dataset.from_dict({"review": ["ok"], "stars": [4], "id": [4]}),
-        "test": datasets.Dataset.from_dict({"review": ["meh"], "stars": [1], "id": [5]}),
-    })  # fmt: skip
+    hub = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"review": ["good", "bad", "fine", "awful"], "stars": [5, 1, 4, 1], "id": [0, 1, 2, 3]}
+            ),
+            "validation": datasets.Dataset.from_dict({"review": ["ok"], "stars": [4], "id": [4]}),
+            "test": datasets.Dataset.from_dict({"review": ["meh"], "stars": [1], "id": [5]}),
+        }
+    )
     asked = []
-    monkeypatch.setattr("sve.data.text_table.load_hub_dataset",
-                        lambda name, config, *_: asked.append((name, config)) or hub)  # fmt: skip
+    monkeypatch.setattr(
+        "sve.data.text_table.load_hub_dataset", lambda name, config, *_: asked.append((name, config)) or hub
+    )
     data = TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars")
     assert data.num_classes == 3 and data.label_names == [1, 4, 5] and asked == [("someone/reviews", None)]
     assert data.parsed["val"] == [("ok", 1)] and data.parsed["test"] == [("meh", 0)]
     assert data.class_names() == [1, 4, 5]  # plain integers: no names to give
-    labelled = datasets.DatasetDict({split: datasets.Dataset.from_dict(
-        {"text": ["a", "b"], "label": [0, 1]}, features=datasets.Features(
-            {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}))
-        for split in ("train", "test")})  # fmt: skip
+    labelled = datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict(
+                {"text": ["a", "b"], "label": [0, 1]},
+                features=datasets.Features(
+                    {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+                ),
+            )
+            for split in ("train", "test")
+        }
+    )
     monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: labelled)
     named = TextTableData(hub_name="imdb", val_holdout=1)
     assert named.num_classes == 2 and named.class_names() == ["neg", "pos"]  # the hub's ClassLabel names
-    glue = datasets.DatasetDict({"train": labelled["train"], "test": datasets.Dataset.from_dict(
-        {"text": ["c"], "label": [-1]})})  # fmt: skip
+    glue = datasets.DatasetDict(
+        {"train": labelled["train"], "test": datasets.Dataset.from_dict({"text": ["c"], "label": [-1]})}
+    )
     monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: glue)
-    with pytest.raises(InputError, match=r"label -1 is not .*; -1 marks an unlabelled example .* "
-                                         r"dataset.test_split=validation"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"label -1 is not .*; -1 marks an unlabelled example .* "
+        r"dataset.test_split=validation",
+    ):
         TextTableData(hub_name="glue", hub_config="sst2", val_holdout=1).check_data()
     monkeypatch.setattr("sve.data.text_table.load_hub_dataset", lambda *_: hub)
     with pytest.raises(InputError, match=r"someone/reviews has no split 'dev_test'; its splits are \['train', "):
-        TextTableData(hub_name="someone/reviews", text_column="review", label_column="stars",
-                      test_split="dev_test").check_data()  # fmt: skip
+        TextTableData(
+            hub_name="someone/reviews", text_column="review", label_column="stars", test_split="dev_test"
+        ).check_data()
 
 
 def test_a_saved_datasets_directory_is_read_as_a_root(tmp_path):
@@ -284,11 +349,14 @@ def test_a_saved_datasets_directory_is_read_as_a_root(tmp_path):
     import datasets
 
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
-    datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["good", "bad", "fine", "awful"], "label": [1, 0, 1, 0]},
-                                            features=features),
-        "test": datasets.Dataset.from_dict({"text": ["meh"], "label": [0]}, features=features),
-    }).save_to_disk(str(tmp_path / "saved"))  # fmt: skip
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"text": ["good", "bad", "fine", "awful"], "label": [1, 0, 1, 0]}, features=features
+            ),
+            "test": datasets.Dataset.from_dict({"text": ["meh"], "label": [0]}, features=features),
+        }
+    ).save_to_disk(str(tmp_path / "saved"))
     data = TextTableData(root=str(tmp_path / "saved"), val_holdout=1)
     assert data.num_classes == 2 and data.class_names() == ["neg", "pos"] and data.parsed["test"] == [("meh", 0)]
     with pytest.raises(InputError, match=r"saved has no split 'dev'; its splits are \['train', 'test'\]"):
@@ -301,10 +369,21 @@ def image_dataset(labels: dict[str, list], names: list[str] | None = None):
 
     label = datasets.ClassLabel(names=names) if names else datasets.Value("string")
     features = datasets.Features({"img": datasets.Image(), "y": label})
-    return datasets.DatasetDict({split: datasets.Dataset.from_dict({
-        "img": [Image.new("L" if i % 2 else "RGB", (8, 8), (s * 40 + i) if i % 2 else (s * 40 + i, 0, 0))
-                for i in range(len(ys))], "y": ys}, features=features)
-        for s, (split, ys) in enumerate(labels.items())})  # fmt: skip
+    return datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict(
+                {
+                    "img": [
+                        Image.new("L" if i % 2 else "RGB", (8, 8), (s * 40 + i) if i % 2 else (s * 40 + i, 0, 0))
+                        for i in range(len(ys))
+                    ],
+                    "y": ys,
+                },
+                features=features,
+            )
+            for s, (split, ys) in enumerate(labels.items())
+        }
+    )
 
 
 def test_a_hub_or_saved_image_dataset_reads_its_splits_labels_and_images(tmp_path, monkeypatch):
@@ -322,15 +401,31 @@ def test_a_hub_or_saved_image_dataset_reads_its_splits_labels_and_images(tmp_pat
     assert len(saved.parsed["train"]) == 3 and len(saved.parsed["val"]) == 1
 
 
-@pytest.mark.parametrize("labels, options, message", [
-    ({"train": ["a", "b"], "test": ["a"]}, {}, r"has no column \['image', 'label'\]; its columns are \['img', 'y'\]"),
-    ({"train": ["a", "b"], "valid": ["a"]}, {"image_column": "img", "label_column": "y"},
-     r"has no split 'test'; its splits are \['train', 'valid'\] \(dataset.test_split names the tested one\)"),
-    ({"train": ["a", "b"], "test": ["c"]}, {"image_column": "img", "label_column": "y"},
-     r"test, row 1: label 'c' is not one of the training split's labels \['a', 'b'\]"),
-    ({"train": ["a", "a"], "test": ["a"]}, {"image_column": "img", "label_column": "y"},
-     r"train has 1 distinct label\(s\) in column 'y'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "labels, options, message",
+    [
+        (
+            {"train": ["a", "b"], "test": ["a"]},
+            {},
+            r"has no column \['image', 'label'\]; its columns are \['img', 'y'\]",
+        ),
+        (
+            {"train": ["a", "b"], "valid": ["a"]},
+            {"image_column": "img", "label_column": "y"},
+            r"has no split 'test'; its splits are \['train', 'valid'\] \(dataset.test_split names the tested one\)",
+        ),
+        (
+            {"train": ["a", "b"], "test": ["c"]},
+            {"image_column": "img", "label_column": "y"},
+            r"test, row 1: label 'c' is not one of the training split's labels \['a', 'b'\]",
+        ),
+        (
+            {"train": ["a", "a"], "test": ["a"]},
+            {"image_column": "img", "label_column": "y"},
+            r"train has 1 distinct label\(s\) in column 'y'",
+        ),
+    ],
+)
 def test_a_bad_image_dataset_is_one_error_naming_what_is_wrong(monkeypatch, labels, options, message):
     monkeypatch.setattr("sve.data.image_folder.load_hub_dataset", lambda *_: image_dataset(labels))
     with pytest.raises(InputError, match=message):
@@ -339,9 +434,22 @@ def test_a_bad_image_dataset_is_one_error_naming_what_is_wrong(monkeypatch, labe
 
 def test_a_saved_image_dataset_trains_end_to_end(tmp_path):
     image_dataset({"train": ["b", "a"] * 6, "test": ["a", "b", "b"]}).save_to_disk(str(tmp_path / "saved"))
-    done = run(compose_cfg(["dataset=image_folder", f"dataset.root={tmp_path / 'saved'}", "dataset.image_column=img",
-                            "dataset.label_column=y", "backbone=tiny_vit", "method=sve", "ensemble_size=2",
-                            "trainer.max_epochs=1", "dataset.batch_size=4"], tmp_path / "run"))  # fmt: skip
+    done = run(
+        compose_cfg(
+            [
+                "dataset=image_folder",
+                f"dataset.root={tmp_path / 'saved'}",
+                "dataset.image_column=img",
+                "dataset.label_column=y",
+                "backbone=tiny_vit",
+                "method=sve",
+                "ensemble_size=2",
+                "trainer.max_epochs=1",
+                "dataset.batch_size=4",
+            ],
+            tmp_path / "run",
+        )
+    )
     assert done["num_classes"] == 2 and done["class_names"] == ["a", "b"] and done["metrics"]["test/examples"] == 3
 
 
@@ -350,10 +458,21 @@ def test_a_max_length_beyond_the_models_position_table_is_refused_before_trainin
     long = " ".join(["word"] * 400)
     write_csv(tmp_path / "train.csv", [(long, "a"), ("short", "b"), (long, "a"), ("short", "b")])
     write_csv(tmp_path / "test.csv", [(long, "a"), ("short", "b")])
-    base = ["dataset=text_table", f"dataset.root={tmp_path}", "dataset.val_holdout=1", "backbone=tiny_bert",
-            "method=sve", "ensemble_size=2", "trainer.max_epochs=1", "dataset.batch_size=2"]  # fmt: skip
-    with pytest.raises(InputError, match=r"dataset.max_length=1000 is more than the 256 positions of the backbone's "
-                                         r"learned position embeddings; set dataset.max_length to at most 256"):
+    base = [
+        "dataset=text_table",
+        f"dataset.root={tmp_path}",
+        "dataset.val_holdout=1",
+        "backbone=tiny_bert",
+        "method=sve",
+        "ensemble_size=2",
+        "trainer.max_epochs=1",
+        "dataset.batch_size=2",
+    ]
+    with pytest.raises(
+        InputError,
+        match=r"dataset.max_length=1000 is more than the 256 positions of the backbone's "
+        r"learned position embeddings; set dataset.max_length to at most 256",
+    ):
         run(compose_cfg([*base, "dataset.max_length=1000"], tmp_path / "too_long"))
     done = run(compose_cfg([*base, "dataset.max_length=null"], tmp_path / "as_long_as_it_can"))  # cut at 256
     assert done["metrics"]["test/examples"] == 2
@@ -366,8 +485,11 @@ def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_
     from sve.runs import plan
 
     root = image_tree(tmp_path / "images", {"train": {"a": 2, "b": 2, "c": 2}, "test": {"a": 1}})
-    with pytest.raises(InputError, match=r"dataset.num_classes=2 but .*train has 3 class folders; set "
-                                         r"dataset.num_classes=3 or null"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"dataset.num_classes=2 but .*train has 3 class folders; set "
+        r"dataset.num_classes=3 or null",
+    ):
         ImageFolderData(root=str(root), num_classes=2).check_data()
     declared = ImageFolderData(root=str(tmp_path / "absent"), num_classes=5)
     assert declared.num_classes == 5  # nothing read: the data is not even there
@@ -375,8 +497,17 @@ def test_a_declared_class_count_is_checked_against_the_data_and_spares_the_plan_
         TextTableData(root=str(tmp_path), num_classes=1)
     # plan=true reads the classes before its fake tensors (inside them, the read's seeded split could not run)
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=["dataset=image_folder", f"dataset.root={root}", "backbone=tiny_vit",
-                                          "method=sve", "ensemble_size=2", "trainer=cpu"])  # fmt: skip
+        cfg = compose(
+            "train",
+            overrides=[
+                "dataset=image_folder",
+                f"dataset.root={root}",
+                "backbone=tiny_vit",
+                "method=sve",
+                "ensemble_size=2",
+                "trainer=cpu",
+            ],
+        )
     found = plan.plan(cfg, alternatives=False)
     assert found.train_peak > 0
 
@@ -386,7 +517,15 @@ def test_an_image_folder_takes_shift_and_ood_options_as_every_image_dataset_does
     from sve.runs.run import instantiate
 
     images = image_tree(tmp_path / "images", {"train": {"a": 2, "b": 2}, "test": {"b": 1}})
-    cfg = compose_cfg(["dataset=image_folder", f"dataset.root={images}", "dataset.corruptions=[fog,snow]",
-                       "dataset.severities=2", "dataset.shift_size=1"], tmp_path / "run")
+    cfg = compose_cfg(
+        [
+            "dataset=image_folder",
+            f"dataset.root={images}",
+            "dataset.corruptions=[fog,snow]",
+            "dataset.severities=2",
+            "dataset.shift_size=1",
+        ],
+        tmp_path / "run",
+    )
     data = instantiate(cfg.dataset)
     assert data.corruptions == ["fog", "snow"] and data.severities == [2] and cfg.dataset.ood is None

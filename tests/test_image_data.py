@@ -53,8 +53,10 @@ def test_flowers102_official_files(tmp_path):
     for i in range(1, 13):
         _jpg(base / "jpg" / f"image_{i:05d}.jpg", i)
     savemat(base / "imagelabels.mat", {"labels": np.array([[1, 2, 3, 102] * 3])})  # 1-based, as released
-    savemat(base / "setid.mat", {"trnid": np.array([[1, 2, 3, 4]]), "valid": np.array([[5, 6]]),
-                                 "tstid": np.array([[7, 8, 9, 10, 11, 12]])})  # fmt: skip
+    savemat(
+        base / "setid.mat",
+        {"trnid": np.array([[1, 2, 3, 4]]), "valid": np.array([[5, 6]]), "tstid": np.array([[7, 8, 9, 10, 11, 12]])},
+    )
     data = _loaded(Flowers102Data(root=str(tmp_path), download=False, batch_size=2))
     assert [len(data.splits[s]) for s in ("train", "val", "test")] == [4, 2, 6]
     assert sorted(lbl for _, lbl in data.splits["train"]) == [0, 1, 2, 101]
@@ -63,8 +65,11 @@ def test_flowers102_official_files(tmp_path):
 
 def test_dtd_partition_files(tmp_path):
     base = tmp_path / "dtd" / "dtd"
-    for split, names in {"train": ["banded/a.jpg", "dotted/b.jpg"], "val": ["banded/c.jpg"],
-                         "test": ["dotted/d.jpg", "woven/e.jpg"]}.items():  # fmt: skip
+    for split, names in {
+        "train": ["banded/a.jpg", "dotted/b.jpg"],
+        "val": ["banded/c.jpg"],
+        "test": ["dotted/d.jpg", "woven/e.jpg"],
+    }.items():
         for n in names:
             _jpg(base / "images" / n)
         (base / "labels").mkdir(parents=True, exist_ok=True)
@@ -76,8 +81,10 @@ def test_dtd_partition_files(tmp_path):
 
 def test_oxford_pets_trainval_with_seeded_holdout(tmp_path):
     base = tmp_path / "oxford-iiit-pet"
-    rows = {"trainval": [f"Abyssinian_{i} 1 1 1" for i in range(6)] + [f"beagle_{i} 2 2 1" for i in range(4)],
-            "test": ["Abyssinian_100 1 1 1", "beagle_100 2 2 1"]}  # fmt: skip
+    rows = {
+        "trainval": [f"Abyssinian_{i} 1 1 1" for i in range(6)] + [f"beagle_{i} 2 2 1" for i in range(4)],
+        "test": ["Abyssinian_100 1 1 1", "beagle_100 2 2 1"],
+    }
     (base / "annotations").mkdir(parents=True)
     for split, lines in rows.items():
         (base / "annotations" / f"{split}.txt").write_text("\n".join(lines) + "\n")
@@ -144,9 +151,15 @@ def test_fashion_mnist_idx_files(tmp_path):
 
 @pytest.mark.parametrize(
     "cls, layout",
-    [(Flowers102Data, "setid.mat"), (DTDData, "labels"), (OxfordPetsData, "annotations"),
-     (CIFAR100Data, "cifar-100-python"), (CIFAR10Data, "train/<class>"), (FashionMNISTData, "idx3")],
-)  # fmt: skip
+    [
+        (Flowers102Data, "setid.mat"),
+        (DTDData, "labels"),
+        (OxfordPetsData, "annotations"),
+        (CIFAR100Data, "cifar-100-python"),
+        (CIFAR10Data, "train/<class>"),
+        (FashionMNISTData, "idx3"),
+    ],
+)
 def test_missing_data_error_names_dataset_key_and_layout(cls, layout, tmp_path):
     data = cls(root=str(tmp_path), download=False)
     data.attach(BACKBONE)
@@ -157,8 +170,11 @@ def test_missing_data_error_names_dataset_key_and_layout(cls, layout, tmp_path):
 def test_test_corruption_applies_only_to_the_test_split(tmp_path):
     _fake_cifar100(tmp_path)
     clean = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2))
-    noisy = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2,
-                                 test_corruption="impulse_noise", test_severity=5))  # fmt: skip
+    noisy = _loaded(
+        CIFAR100Data(
+            root=str(tmp_path), download=False, val_holdout=2, test_corruption="impulse_noise", test_severity=5
+        )
+    )
     assert not torch.equal(clean.splits["test"][0][0], noisy.splits["test"][0][0])
     torch.testing.assert_close(clean.splits["val"][0][0], noisy.splits["val"][0][0])
 
@@ -191,8 +207,9 @@ def test_cifar100_c_release_gives_one_set_per_corruption_and_severity(tmp_path):
 
 def test_cifar100_c_generated_when_no_release(tmp_path):
     _fake_cifar100(tmp_path)
-    data = _loaded(CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2,
-                                 corruptions=["contrast"], severities=[1, 5]))  # fmt: skip
+    data = _loaded(
+        CIFAR100CData(root=str(tmp_path), download=False, val_holdout=2, corruptions=["contrast"], severities=[1, 5])
+    )
     assert data.evaluation_sets()[2:] == ["shift/contrast/1", "shift/contrast/5"]
     clean, shifted = data.splits["test"], data.shifted_test("contrast", 5)
     assert len(shifted) == len(clean) == 10
@@ -206,8 +223,17 @@ def test_every_image_dataset_can_be_evaluated_under_shift(tmp_path):
     _fake_cifar100(tmp_path)
     plain = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2))
     assert plain.evaluation_sets() == ["val", "test"]
-    data = _loaded(CIFAR100Data(root=str(tmp_path), download=False, val_holdout=2, test_size=4,
-                                corruptions="gaussian_noise", severities=3, corruption_seed=5))  # fmt: skip
+    data = _loaded(
+        CIFAR100Data(
+            root=str(tmp_path),
+            download=False,
+            val_holdout=2,
+            test_size=4,
+            corruptions="gaussian_noise",
+            severities=3,
+            corruption_seed=5,
+        )
+    )
     assert data.evaluation_sets() == ["val", "test", "shift/gaussian_noise/3"]
     shifted = data.evaluation_loader("shift/gaussian_noise/3").dataset.dataset  # Keyed(Subset(...))
     assert shifted.indices == data.splits["test"].indices  # the same 4 test images
@@ -285,8 +311,14 @@ def test_failed_download_names_dataset_key_and_layout(monkeypatch, tmp_path):
 
 def test_shift_size_evaluates_each_corrupted_set_on_the_same_part_of_the_test_examples(tmp_path):
     _fake_cifar100(tmp_path)
-    kw = dict(root=str(tmp_path), download=False, val_holdout=2, test_size=6,
-              corruptions=["gaussian_noise", "contrast"], severities=[1, 5])  # fmt: skip
+    kw = dict(
+        root=str(tmp_path),
+        download=False,
+        val_holdout=2,
+        test_size=6,
+        corruptions=["gaussian_noise", "contrast"],
+        severities=[1, 5],
+    )
     data = _loaded(CIFAR100Data(shift_size=3, **kw))
     test_images = set(data.splits["test"].indices)
 

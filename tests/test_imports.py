@@ -44,10 +44,19 @@ def imports(path: Path, modules: set[str]) -> dict[str, bool]:
     runs when the module is imported (top level) or later (inside a function). ``if TYPE_CHECKING:`` blocks
     never run and are left out."""
     tree = ast.parse(path.read_text())
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
-                 for child in node.body for n in ast.walk(child)}  # fmt: skip
-    top = {id(n) for node in tree.body if not isinstance(node, ast.If)
-           for n in ([node] if not isinstance(node, ast.Try) else node.body)}  # fmt: skip
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+        for child in node.body
+        for n in ast.walk(child)
+    }
+    top = {
+        id(n)
+        for node in tree.body
+        if not isinstance(node, ast.If)
+        for n in ([node] if not isinstance(node, ast.Try) else node.body)
+    }
     found: dict[str, bool] = {}
     for node in ast.walk(tree):
         if id(node) in type_only:
@@ -102,9 +111,12 @@ def layer(module: str) -> str:
 
 
 def against_the_order(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} -> {b} ({layer(a)} imports {layer(b)}, which is above it)"
-                  for a, targets in graph.items() for b in targets
-                  if RANK[layer(b)] > RANK[layer(a)] and (a, b) not in LAZY_BY_DESIGN)  # fmt: skip
+    return sorted(
+        f"{a} -> {b} ({layer(a)} imports {layer(b)}, which is above it)"
+        for a, targets in graph.items()
+        for b in targets
+        if RANK[layer(b)] > RANK[layer(a)] and (a, b) not in LAZY_BY_DESIGN
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -151,8 +163,10 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_every_import_is_counted_also_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from typing import TYPE_CHECKING\nimport sve.a\nif TYPE_CHECKING:\n    import sve.c\n"
-                      "def f():\n    from sve.b import thing\n")
+    module.write_text(
+        "from typing import TYPE_CHECKING\nimport sve.a\nif TYPE_CHECKING:\n    import sve.c\n"
+        "def f():\n    from sve.b import thing\n"
+    )
     found = imports(module, {"sve.a", "sve.b", "sve.c"})
     assert found == {"sve.a": True, "sve.b": False}  # a function's import is an edge; a type-only one is not
 
@@ -177,7 +191,8 @@ def test_imports_run_down_the_package_map():
 
 def test_the_order_check_catches_an_upward_import():
     assert against_the_order({"sve.layers.x": {"sve.runs.y"}, "sve.runs.y": {"sve.layers.x"}}) == [
-        "sve.layers.x -> sve.runs.y (layers imports runs, which is above it)"]
+        "sve.layers.x -> sve.runs.y (layers imports runs, which is above it)"
+    ]
 
 
 def test_help_and_a_config_error_load_no_torch():
@@ -185,14 +200,17 @@ def test_help_and_a_config_error_load_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, runpy; sys.argv = ['sve-train'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('sve.cli.train', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "print('TORCH', 'torch' in sys.modules, 'pytorch_lightning' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, runpy; sys.argv = ['sve-train'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('sve.cli.train', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules, 'pytorch_lightning' in sys.modules)"
+    )
     said = {}
     for args in (["--help"], ["method=nope"], ["method.lr=-1"], ["dataset.batch_size=0"]):
-        done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         assert "TORCH False False" in done.stdout, (args, done.stdout[-2000:], done.stderr[-2000:])
         said[args[0]] = done.stdout + done.stderr
     assert "error: method=nope: no such option; the options of method are: " in said["method=nope"]

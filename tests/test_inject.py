@@ -83,9 +83,13 @@ def test_tiny_bert_targets():
     backbone = _backbone("tiny_bert")
     names = find_targets(backbone.model, backbone.target_modules)
     per_layer = [
-        "attention.self.query", "attention.self.key", "attention.self.value",
-        "attention.output.dense", "intermediate.dense", "output.dense",
-    ]  # fmt: skip
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ]
     assert names == [f"encoder.layer.{i}.{s}" for i in range(2) for s in per_layer]
     assert all("pooler" not in n for n in names)
 
@@ -93,8 +97,15 @@ def test_tiny_bert_targets():
 def test_tiny_llama_targets_leave_lm_head():
     backbone = _backbone("tiny_llama")
     names = find_targets(backbone.model, backbone.target_modules)
-    per_layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]  # fmt: skip
+    per_layer = [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ]
     assert names == [f"model.layers.{i}.{s}" for i in range(2) for s in per_layer]
     assert "lm_head" not in find_targets(backbone.model, [".*"])
 
@@ -207,15 +218,33 @@ def test_a_bare_string_from_the_command_line_is_one_pattern_not_its_characters()
     assert method.wrapped == [f"encoder.layer.{i}.attention.self.value" for i in range(2)]
 
 
-@pytest.mark.parametrize("name, layers", [
-    # BERT: every linear of the encoder (the pooler's output is unused: outside the feature path).
-    ("tiny_bert", [f"encoder.layer.{i}.{s}" for i in range(2) for s in (
-        "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-        "intermediate.dense", "output.dense")]),
-    # ViT: the patch embedding too (a convolution with groups = 1), and no head.
-    ("tiny_vit", ["patch_embed.proj"] + [f"blocks.{i}.{s}" for i in range(2)
-                                         for s in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, layers",
+    [
+        # BERT: every linear of the encoder (the pooler's output is unused: outside the feature path).
+        (
+            "tiny_bert",
+            [
+                f"encoder.layer.{i}.{s}"
+                for i in range(2)
+                for s in (
+                    "attention.self.query",
+                    "attention.self.key",
+                    "attention.self.value",
+                    "attention.output.dense",
+                    "intermediate.dense",
+                    "output.dense",
+                )
+            ],
+        ),
+        # ViT: the patch embedding too (a convolution with groups = 1), and no head.
+        (
+            "tiny_vit",
+            ["patch_embed.proj"]
+            + [f"blocks.{i}.{s}" for i in range(2) for s in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")],
+        ),
+    ],
+)
 def test_target_modules_all_takes_every_layer_on_the_feature_path_and_equals_the_base_at_init(name, layers):
     backbone = _backbone(name)
     backbone.target_modules = ["all"]
@@ -237,8 +266,9 @@ def test_the_wrapped_modules_log_groups_names_by_block_index():
     from sve.layers.inject import grouped_names
 
     names = [f"model.layers.{i}.attn.{x}" for i in range(32) for x in ("q", "k")] + ["head", "b.0.c", "b.2.c"]
-    assert grouped_names(names) == ("model.layers.{0..31}.attn.q (32), model.layers.{0..31}.attn.k (32), head, "
-                                    "b.{0,2}.c (2)")
+    assert grouped_names(names) == (
+        "model.layers.{0..31}.attn.q (32), model.layers.{0..31}.attn.k (32), head, b.{0,2}.c (2)"
+    )
     # Two numeric parts: each part's values, and the count of modules, so nothing is hidden.
     assert grouped_names(["s.0.b.1.c", "s.1.b.0.c", "s.1.b.1.c"]) == "s.{0..1}.b.{0..1}.c (3)"
     assert grouped_names(["encoder.layer.3.output.dense"]) == "encoder.layer.3.output.dense"

@@ -32,10 +32,30 @@ def wheel_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools builds in the source tree (build/, *.egg-info), which must stay untouched.
     source = root / "source"
-    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", "results", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                            str(root / "dist"), str(source)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    shutil.copytree(
+        ROOT,
+        source,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", "results", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun"
+        ),
+    )
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next((root / "dist").glob("singular_value_ensembles-*.whl"))
     venv.EnvBuilder(with_pip=False).create(root / "venv")
@@ -44,15 +64,33 @@ def wheel_env(tmp_path_factory):
     # system_site_packages would give): in a venv the dependencies are installed there. Listed as plain paths,
     # after the venv's own site-packages, so the wheel's sve wins over an editable one and its .pth files are
     # not run.
-    site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                   capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    site_packages = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
     Path(site_packages, "tests-interpreter.pth").write_text("\n".join(ours) + "\n")
     # --ignore-installed: the sve that the venv sees through that .pth file (an editable install, or a checkout's
     # egg-info on PYTHONPATH) has the wheel's version, and pip would keep it instead of installing the wheel.
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                              "--ignore-installed", "--no-build-isolation", str(wheel)],
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "--no-build-isolation",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     return root, python
 

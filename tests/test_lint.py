@@ -1,4 +1,5 @@
-"""The repository passes ``ruff check`` with the rules of pyproject.toml ([tool.ruff]); lint only, no formatting."""
+"""The repository passes ``ruff check`` with the rules of pyproject.toml ([tool.ruff]) and is formatted as
+``ruff format`` formats it (``make format`` rewrites it so)."""
 
 import json
 import shutil
@@ -28,6 +29,15 @@ def test_ruff_check_finds_nothing():
     assert done.returncode in (0, 1), f"ruff failed to run ({done.returncode}): {done.stderr[-2000:]}"
     findings = json.loads(done.stdout or "[]")
     findings.sort(key=lambda f: (f["filename"], f["location"]["row"]))
-    lines = [f"{f['filename'].removeprefix(str(ROOT) + '/')}:{f['location']['row']}: {f['code']} {f['message']}"
-             for f in findings]
+    lines = [
+        f"{f['filename'].removeprefix(str(ROOT) + '/')}:{f['location']['row']}: {f['code']} {f['message']}"
+        for f in findings
+    ]
     assert not lines, f"ruff check: {len(lines)} finding(s)\n" + "\n".join(lines)
+
+
+def test_ruff_format_would_change_nothing():
+    cmd = [*ruff_command(), "format", "--check", "--no-cache", str(ROOT)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode in (0, 1), f"ruff format failed to run ({done.returncode}): {done.stderr[-2000:]}"
+    assert done.returncode == 0, f"files ruff format would rewrite (run `make format`):\n{done.stdout[-4000:]}"

@@ -14,8 +14,12 @@ from sve.runs.validate import check_values
 from tests.conftest import ROOT, compose_cfg, config_options
 
 TINY = ["method=sve", "ensemble_size=2", "backbone=tiny_vit", "dataset=synthetic_image"]
-WRITES = {"csv": "csv/version_0/metrics.csv", "tensorboard": "tensorboard/version_0", "mlflow": "mlflow.db",
-          "wandb": "wandb"}  # fmt: skip
+WRITES = {
+    "csv": "csv/version_0/metrics.csv",
+    "tensorboard": "tensorboard/version_0",
+    "mlflow": "mlflow.db",
+    "wandb": "wandb",
+}
 NEEDS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 
 
@@ -42,19 +46,32 @@ def test_each_logger_writes_its_files_and_the_csv_log(logger, tmp_path):
 
 def test_a_logger_whose_package_is_missing_is_one_line(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a))
-    with pytest.raises(InputError, match=r"needs the tensorboard package, which is not installed: pip install "
-                                         r"'singular-value-ensembles\[loggers\]' \(or logger=csv\)"):  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a),
+    )
+    with pytest.raises(
+        InputError,
+        match=r"needs the tensorboard package, which is not installed: pip install "
+        r"'singular-value-ensembles\[loggers\]' \(or logger=csv\)",
+    ):
         check_values(compose_cfg([*TINY, "logger=tensorboard"]))
 
 
 def test_a_launcher_whose_plugin_is_missing_says_what_to_install():
     if importlib.util.find_spec("hydra_plugins") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher"):
         pytest.skip("the submitit launcher is installed here")
-    done = subprocess.run([sys.executable, "-m", "sve.cli.train", "-m", "hydra/launcher=slurm", "method=sve"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sve.cli.train", "-m", "hydra/launcher=slurm", "method=sve"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == ("error: hydra/launcher=slurm needs the submitit launcher plugin, which is not "
-                                   "installed: pip install 'singular-value-ensembles[slurm]' (in a checkout: pip "
-                                   "install -e '.[slurm]')")  # fmt: skip
+    assert done.stderr.strip() == (
+        "error: hydra/launcher=slurm needs the submitit launcher plugin, which is not "
+        "installed: pip install 'singular-value-ensembles[slurm]' (in a checkout: pip "
+        "install -e '.[slurm]')"
+    )

@@ -172,12 +172,26 @@ def test_lora_deep_ensemble_from_a_pretrained_head_starts_each_member_from_it(mo
 
 def test_lora_deep_ensemble_resumes_its_round_after_a_crash(tmp_path):
     # The rounds and the stored members live in the checkpoint: the resumed run ends as the uninterrupted one.
-    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", "method=deep_ensemble_lora", "ensemble_size=2",
-                 "trainer=cpu", "trainer.max_epochs=2", "callbacks=default", "callbacks.checkpoint.every_n_steps=1",
-                 "dataset.num_train=16", "dataset.num_val=8", "dataset.num_test=8", "dataset.batch_size=8"]
+    overrides = [
+        "backbone=tiny_vit",
+        "dataset=synthetic_image",
+        "method=deep_ensemble_lora",
+        "ensemble_size=2",
+        "trainer=cpu",
+        "trainer.max_epochs=2",
+        "callbacks=default",
+        "callbacks.checkpoint.every_n_steps=1",
+        "dataset.num_train=16",
+        "dataset.num_val=8",
+        "dataset.num_test=8",
+        "dataset.batch_size=8",
+    ]
     whole = run(compose_cfg(overrides, tmp_path / "whole"))
-    crash = ["+callbacks.crash._target_=tests.helpers.Crash", "+callbacks.crash.after_batches=5",  # round 2
-             f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    crash = [
+        "+callbacks.crash._target_=tests.helpers.Crash",
+        "+callbacks.crash.after_batches=5",  # round 2
+        f"+callbacks.crash.marker={tmp_path / 'crashed'}",
+    ]
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))
     resumed = run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))  # the marker: no second crash

@@ -14,8 +14,14 @@ from sve.runs.run import run
 from sve.training.checkpoint import read_checkpoint
 from tests.conftest import compose_cfg, method_on
 
-BASE = ["ensemble_size=4", "backbone=tiny_bert", "dataset=synthetic_text", "callbacks=default",
-        "trainer.limit_train_batches=4", "method.lr=0.01"]  # fmt: skip
+BASE = [
+    "ensemble_size=4",
+    "backbone=tiny_bert",
+    "dataset=synthetic_text",
+    "callbacks=default",
+    "trainer.limit_train_batches=4",
+    "method.lr=0.01",
+]
 
 
 def trained_state(tmp_path, method: str, members_at_once, *extra: str) -> dict[str, torch.Tensor]:
@@ -97,8 +103,15 @@ def one_step_gradients(method: str, members: list[int], checkpointing: str, ense
     from sve.layers.recompute import enable_checkpointing
     from sve.runs.run import instantiate
 
-    cfg = compose_cfg([f"method={method}", f"ensemble_size={ensemble_size}", "backbone=tiny_bert",
-                       "dataset=synthetic_text", "dataset.batch_size=4"])  # fmt: skip
+    cfg = compose_cfg(
+        [
+            f"method={method}",
+            f"ensemble_size={ensemble_size}",
+            "backbone=tiny_bert",
+            "dataset=synthetic_text",
+            "dataset.batch_size=4",
+        ]
+    )
     torch.manual_seed(0)
     backbone = instantiate(cfg.backbone)
     m, datamodule = method_on(cfg, backbone, ensemble_size)

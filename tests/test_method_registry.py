@@ -40,8 +40,11 @@ def runs_on(method: str, family: str) -> bool:
     if family != "resnet20_cifar":
         return True
     cls = method_class(method)
-    return method != "mc_dropout" and (not cls.make_layer.__qualname__.startswith("EnsembleMethod")
-                                       and nn.Conv2d in cls.layer_types or cls.train_backbone)
+    return method != "mc_dropout" and (
+        not cls.make_layer.__qualname__.startswith("EnsembleMethod")
+        and nn.Conv2d in cls.layer_types
+        or cls.train_backbone
+    )
 
 
 # A method's variants that change its layers' algebra (not just a number) also get rows, on a linear and a
@@ -72,8 +75,16 @@ def rows():
 
 def build(method: str, family: str, *extra: str, seed: int = 0):
     """(method, a training batch, datamodule, the unwrapped backbone built from the same seed)."""
-    cfg = compose_cfg([f"method={method}", f"backbone={family}", *FAMILIES[family], f"ensemble_size={M}",
-                       "dataset.batch_size=4", *extra])
+    cfg = compose_cfg(
+        [
+            f"method={method}",
+            f"backbone={family}",
+            *FAMILIES[family],
+            f"ensemble_size={M}",
+            "dataset.batch_size=4",
+            *extra,
+        ]
+    )
     torch.manual_seed(seed)
     reference = instantiate(cfg.backbone).eval()
     torch.manual_seed(seed)
@@ -226,8 +237,9 @@ def check_inference_paths_agree(m, batch, method) -> None:
                 layer.inference = mode
             outputs[mode] = m(batch)
     for mode, out in outputs.items():
-        torch.testing.assert_close(out, outputs["factored"], atol=1e-5, rtol=1e-5,
-                                   msg=lambda e, mode=mode: f"{method} {mode}: {e}")
+        torch.testing.assert_close(
+            out, outputs["factored"], atol=1e-5, rtol=1e-5, msg=lambda e, mode=mode: f"{method} {mode}: {e}"
+        )
 
 
 def test_options_left_out_as_the_same_algebra_differ_only_by_numbers():
@@ -235,5 +247,6 @@ def test_options_left_out_as_the_same_algebra_differ_only_by_numbers():
     for option, same in SAME_ALGEBRA.items():
         a, b = compose_cfg([f"method={option}"]).method, compose_cfg([f"method={same}"]).method
         differ = {k for k in set(a) | set(b) if k != "name" and a.get(k) != b.get(k)}
-        assert differ and all(isinstance(a.get(k), (int, float)) and isinstance(b.get(k), (int, float))
-                              for k in differ), (option, differ)  # fmt: skip
+        assert differ and all(
+            isinstance(a.get(k), (int, float)) and isinstance(b.get(k), (int, float)) for k in differ
+        ), (option, differ)

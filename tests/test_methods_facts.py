@@ -300,8 +300,9 @@ def test_batch_ensemble_init_std_draws_fast_weights_around_one():
 def test_batch_ensemble_warns_when_a_pretrained_head_leaves_nothing_to_tell_members_apart(monkeypatch):
     from sve.backbones.hf import HFBackbone
 
-    monkeypatch.setattr(HFBackbone, "initial_head",
-                        lambda self, task, C: (torch.zeros(C, self.feature_dim), torch.zeros(C)))
+    monkeypatch.setattr(
+        HFBackbone, "initial_head", lambda self, task, C: (torch.zeros(C, self.feature_dim), torch.zeros(C))
+    )
     with pytest.warns(UserWarning, match="stay identical; set method.init_std > 0"):
         make("batch_ensemble")
     m, *_ = make("batch_ensemble", "method.init_std=0.01")  # no warning needed: the fast weights differ

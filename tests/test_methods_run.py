@@ -15,8 +15,13 @@ from sve.runs.run import run
 from tests.conftest import compose_cfg
 
 BASELINES = registry.options()
-FAST = ["backbone=tiny_bert", "dataset=synthetic_text", "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1", "ensemble_size=2"]
+FAST = [
+    "backbone=tiny_bert",
+    "dataset=synthetic_text",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "ensemble_size=2",
+]
 
 
 @pytest.mark.parametrize("method", BASELINES)

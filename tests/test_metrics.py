@@ -105,8 +105,9 @@ def reference_mutual_information(member_logits: np.ndarray) -> float:
     """Explicit loops over examples: H(mean p) - mean_m H(p_m)."""
     p = softmax(member_logits)  # (M, N, C)
     h = lambda q: -sum(x * np.log(x) for x in q if x > 0)  # noqa: E731
-    return float(np.mean([h(p[:, i].mean(0)) - np.mean([h(p[m, i]) for m in range(len(p))])
-                          for i in range(p.shape[1])]))  # fmt: skip
+    return float(
+        np.mean([h(p[:, i].mean(0)) - np.mean([h(p[m, i]) for m in range(len(p))]) for i in range(p.shape[1])])
+    )
 
 
 def test_mutual_information_against_numpy_and_its_bounds():
@@ -183,13 +184,21 @@ def test_confidences_on_and_one_ulp_beside_every_bin_edge():
     # torch.linspace(0, 1, n + 1) misses some k/n by one ulp (edge 11 of 15 lies above 11/15, so nextafter(11/15, 1)
     # went to the lower bin; also edge 3 of 10 and edges 3, 6, 7, 11 of 20). The reference compares with m/n itself.
     for n_bins in (10, 15, 20):
-        conf = np.array([c for k in range(1, n_bins + 1) for c in (k / n_bins, np.nextafter(k / n_bins, 0),
-                                                                   np.nextafter(k / n_bins, 1)) if c <= 1])
+        conf = np.array(
+            [
+                c
+                for k in range(1, n_bins + 1)
+                for c in (k / n_bins, np.nextafter(k / n_bins, 0), np.nextafter(k / n_bins, 1))
+                if c <= 1
+            ]
+        )
         n_classes = 21  # the other 20 classes share 1 - c, below c for every c >= 1/20; class 0 is the prediction
         probs = np.column_stack([conf] + [(1 - conf) / (n_classes - 1)] * (n_classes - 1))
         edges = np.arange(n_bins + 1) / n_bins
-        in_bin = [[(lo < c <= hi) or (m == 0 and c == 0) for c in conf]
-                  for m, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]  # fmt: skip
+        in_bin = [
+            [(lo < c <= hi) or (m == 0 and c == 0) for c in conf]
+            for m, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))
+        ]
         # Right in even bins and wrong in odd ones: neighbouring bins' gaps have opposite signs, so an example
         # in the wrong bin changes the ECE, not only the reliability counts.
         labels = np.array([np.flatnonzero(np.array(in_bin)[:, i])[0] % 2 for i in range(len(conf))])

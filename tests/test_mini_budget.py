@@ -28,8 +28,11 @@ def test_mean_points_keeps_the_steps_every_seed_has():
 
 
 def test_curve_share_is_the_curves_examples_at_the_runs_test_throughput():
-    results = {"wall_time_s": 100.0, "metrics": {"test/seconds": 10.0, "test/examples": 1000},
-               "curve": {"points": [{"step": 0, "examples": 250}, {"step": 5, "examples": 250}]}}
+    results = {
+        "wall_time_s": 100.0,
+        "metrics": {"test/seconds": 10.0, "test/examples": 1000},
+        "curve": {"points": [{"step": 0, "examples": 250}, {"step": 5, "examples": 250}]},
+    }
     assert curve_share(results) == pytest.approx(500 * 0.01 / 100)  # 5 s of 100
     assert curve_share({"wall_time_s": 1.0, "metrics": {}}) is None
 
@@ -40,17 +43,35 @@ def test_report_counts_every_run_once_and_reads_the_tuned_rows(tmp_path):
         for lr in ("0.0001", "0.0003", "0.001"):
             d = row / "tune" / f"method.lr_{lr}"
             d.mkdir(parents=True)
-            (d / "results.json").write_text(json.dumps({"method": method, "num_members": members, "wall_time_s": 60,
-                                                        "experiment": "mini_sst2_minilm", "metrics": {}}))
+            (d / "results.json").write_text(
+                json.dumps(
+                    {
+                        "method": method,
+                        "num_members": members,
+                        "wall_time_s": 60,
+                        "experiment": "mini_sst2_minilm",
+                        "metrics": {},
+                    }
+                )
+            )
         (row / "tuned.json").write_text(json.dumps({"value": "0.001", "edge": "upper" if method == "sve" else None}))
         for seed in (0, 1, 2):
             d = row / f"seed{seed}"
             d.mkdir()
             if seed == 0:
                 (d / "REUSED.txt").write_text("copied")
-            (d / "results.json").write_text(json.dumps({"method": method, "num_members": members, "wall_time_s": 120,
-                                                        "experiment": "mini_sst2_minilm", "metrics": {},
-                                                        "curve": {"points": curve([0.7, 0.5, 0.4])}}))
+            (d / "results.json").write_text(
+                json.dumps(
+                    {
+                        "method": method,
+                        "num_members": members,
+                        "wall_time_s": 120,
+                        "experiment": "mini_sst2_minilm",
+                        "metrics": {},
+                        "curve": {"points": curve([0.7, 0.5, 0.4])},
+                    }
+                )
+            )
     text, record = report(tmp_path, ["mini_table2"])
     rows = {r["row"]: r for r in record["tables"]["mini_table2"]}
     assert rows["sve:4"]["runs"] == 5 and rows["sve:4"]["minutes"] == 3 * 1 + 2 * 2  # seed 0 is a tuning run's copy
@@ -67,7 +88,10 @@ def test_report_counts_every_run_once_and_reads_the_tuned_rows(tmp_path):
 
 
 def test_evaluation_seconds_are_the_test_split_and_the_curve_at_its_throughput():
-    results = {"wall_time_s": 100.0, "metrics": {"test/seconds": 10.0, "test/examples": 1000},
-               "curve": {"points": [{"step": 0, "examples": 500}]}}
+    results = {
+        "wall_time_s": 100.0,
+        "metrics": {"test/seconds": 10.0, "test/examples": 1000},
+        "curve": {"points": [{"step": 0, "examples": 500}]},
+    }
     assert evaluation_seconds(results) == pytest.approx(10 + 5)  # the test split, and the curve at its throughput
     assert evaluation_seconds({"wall_time_s": 5.0, "metrics": {}}) == 0.0

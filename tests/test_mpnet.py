@@ -21,8 +21,14 @@ from sve.runs.run import instantiate
 from tests.conftest import compose_cfg, installed
 
 LAYERS = 2
-PER_LAYER = ["attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o",
-             "intermediate.dense", "output.dense"]  # fmt: skip
+PER_LAYER = [
+    "attention.attn.q",
+    "attention.attn.k",
+    "attention.attn.v",
+    "attention.attn.o",
+    "intermediate.dense",
+    "output.dense",
+]
 
 
 def tiny_tokenizer() -> MPNetTokenizer:
@@ -37,8 +43,15 @@ def tiny_dir(tmp_path_factory) -> Path:
     """A random 2-layer MPNet (width 32) with its tokenizer, written as save_pretrained does."""
     out = tmp_path_factory.mktemp("tiny_mpnet")
     torch.manual_seed(0)
-    config = MPNetConfig(vocab_size=141, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=256, pad_token_id=1)  # fmt: skip
+    config = MPNetConfig(
+        vocab_size=141,
+        hidden_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        pad_token_id=1,
+    )
     MPNetModel(config).save_pretrained(out)
     tiny_tokenizer().save_pretrained(out)
     return out
@@ -107,13 +120,20 @@ def test_experiment_uses_the_mpnet_backbone_and_the_minilm_settings(tmp_path):
     assert mpnet.experiment_name == "mini_sst2_mpnet" and mpnet.backbone.name == "mpnet_base"
     assert mpnet.backbone.name_or_path == cache_text("mpnet_base")
     assert mpnet.dataset == minilm.dataset and mpnet.trainer == minilm.trainer
-    assert (mpnet.ensemble_size, mpnet.optimizer, mpnet.scheduler) == (minilm.ensemble_size, minilm.optimizer,
-                                                                       minilm.scheduler)  # fmt: skip
+    assert (mpnet.ensemble_size, mpnet.optimizer, mpnet.scheduler) == (
+        minilm.ensemble_size,
+        minilm.optimizer,
+        minilm.scheduler,
+    )
 
 
 # ----- scripts/fetch_mpnet.py on fake pieces ---------------------------------------------------------------
-FILES = {"config.json": b'{"model_type": "mpnet"}', "model.safetensors": bytes(range(256)) * 400,
-         "tokenizer.json": b"{}", "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}'}  # fmt: skip
+FILES = {
+    "config.json": b'{"model_type": "mpnet"}',
+    "model.safetensors": bytes(range(256)) * 400,
+    "tokenizer.json": b"{}",
+    "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}',
+}
 
 
 def _fake_wheels(folder: Path, files: dict[str, bytes] = FILES, drop_piece: int | None = None) -> Path:
@@ -133,8 +153,10 @@ def _fake_wheels(folder: Path, files: dict[str, bytes] = FILES, drop_piece: int 
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(f"{package.replace('-part-', '-part_')}/__init__.py", b"")
             if i != drop_piece:
-                zf.writestr(f"{package.replace('-part-', '-part_')}/input/all-mpnet-base-v2.zip.{i:03d}",
-                            data[(i - 1) * step:i * step])  # fmt: skip
+                zf.writestr(
+                    f"{package.replace('-part-', '-part_')}/input/all-mpnet-base-v2.zip.{i:03d}",
+                    data[(i - 1) * step : i * step],
+                )
     return folder
 
 

@@ -27,15 +27,21 @@ def no_network(monkeypatch, tmp_path):
 
 
 def test_a_timm_download_fails_at_once_naming_the_keys(no_network):
-    with pytest.raises(OfflineError, match=r"only the local cache was read.*backbone.checkpoint_path=.*"
-                                           r"backbone.pretrained=false"):
+    with pytest.raises(
+        OfflineError,
+        match=r"only the local cache was read.*backbone.checkpoint_path=.*"
+        r"backbone.pretrained=false",
+    ):
         timm_vit.TimmBackbone("vit_small_patch16_224.dino", ["qkv"], pretrained=True)
     assert no_network == []
 
 
 def test_a_hugging_face_download_fails_at_once_naming_the_keys(no_network):
-    with pytest.raises(OfflineError, match=r"could not load 'bert-base-uncased' \(the Hugging Face Hub did not "
-                                           r"answer.*backbone.name_or_path to a local directory"):
+    with pytest.raises(
+        OfflineError,
+        match=r"could not load 'bert-base-uncased' \(the Hugging Face Hub did not "
+        r"answer.*backbone.name_or_path to a local directory",
+    ):
         hf.HFEncoderBackbone(["query"], name_or_path="bert-base-uncased", pretrained=True)
     assert no_network == []
 

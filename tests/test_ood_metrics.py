@@ -61,8 +61,15 @@ def test_run_reports_ood_metrics_when_the_dataset_has_an_ood_set(tmp_path):
     from sve.runs.run import run
     from tests.conftest import compose_cfg
 
-    cfg = compose_cfg(["backbone=tiny_vit", "+dataset.ood._target_=sve.data.SyntheticImageData",
-                       "+dataset.ood.seed=7", "+dataset.ood.noise=3.0"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "backbone=tiny_vit",
+            "+dataset.ood._target_=sve.data.SyntheticImageData",
+            "+dataset.ood.seed=7",
+            "+dataset.ood.noise=3.0",
+        ],
+        tmp_path,
+    )
     metrics = run(cfg)["metrics"]
     assert {"test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"} <= set(metrics)
     assert all(0 <= metrics[k] <= 1 for k in ("test/ood_auroc", "test/ood_auprc", "test/ood_fpr95"))

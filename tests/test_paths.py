@@ -67,10 +67,13 @@ def test_no_config_code_or_make_target_spells_the_cache_root():
     }
     files = [p for folder in ("sve", "scripts", "tests") for p in (ROOT / folder).rglob("*") if p.suffix in literal]
     files += [ROOT / "Makefile", ROOT / "train.py", ROOT / "evaluate.py"]
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files if p != Path(__file__)
-             and p.resolve() != (ROOT / "sve" / "paths.py").resolve()
-             for n, line in enumerate(p.read_text().splitlines(), 1)
-             if literal[p.suffix or p.name].search(line)]  # fmt: skip
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in files
+        if p != Path(__file__) and p.resolve() != (ROOT / "sve" / "paths.py").resolve()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if literal[p.suffix or p.name].search(line)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -105,16 +108,23 @@ def test_a_resnet_run_from_another_directory_names_the_checkpoint_key_the_path_a
     # ../shared is relative to where a command runs: from elsewhere it is not there, which is one line naming
     # the key, the path tried and how to point at the file, before any model is built.
     env = {**{k: v for k, v in os.environ.items() if k != "SVE_SHARED"}, "PYTHONPATH": str(ROOT)}  # this checkout
-    done = subprocess.run([sys.executable, "-m", "sve.cli.train", "backbone=resnet20_cifar", "dataset=synthetic_image",
-                           "trainer=debug"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sve.cli.train", "backbone=resnet20_cifar", "dataset=synthetic_image", "trainer=debug"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     tried = tmp_path.parent / "shared" / "models" / "resnet_cifar10" / "resnet20-12fca82f.th"
-    assert ("backbone.checkpoint_path=../shared/models/resnet_cifar10/resnet20-12fca82f.th: no file at "
-            f"{tried}, relative to the directory you run in; set backbone.checkpoint_path=<a weights file>, or "
-            "SVE_SHARED=<the folder of the shared weights and data>") in errors[0], errors[0]
+    assert (
+        "backbone.checkpoint_path=../shared/models/resnet_cifar10/resnet20-12fca82f.th: no file at "
+        f"{tried}, relative to the directory you run in; set backbone.checkpoint_path=<a weights file>, or "
+        "SVE_SHARED=<the folder of the shared weights and data>"
+    ) in errors[0], errors[0]
     if (SHARED / "models" / "resnet_cifar10").is_dir():  # and with SVE_SHARED the file is found from anywhere
         from sve.runs.preflight import backbone_needs
 

@@ -9,8 +9,14 @@ from sve.runs.run import build, run
 from sve.training.checkpoint import read_checkpoint
 from tests.conftest import compose_cfg
 
-OVERRIDES = ["method=sve", "ensemble_size=2", "backbone=tiny_vit", "dataset=synthetic_image", "callbacks=default",
-             "method.lr=0.05"]  # fmt: skip  # large enough that some singular values reach zero
+OVERRIDES = [
+    "method=sve",
+    "ensemble_size=2",
+    "backbone=tiny_vit",
+    "dataset=synthetic_image",
+    "callbacks=default",
+    "method.lr=0.05",
+]  # large enough that some singular values reach zero
 
 
 def test_a_plain_loop_trains_sve_as_the_lightning_path_does(tmp_path):

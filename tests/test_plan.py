@@ -34,14 +34,27 @@ STEP_TOLERANCE = 0.20
 MEASURE = Path(__file__).with_name("plan_measure.py")
 TABLES = ["table1", "table2", "table3", "table4", "table5", "table6"]
 
-BERT_BASE_WIDTH = ["backbone=tiny_bert", "backbone.config={model_type: bert, vocab_size: 141, hidden_size: 768, "
-                   "num_hidden_layers: 2, num_attention_heads: 12, intermediate_size: 3072, "
-                   "max_position_embeddings: 512}", "dataset=synthetic_text", "dataset.max_length=128",
-                   "dataset.batch_size=8", "trainer=cpu"]  # fmt: skip
-LLAMA_7B_WIDTH = ["backbone=tiny_llama", "backbone.config={model_type: llama, vocab_size: 141, hidden_size: 4096, "
-                  "num_hidden_layers: 2, num_attention_heads: 32, num_key_value_heads: 32, intermediate_size: 11008, "
-                  "max_position_embeddings: 4096, pad_token_id: 0}", "++backbone.torch_dtype=bfloat16",
-                  "dataset=synthetic_text", "dataset.max_length=64", "dataset.batch_size=1", "trainer=cpu"]  # fmt: skip
+BERT_BASE_WIDTH = [
+    "backbone=tiny_bert",
+    "backbone.config={model_type: bert, vocab_size: 141, hidden_size: 768, "
+    "num_hidden_layers: 2, num_attention_heads: 12, intermediate_size: 3072, "
+    "max_position_embeddings: 512}",
+    "dataset=synthetic_text",
+    "dataset.max_length=128",
+    "dataset.batch_size=8",
+    "trainer=cpu",
+]
+LLAMA_7B_WIDTH = [
+    "backbone=tiny_llama",
+    "backbone.config={model_type: llama, vocab_size: 141, hidden_size: 4096, "
+    "num_hidden_layers: 2, num_attention_heads: 32, num_key_value_heads: 32, intermediate_size: 11008, "
+    "max_position_embeddings: 4096, pad_token_id: 0}",
+    "++backbone.torch_dtype=bfloat16",
+    "dataset=synthetic_text",
+    "dataset.max_length=64",
+    "dataset.batch_size=1",
+    "trainer=cpu",
+]
 TINY = ["backbone=tiny_bert", "dataset=synthetic_text", "method=sve", "ensemble_size=4", "trainer=cpu"]
 
 
@@ -51,8 +64,12 @@ def config(overrides: list[str]):
 
 
 def check_against_measured(overrides: list[str], random_factors: bool) -> None:
-    out = subprocess.run([sys.executable, str(MEASURE), json.dumps(overrides), "1" if random_factors else "0"],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(MEASURE), json.dumps(overrides), "1" if random_factors else "0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     p = P.plan(config(overrides), alternatives=False)
@@ -115,15 +132,21 @@ def test_a_bad_value_is_one_line_naming_the_valid_choices():
     with pytest.raises(InputError, match=r"trainer.precision='8-mixed' cannot be planned; choose one of"):
         layout.device_layout(config([*TINY, "+trainer.precision=8-mixed"]))
     with pytest.raises(InputError, match="plan_memory_gib=-1 is not valid"):
-        P.device_capacity(config([*TINY, "plan_memory_gib=-1", "trainer=gpu"]), layout.Layout("cuda", 1, "single",
-                          "32-true", 1), None)  # fmt: skip
+        P.device_capacity(
+            config([*TINY, "plan_memory_gib=-1", "trainer=gpu"]), layout.Layout("cuda", 1, "single", "32-true", 1), None
+        )
     with pytest.raises(InputError, match="backbone.config=.*or backbone.name_or_path"):
         architectures.architecture("someone/unknown-model")
 
 
 def test_cli_prints_the_plan_and_trains_nothing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sve.cli.train", *TINY, "plan=true", f"hydra.run.dir={tmp_path}/run"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "sve.cli.train", *TINY, "plan=true", f"hydra.run.dir={tmp_path}/run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "memory plan: tiny_bert + sve (ensemble_size 4)" in out.stdout and "training peak" in out.stdout
     assert not (tmp_path / "run" / "results.json").exists()
@@ -152,8 +175,9 @@ def test_every_row_of_a_table_is_planned_offline(name, capsys):
 
 @pytest.mark.slow
 def test_llama2_7b_sve_16_plan_counts_its_factors_exactly():
-    p = P.plan(config(["experiment=arc_easy_llama2", "method=sve", "ensemble_size=16", "trainer=gpu"]),
-               alternatives=False)  # fmt: skip
+    p = P.plan(
+        config(["experiment=arc_easy_llama2", "method=sve", "ensemble_size=16", "trainer=gpu"]), alternatives=False
+    )
     h, f, layers = 4096, 11008, 32
     per_layer = 4 * (h * h + h * h) + 2 * (f * h + h * h) + (h * h + h * f)  # q k v o; gate up; down (r = 4096)
     assert p.stored["factors (U, V)"] == layers * per_layer * 2  # bfloat16
@@ -180,10 +204,14 @@ def test_original_weights_are_freed_after_wrapping():
     from sve.methods import SVE
 
     cfg = config(TINY)
-    backbone = HFEncoderBackbone(**{k: v for k, v in OmegaConf.to_container(cfg.backbone, resolve=True).items()
-                                    if k not in ("_target_", "name")})  # fmt: skip
-    refs = [weakref.ref(m.weight) for n, m in backbone.model.named_modules()
-            if isinstance(m, torch.nn.Linear) and "pooler" not in n]  # fmt: skip
+    backbone = HFEncoderBackbone(
+        **{k: v for k, v in OmegaConf.to_container(cfg.backbone, resolve=True).items() if k not in ("_target_", "name")}
+    )
+    refs = [
+        weakref.ref(m.weight)
+        for n, m in backbone.model.named_modules()
+        if isinstance(m, torch.nn.Linear) and "pooler" not in n
+    ]
     method = SVE(backbone, ensemble_size=2, num_classes=2, svd_cache=None)
     import gc
 
@@ -222,6 +250,9 @@ def test_a_huge_ensemble_is_planned_in_a_few_passes_and_an_impossible_one_refuse
     assert len(calls) <= FEW
     assert p.stored["trainable parameters"] >= 20000 * (4 * 32 + 4) * 4  # the heads alone: (M, C, D) and (M, C)
     M = 10**12
-    with pytest.raises(InputError, match=rf"ensemble_size={M} cannot run in .*: the member logits of one evaluation "
-                                         rf"batch \({M} x 8 x 4 float32\) alone take .* GiB; at most \d+ members"):
+    with pytest.raises(
+        InputError,
+        match=rf"ensemble_size={M} cannot run in .*: the member logits of one evaluation "
+        rf"batch \({M} x 8 x 4 float32\) alone take .* GiB; at most \d+ members",
+    ):
         P.plan(config([*HUGE, f"ensemble_size={M}"]))

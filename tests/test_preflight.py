@@ -32,8 +32,7 @@ def config(backbone=None, dataset=None):
     return OmegaConf.create({k: v for k, v in (("backbone", backbone), ("dataset", dataset)) if v is not None})
 
 
-TIMM = {"name": "dino_vits16", "model_name": "vit_small_patch16_224.dino", "pretrained": True,
-        "checkpoint_path": None}  # fmt: skip
+TIMM = {"name": "dino_vits16", "model_name": "vit_small_patch16_224.dino", "pretrained": True, "checkpoint_path": None}
 FLOWERS = {"name": "flowers102", "root": None, "download": True}
 
 
@@ -44,8 +43,11 @@ def test_offline_every_missing_source_is_named_in_one_error(caches):
     message = str(err.value)
     assert "the Hub model bert-base-uncased" in message and "backbone.name_or_path=" in message
     assert "the Hub dataset glue" in message and "dataset.root=" in message
-    with pytest.raises(OfflineError, match=r"timm's pretrained weights of vit_small_patch16_224.dino.*"
-                                           r"backbone.pretrained=false.*dataset flowers102 needs a download"):
+    with pytest.raises(
+        OfflineError,
+        match=r"timm's pretrained weights of vit_small_patch16_224.dino.*"
+        r"backbone.pretrained=false.*dataset flowers102 needs a download",
+    ):
         preflight.check_sources(config(TIMM, FLOWERS))
 
 
@@ -107,12 +109,30 @@ def test_the_offline_headline_answers_before_torch_is_imported(tmp_path):
     """``train.py method=sve dataset=flowers102`` with nothing cached and no network: one error line, no
     traceback, and torch never imported (so it takes about a second, not the ~10 s of importing it and
     Lightning and timm)."""
-    env = {**os.environ, "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "TORCH_HOME": str(tmp_path / "t"),
-           "HF_ENDPOINT": "http://127.0.0.1:9"}  # fmt: skip  (port 9 refuses at once: no network)
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "HF_HOME": str(tmp_path / "hf"),
+        "TORCH_HOME": str(tmp_path / "t"),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+    }  # port 9 refuses at once: no network
     env.pop("HF_HUB_CACHE", None)
-    proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "method=sve",
-                           "dataset=flowers102", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            str(ROOT / "train.py"),
+            "method=sve",
+            "dataset=flowers102",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -124,9 +144,12 @@ def test_the_offline_headline_answers_before_torch_is_imported(tmp_path):
 def test_a_missing_checkpoint_file_is_one_error_naming_the_key_unless_unused(caches, monkeypatch):
     monkeypatch.setattr(preflight, "hub_reachable", lambda: pytest.fail("asked the network"))
     resnet = {"name": "resnet20_cifar", "pretrained": True, "checkpoint_path": "~/nowhere/resnet20.th"}
-    with pytest.raises(InputError, match=r"^backbone resnet20_cifar: backbone.checkpoint_path=~/nowhere/resnet20.th: "
-                                         rf"no file at {Path.home()}/nowhere/resnet20.th; set backbone.checkpoint_path="
-                                         r"<a weights file>, or backbone.pretrained=false$"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"^backbone resnet20_cifar: backbone.checkpoint_path=~/nowhere/resnet20.th: "
+        rf"no file at {Path.home()}/nowhere/resnet20.th; set backbone.checkpoint_path="
+        r"<a weights file>, or backbone.pretrained=false$",
+    ):
         preflight.check_sources(config(resnet))
     preflight.check_sources(config({**resnet, "pretrained": False}))  # not read: no error
     preflight.check_sources(config({**resnet, "checkpoint_path": "pkg://some_package/w.pth"}))  # the loader's

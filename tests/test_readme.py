@@ -61,8 +61,9 @@ def test_the_own_model_examples_run_verbatim_and_every_adapter_reloads_exactly(t
         wrapped.save_pretrained(tmp_path / f"adapter{i}")
         loaded = sve.from_pretrained(copy.deepcopy(bases[id(wrapped)]), tmp_path / f"adapter{i}")
         expected, got = wrapped.predict(batch), loaded.predict(batch)
-        assert torch.equal(expected.probs, got.probs) and torch.equal(expected.mutual_information,
-                                                                       got.mutual_information)
+        assert torch.equal(expected.probs, got.probs) and torch.equal(
+            expected.mutual_information, got.mutual_information
+        )
         other = copy.deepcopy(bases[id(wrapped)])
         with torch.no_grad():
             next(p for p in other.parameters() if p.dim() >= 2).mul_(1.01)  # on the feature path

@@ -19,8 +19,17 @@ TABLE7 = {
 def _table7_row(cfg):
     warmup = cfg.scheduler.warmup_epochs or cfg.scheduler.warmup_fraction
     length = f"{cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0 else cfg.trainer.max_epochs
-    return (cfg.backbone.name, cfg.optimizer.lr, cfg.optimizer.weight_decay, cfg.scheduler.kind, warmup, length,
-            cfg.dataset.batch_size, cfg.ensemble_size, cfg.sigma_init)  # fmt: skip
+    return (
+        cfg.backbone.name,
+        cfg.optimizer.lr,
+        cfg.optimizer.weight_decay,
+        cfg.scheduler.kind,
+        warmup,
+        length,
+        cfg.dataset.batch_size,
+        cfg.ensemble_size,
+        cfg.sigma_init,
+    )
 
 
 @pytest.mark.parametrize("dataset", sorted(TABLE7))

@@ -54,8 +54,14 @@ OPTION = "tiny_sampled_test"
 def tiny_option():
     """The option's config, registered as a YAML file in the group would be (Hydra's ConfigStore is the config
     group's programmatic form), and taken out again after the test."""
-    node = {"_target_": f"{__name__}.TinySampled", "name": OPTION, "num_samples": 3, "lr": None,
-            "members_at_once": "all", "target_modules": None}  # fmt: skip
+    node = {
+        "_target_": f"{__name__}.TinySampled",
+        "name": OPTION,
+        "num_samples": 3,
+        "lr": None,
+        "members_at_once": "all",
+        "target_modules": None,
+    }
     ConfigStore.instance().store(group="method", name=OPTION, node=node)
     yield OPTION
     ConfigStore.instance().repo["method"].pop(f"{OPTION}.yaml")
@@ -119,9 +125,12 @@ def test_the_benchmark_prepares_a_method_by_its_facts_not_its_name(tiny_option):
             calls.append("datamodule")
             return "the training data"
 
-    method = SimpleNamespace(ensemble_size=3, fits_after_training="train",
-                             on_train_epoch_end=lambda module: calls.append("epoch end"),
-                             after_fit=lambda data: calls.append(("after_fit", data)))  # fmt: skip
+    method = SimpleNamespace(
+        ensemble_size=3,
+        fits_after_training="train",
+        on_train_epoch_end=lambda module: calls.append("epoch end"),
+        after_fit=lambda data: calls.append(("after_fit", data)),
+    )
     table5.prepare(method, Builder())
     assert calls == ["epoch end"] * 3 + ["datamodule", ("after_fit", "the training data")]
     method.fits_after_training, calls[:] = None, []
@@ -224,8 +233,13 @@ def named_methods(tree: ast.Module, names: set[str]):
             elif isinstance(node, ast.Compare):
                 values = [node.left, *node.comparators]
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("startswith", "endswith"):
-                values = [a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                          and any(n.startswith(a.value) and len(a.value) > 3 for n in names)]  # fmt: skip
+                values = [
+                    a
+                    for a in node.args
+                    if isinstance(a, ast.Constant)
+                    and isinstance(a.value, str)
+                    and any(n.startswith(a.value) and len(a.value) > 3 for n in names)
+                ]
                 yield from ((a.lineno, scope, a.value) for a in values)
                 continue
             for v in values:
@@ -250,9 +264,13 @@ def test_no_method_name_is_listed_outside_its_class_and_config():
 
 
 def test_the_name_check_sees_the_patterns_it_guards_against():
-    code = ('SAMPLED = ("mc_dropout", "blob")\n'
-            'def f(n):\n    return n in ("x",) or n == "sve" or n.startswith("bayes")\n'
-            'FACTS = {"svf": 1}\n')  # fmt: skip
-    found = {(scope, name) for _, scope, name in named_methods(ast.parse(code), {"mc_dropout", "blob", "sve",
-                                                                                 "svf", "bayes_lora_la"})}
+    code = (
+        'SAMPLED = ("mc_dropout", "blob")\n'
+        'def f(n):\n    return n in ("x",) or n == "sve" or n.startswith("bayes")\n'
+        'FACTS = {"svf": 1}\n'
+    )
+    found = {
+        (scope, name)
+        for _, scope, name in named_methods(ast.parse(code), {"mc_dropout", "blob", "sve", "svf", "bayes_lora_la"})
+    }
     assert found == {("SAMPLED", "mc_dropout"), ("SAMPLED", "blob"), ("f", "sve"), ("f", "bayes"), ("FACTS", "svf")}

@@ -20,19 +20,34 @@ def write_run(root: Path, experiment: str, method: str, members: int, seed: int,
     """A results.json as sve.runs.run writes it (only the keys the builder reads), in the stable run directory."""
     path = run_dir(root, experiment, method, members, seed) / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    results = {"method": method, "ensemble_size": members, "seed": seed,
-               "metrics": {f"test/{k}": v for k, v in metrics.items()},
-               "config": {"experiment_name": experiment}, **extra}  # fmt: skip
+    results = {
+        "method": method,
+        "ensemble_size": members,
+        "seed": seed,
+        "metrics": {f"test/{k}": v for k, v in metrics.items()},
+        "config": {"experiment_name": experiment},
+        **extra,
+    }
     path.write_text(json.dumps(results))
     return path
 
 
-SPEC = OmegaConf.create({
-    "name": "golden", "kind": "metrics", "title": "Golden", "metrics": ["acc", "ece", "nll"], "seeds": [0, 1, 2],
-    "experiments": {"exp_a": "Experiment A"},
-    "rows": [{"method": "single", "members": 1}, {"method": "lora_ensemble", "members": 4},
-             {"method": "sve", "members": 4}, {"method": "deep_ensemble", "members": 4}],
-})  # fmt: skip
+SPEC = OmegaConf.create(
+    {
+        "name": "golden",
+        "kind": "metrics",
+        "title": "Golden",
+        "metrics": ["acc", "ece", "nll"],
+        "seeds": [0, 1, 2],
+        "experiments": {"exp_a": "Experiment A"},
+        "rows": [
+            {"method": "single", "members": 1},
+            {"method": "lora_ensemble", "members": 4},
+            {"method": "sve", "members": 4},
+            {"method": "deep_ensemble", "members": 4},
+        ],
+    }
+)
 
 
 @pytest.fixture
@@ -85,7 +100,7 @@ def test_golden_latex(golden_root):
         r"SV-Ensemble & 4 & \textbf{91.0 $\pm$ 1.4$^\dagger$} & \textbf{3.0 $\pm$ 1.4$^\dagger$} & "
         r"\textbf{0.32 $\pm$ 0.03$^\dagger$} \\",
         r"Deep Ensemble & 4 & -- & -- & -- \\",
-    ]  # fmt: skip
+    ]
     assert r"Acc (\%) $\uparrow$ & ECE (\%) $\downarrow$" in tex
 
 
@@ -100,8 +115,10 @@ def test_golden_csv_holds_unrounded_display_units(golden_root):
 
 def test_paper_column_sits_beside_ours_and_fills_nothing(golden_root, tmp_path):
     paper = tmp_path / "paper.csv"
-    paper.write_text("# a comment line\nexperiment,method,members,acc,acc_std,ece,ece_std,nll,nll_std\n"
-                     "exp_a,deep_ensemble,4,85.4,0.1,3.9,0.1,0.50,0.00\nexp_a,sve,,95.0,,1.0,,0.2,\n")  # fmt: skip
+    paper.write_text(
+        "# a comment line\nexperiment,method,members,acc,acc_std,ece,ece_std,nll,nll_std\n"
+        "exp_a,deep_ensemble,4,85.4,0.1,3.9,0.1,0.50,0.00\nexp_a,sve,,95.0,,1.0,,0.2,\n"
+    )
     spec = OmegaConf.merge(SPEC, {"paper": str(paper)})
     md = render.to_markdown(metric_table(spec, load_runs(golden_root), golden_root))
     assert "| Method | M | Acc (%) ↑ | paper | ECE (%) ↓ | paper | NLL ↓ | paper |" in md
@@ -130,8 +147,10 @@ def test_a_row_tuned_to_an_edge_of_its_grid_is_marked_and_named_under_the_table(
     spec = OmegaConf.merge(SPEC, {"seeds": [0]})
     md = render.to_markdown(metric_table(spec, load_runs(root), root, with_paper=False))
     assert "| SV-Ensemble‡ | 4 |" in md and "| Single | 1 |" in md  # an interior choice is not marked
-    assert ("‡ exp_a · SV-Ensemble (M=4): method.lr chosen on the upper edge of its searched grid, which could not "
-            "grow further (tuned.json): not an interior optimum") in md  # fmt: skip
+    assert (
+        "‡ exp_a · SV-Ensemble (M=4): method.lr chosen on the upper edge of its searched grid, which could not "
+        "grow further (tuned.json): not an interior optimum"
+    ) in md
     assert "SV-Ensemble‡" in render.to_latex(metric_table(spec, load_runs(root), root, with_paper=False))
 
 
@@ -168,14 +187,33 @@ def test_every_definition_builds_on_empty_results(tmp_path):
 
 
 def test_table5_from_a_benchmark_file(tmp_path):
-    bench = {"setting": {"backbone": "bert_base"}, "methods": {
-        "single": {"parameters": 100, "train_memory_bytes": 1000, "infer_memory_bytes": 500, "infer_gflops": 21.9,
-                   "infer_ms": 3.0},
-        "sve": {"parameters": 101, "trainable_parameters": 1, "train_memory_bytes": 1100, "infer_memory_bytes": 510,
+    bench = {
+        "setting": {"backbone": "bert_base"},
+        "methods": {
+            "single": {
+                "parameters": 100,
+                "train_memory_bytes": 1000,
+                "infer_memory_bytes": 500,
+                "infer_gflops": 21.9,
+                "infer_ms": 3.0,
+            },
+            "sve": {
+                "parameters": 101,
+                "trainable_parameters": 1,
+                "train_memory_bytes": 1100,
+                "infer_memory_bytes": 510,
                 "infer_gflops": 175.2,
-                "infer_ms": 20.0},
-        "deep_ensemble": {"parameters": 800, "train_memory_bytes": 8000, "infer_memory_bytes": 4000,
-                          "infer_gflops": 175.2, "infer_ms": 24.0}}}  # fmt: skip
+                "infer_ms": 20.0,
+            },
+            "deep_ensemble": {
+                "parameters": 800,
+                "train_memory_bytes": 8000,
+                "infer_memory_bytes": 4000,
+                "infer_gflops": 175.2,
+                "infer_ms": 24.0,
+            },
+        },
+    }
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "table5.json").write_text(json.dumps(bench))
     build("table5", root=tmp_path)
@@ -183,10 +221,13 @@ def test_table5_from_a_benchmark_file(tmp_path):
     # overheads relative to single; trainable parameters as a share of single's parameters (a file without
     # them: "–"), beside the paper's one parameter column; the paper has no stored-parameter or
     # inference-memory column (blank)
-    assert ("| SV-Ensemble | 8 | **1.0** | 1.0 | **1.0** |  | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | "
-            "**20.0** | 21.9 |" in md)
-    assert ("| Deep Ensemble | 8 | – | 700.0 | <u>700.0</u> |  | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |"
-            in md)
+    assert (
+        "| SV-Ensemble | 8 | **1.0** | 1.0 | **1.0** |  | **10.0** | 1.0 | **2.0** |  | **175.2** | 175.2 | "
+        "**20.0** | 21.9 |" in md
+    )
+    assert (
+        "| Deep Ensemble | 8 | – | 700.0 | <u>700.0</u> |  | <u>700.0</u> | 700.0 | <u>700.0</u> |  | **175.2** |" in md
+    )
     assert "- Single w/ SVF (M=1): not in" in md
 
 
@@ -199,8 +240,11 @@ def test_paper_rows_are_cells_of_their_tables():
         spec = load_spec(name)
         if not spec.get("paper") or spec.get("paper_as"):  # a miniature shows only the rows it has
             continue
-        paper = [line.split(",")[:3] for line in (REPO / "sve" / "configs" / spec.paper).read_text().splitlines()[1:]
-                 if not line.startswith("#")]  # fmt: skip
+        paper = [
+            line.split(",")[:3]
+            for line in (REPO / "sve" / "configs" / spec.paper).read_text().splitlines()[1:]
+            if not line.startswith("#")
+        ]
         cells = {(e, r.method, str(r.members)) for e in spec.experiments for r in spec.rows}
         for experiment, method, members in paper[1:]:
             assert any(c[:2] == (experiment, method) and members in ("", c[2]) for c in cells), (name, method)
@@ -224,14 +268,18 @@ def test_paper_numbers_are_rows_of_the_paper_text(name):
     if not text_path.exists():
         pytest.skip(f"needs the paper's text at {text_path}")
     lines = text_path.read_text().splitlines()
-    rows = [line for line in (REPO / "sve" / "configs" / "paper" / f"{name}.csv").read_text().splitlines()
-            if not line.startswith("#")]  # fmt: skip
+    rows = [
+        line
+        for line in (REPO / "sve" / "configs" / "paper" / f"{name}.csv").read_text().splitlines()
+        if not line.startswith("#")
+    ]
     header = rows[0].split(",")
     for row in rows[1:]:
         record = dict(zip(header, row.split(",")))
         metrics = [k for k in header[3:] if not k.endswith("_std")]
-        printed = "\t".join(record[k] + (f"$\\pm${record[k + '_std']}" if f"{k}_std" in record else "")
-                            for k in metrics)  # fmt: skip
+        printed = "\t".join(
+            record[k] + (f"$\\pm${record[k + '_std']}" if f"{k}_std" in record else "") for k in metrics
+        )
         label = record["members"] if name == "table6" else METHOD_NAMES[record["method"]].split(" (")[0]
         assert any(line.startswith(label) and line.endswith("\t" + printed) for line in lines), row
     assert re.search(r"\d", printed)

@@ -10,10 +10,18 @@ import sve
 from sve.runs.results import FORMAT, UnreadableFile, migrate, read_results, results_record
 from tests.conftest import ROOT
 
-OLD = {"method": "mc_dropout", "ensemble_size": 1, "seed": 0, "metrics": {"test/acc": 0.5},
-       "method_report": {"num_samples": 10},
-       "config": {"experiment_name": "exp", "optimizer": {"_target_": "sve.optim.warmup_schedule", "lr": 0.1},
-                  "callbacks": [{"_target_": "sve.curves.Curve"}, {"_target_": "torch.nn.Identity"}]}}  # fmt: skip
+OLD = {
+    "method": "mc_dropout",
+    "ensemble_size": 1,
+    "seed": 0,
+    "metrics": {"test/acc": 0.5},
+    "method_report": {"num_samples": 10},
+    "config": {
+        "experiment_name": "exp",
+        "optimizer": {"_target_": "sve.optim.warmup_schedule", "lr": 0.1},
+        "callbacks": [{"_target_": "sve.curves.Curve"}, {"_target_": "torch.nn.Identity"}],
+    },
+}
 
 
 def test_a_file_without_a_format_is_migrated_to_the_current_one():
@@ -27,8 +35,9 @@ def test_a_file_without_a_format_is_migrated_to_the_current_one():
     config = migrated["config"]
     assert config["optimizer"] == {"_target_": "sve.training.optim.warmup_schedule", "lr": 0.1}
     assert [c["_target_"] for c in config["callbacks"]] == ["sve.training.curves.Curve", "torch.nn.Identity"]
-    assert {k: migrated[k] for k in ("method", "ensemble_size", "seed", "metrics")} == \
-        {k: OLD[k] for k in ("method", "ensemble_size", "seed", "metrics")}  # fmt: skip
+    assert {k: migrated[k] for k in ("method", "ensemble_size", "seed", "metrics")} == {
+        k: OLD[k] for k in ("method", "ensemble_size", "seed", "metrics")
+    }
 
 
 def test_a_current_file_reads_as_written_and_a_later_one_is_refused(tmp_path):
@@ -54,19 +63,28 @@ def test_every_committed_results_json_reads_in_the_current_format():
 
 
 def test_an_old_module_name_warns_once_and_gives_the_new_module():
-    code = ("import sys, warnings; warnings.simplefilter('always')\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    import sve.writable as old\n"
-            "    del sys.modules['sve.writable']\n"
-            "    import sve.writable as again\n"
-            "import sve.runs.writable as new\n"
-            "assert old is new and again is new\n"
-            "print([(w.category.__name__, str(w.message), w.filename) for w in caught])")  # fmt: skip
+    code = (
+        "import sys, warnings; warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    import sve.writable as old\n"
+        "    del sys.modules['sve.writable']\n"
+        "    import sve.writable as again\n"
+        "import sve.runs.writable as new\n"
+        "assert old is new and again is new\n"
+        "print([(w.category.__name__, str(w.message), w.filename) for w in caught])"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str([("FutureWarning", "sve.writable is now sve.runs.writable; the old name goes "
-                                        f"in sve {sve.MOVED_UNTIL}: import sve.runs.writable (or set _target_ to it)",
-                                        "<string>")])  # fmt: skip
+    assert done.stdout.strip() == str(
+        [
+            (
+                "FutureWarning",
+                "sve.writable is now sve.runs.writable; the old name goes "
+                f"in sve {sve.MOVED_UNTIL}: import sve.runs.writable (or set _target_ to it)",
+                "<string>",
+            )
+        ]
+    )
 
 
 def test_the_old_names_go_in_the_next_minor_release():

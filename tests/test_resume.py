@@ -18,8 +18,16 @@ from tests.conftest import compose_cfg
 
 
 def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_path):
-    cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
-                       "trainer.limit_train_batches=5"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "backbone=tiny_vit",
+            "method=sve",
+            "callbacks=default",
+            "callbacks.checkpoint.every_n_steps=2",
+            "trainer.limit_train_batches=5",
+        ],
+        tmp_path,
+    )
     results = run(cfg)
     checkpoint = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert checkpoint["global_step"] == 5  # epoch end, after the step checkpoints at 2 and 4
@@ -33,9 +41,18 @@ def test_checkpoint_holds_only_trainable_state_and_checks_the_frozen_part(tmp_pa
 
     # Resuming onto a different frozen part (another seed draws another random backbone) fails clearly, even
     # when the changed config is accepted (resume_with_changes): the frozen tensors' fingerprints differ.
-    cfg = compose_cfg(["backbone=tiny_vit", "method=sve", "callbacks=default", "trainer.max_epochs=2", "seed=1",
-                       f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}", "resume_with_changes=true"],
-                      tmp_path / "other")  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "backbone=tiny_vit",
+            "method=sve",
+            "callbacks=default",
+            "trainer.max_epochs=2",
+            "seed=1",
+            f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}",
+            "resume_with_changes=true",
+        ],
+        tmp_path / "other",
+    )
     with pytest.raises(ValueError, match="frozen tensor.*differ.*config the run started with"):
         run(cfg)
 
@@ -56,8 +73,14 @@ def test_rerun_of_a_finished_laplace_run_reuses_its_posterior(tmp_path):
     # The last checkpoint is written again after after_fit, posterior included: running the same directory
     # again (results.json deleted, e.g. a crash in testing) restores it instead of fitting another one, and
     # samples the same predictive.
-    overrides = ["backbone=tiny_bert", "dataset=synthetic_text", "method=bayes_lora_llla", "method.marglik_steps=3",
-                 "callbacks=default", "trainer.limit_train_batches=3"]  # fmt: skip
+    overrides = [
+        "backbone=tiny_bert",
+        "dataset=synthetic_text",
+        "method=bayes_lora_llla",
+        "method.marglik_steps=3",
+        "callbacks=default",
+        "trainer.limit_train_batches=3",
+    ]
     first = run(compose_cfg(overrides, tmp_path))
     checkpoint = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     laplace = [v for k, v in checkpoint["state_dict"].items() if k.endswith("_extra_state") and v.get("laplace")]
@@ -71,21 +94,38 @@ def test_rerun_of_a_finished_laplace_run_reuses_its_posterior(tmp_path):
     assert drop(second) == drop(first)
 
 
-@pytest.mark.parametrize(("method", "crash_after"), [
-    ("checkpoint_ensemble", 7),  # epoch 3 of 3, after two epoch-end snapshots
-    ("deep_ensemble", 8),  # sequential: round 2 (one member per round), its second epoch
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "crash_after"),
+    [
+        ("checkpoint_ensemble", 7),  # epoch 3 of 3, after two epoch-end snapshots
+        ("deep_ensemble", 8),  # sequential: round 2 (one member per round), its second epoch
+    ],
+)
 def test_method_state_survives_a_crash(method, crash_after, tmp_path):
     # Snapshots and ensemble rounds live in the checkpoint: a run that crashes and is started again in its
     # directory ends with the members, and the metrics, of the run that never crashed.
-    overrides = ["backbone=tiny_vit", "dataset=synthetic_image", f"method={method}", "ensemble_size=2",
-                 "trainer=cpu", "trainer.max_epochs=3", "callbacks=default", "callbacks.checkpoint.every_n_steps=1",
-                 "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=16", "dataset.batch_size=8"]
+    overrides = [
+        "backbone=tiny_vit",
+        "dataset=synthetic_image",
+        f"method={method}",
+        "ensemble_size=2",
+        "trainer=cpu",
+        "trainer.max_epochs=3",
+        "callbacks=default",
+        "callbacks.checkpoint.every_n_steps=1",
+        "dataset.num_train=24",
+        "dataset.num_val=8",
+        "dataset.num_test=16",
+        "dataset.batch_size=8",
+    ]
     if method == "deep_ensemble":
         overrides += ["method.mode=sequential", "method.chunk_size=1"]
     whole = run(compose_cfg(overrides, tmp_path / "whole"))
-    crash = ["+callbacks.crash._target_=tests.helpers.Crash", f"+callbacks.crash.after_batches={crash_after}",
-             f"+callbacks.crash.marker={tmp_path / 'crashed'}"]  # fmt: skip
+    crash = [
+        "+callbacks.crash._target_=tests.helpers.Crash",
+        f"+callbacks.crash.after_batches={crash_after}",
+        f"+callbacks.crash.marker={tmp_path / 'crashed'}",
+    ]
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(compose_cfg([*overrides, *crash], tmp_path / "crashed_run"))
     assert not (tmp_path / "crashed_run" / "results.json").exists()
@@ -115,9 +155,15 @@ def _saved(model: torch.nn.Module) -> dict:
 
 def _by_bytes(model: torch.nn.Module) -> dict:
     """The fingerprint checkpoints wrote before factors were named by their source: every frozen tensor's bytes."""
-    return {n: [list(p.shape), str(p.dtype).removeprefix("torch."),
-                hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()]
-            for n, p in model.named_parameters() if not p.requires_grad}  # fmt: skip
+    return {
+        n: [
+            list(p.shape),
+            str(p.dtype).removeprefix("torch."),
+            hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest(),
+        ]
+        for n, p in model.named_parameters()
+        if not p.requires_grad
+    }
 
 
 def test_svd_factors_are_named_by_their_source_so_a_checkpoint_loads_on_another_machine(caplog):

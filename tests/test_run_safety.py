@@ -50,8 +50,10 @@ def test_a_finished_run_is_skipped(tmp_path):
 
 
 def test_divergence_stops_the_run_and_writes_no_results(tmp_path):
-    cfg = compose_cfg([*TINY, "method=single", "method.lr=1e6", "trainer.limit_train_batches=10",
-                       "trainer.gradient_clip_val=null"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [*TINY, "method=single", "method.lr=1e6", "trainer.limit_train_batches=10", "trainer.gradient_clip_val=null"],
+        tmp_path,
+    )
     with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step \d+ .*last finite loss: \S+ at step \d+"):
         run(cfg)
     assert not (tmp_path / "results.json").exists()
@@ -65,33 +67,39 @@ def test_non_finite_numbers_never_reach_results_json(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["metrics"]["test/nll"] == 0.5
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("ensemble_size=abc", "ensemble_size='abc' is not valid; expected a positive integer"),
-    ("ensemble_size=0", "ensemble_size=0 is not valid"),
-    ("seed=-1", r"seed=-1 is not valid; expected an integer from 0 to 4294967295"),
-    ("trainer.max_epochs=-1", r"trainer.max_epochs=-1 trains until trainer.max_steps, which is not set"),
-    ("trainer.limit_train_batches=0", r"trainer.limit_train_batches=0 is not valid.*would train nothing"),
-    ("trainer.limit_train_batches=0.0", r"trainer.limit_train_batches=0.0 is not valid"),
-    ("seed=4294967296", "seed=4294967296 is not valid"),
-    ("sigma_init=0.6", r"sigma_init=0.6 is not valid; expected a number in \[0, 0.43\)"),
-    ("optimizer.lr=-1", "optimizer.lr=-1 is not valid"),
-    ("dataset.batch_size=0", "dataset.batch_size=0 is not valid"),
-    ("trainer.max_epochs=0", "trainer.max_epochs=0 is not valid"),
-    ("aggregate=vote", "aggregate='vote' is not valid"),
-    ("ckpt_path=/nonexistent.ckpt", "ckpt_path='/nonexistent.ckpt' is not valid"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("ensemble_size=abc", "ensemble_size='abc' is not valid; expected a positive integer"),
+        ("ensemble_size=0", "ensemble_size=0 is not valid"),
+        ("seed=-1", r"seed=-1 is not valid; expected an integer from 0 to 4294967295"),
+        ("trainer.max_epochs=-1", r"trainer.max_epochs=-1 trains until trainer.max_steps, which is not set"),
+        ("trainer.limit_train_batches=0", r"trainer.limit_train_batches=0 is not valid.*would train nothing"),
+        ("trainer.limit_train_batches=0.0", r"trainer.limit_train_batches=0.0 is not valid"),
+        ("seed=4294967296", "seed=4294967296 is not valid"),
+        ("sigma_init=0.6", r"sigma_init=0.6 is not valid; expected a number in \[0, 0.43\)"),
+        ("optimizer.lr=-1", "optimizer.lr=-1 is not valid"),
+        ("dataset.batch_size=0", "dataset.batch_size=0 is not valid"),
+        ("trainer.max_epochs=0", "trainer.max_epochs=0 is not valid"),
+        ("aggregate=vote", "aggregate='vote' is not valid"),
+        ("ckpt_path=/nonexistent.ckpt", "ckpt_path='/nonexistent.ckpt' is not valid"),
+    ],
+)
 def test_invalid_config_values_are_named_before_work(override, message, tmp_path):
     with pytest.raises(InputError, match=message):
         run(compose_cfg([*TINY, override], tmp_path))
     assert not list(tmp_path.iterdir())  # nothing started
 
 
-@pytest.mark.parametrize(("overrides", "gpus", "message"), [
-    (["trainer=gpu"], 0, "trainer.accelerator=gpu .* torch finds no CUDA GPU here.*use trainer=cpu"),
-    (["trainer=ddp"], 0, "no CUDA GPU here.*trainer=ddp_sim"),
-    (["trainer=gpu", "trainer.devices=4"], 2, r"trainer.devices=4 but 2 GPU\(s\) are visible"),
-    (["trainer=gpu", "trainer.devices=[0,3]"], 2, r"names GPU\(s\) \[3\] that are not here"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "gpus", "message"),
+    [
+        (["trainer=gpu"], 0, "trainer.accelerator=gpu .* torch finds no CUDA GPU here.*use trainer=cpu"),
+        (["trainer=ddp"], 0, "no CUDA GPU here.*trainer=ddp_sim"),
+        (["trainer=gpu", "trainer.devices=4"], 2, r"trainer.devices=4 but 2 GPU\(s\) are visible"),
+        (["trainer=gpu", "trainer.devices=[0,3]"], 2, r"names GPU\(s\) \[3\] that are not here"),
+    ],
+)
 def test_gpus_that_are_not_there_are_named_before_work(overrides, gpus, message, tmp_path, monkeypatch):
     import torch
 
@@ -103,8 +111,13 @@ def test_gpus_that_are_not_there_are_named_before_work(overrides, gpus, message,
 
 
 def test_command_line_error_is_a_message_not_a_traceback(tmp_path):
-    done = subprocess.run([sys.executable, "train.py", "ensemble_size=abc", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train.py", "ensemble_size=abc", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
     assert "ensemble_size='abc' is not valid" in done.stderr and "Traceback" not in done.stderr
 
@@ -120,22 +133,29 @@ def sst2_dir(tmp_path, train_rows: list[str], dev_rows=("a fine film\t1",)):
 GOOD = ["a good movie\t1", "a bad plot\t0", "great\t1", "dull\t0"]
 
 
-@pytest.mark.parametrize(("rows", "message"), [
-    (GOOD + ["fine\tpositive"], r"train.tsv, line 6: label 'positive' is not valid; expected an integer in 0..1"),
-    (GOOD[:2] + ["no label at all"], r"train.tsv, line 4: label None is not valid"),
-    (GOOD + ["too high\t2"], r"train.tsv, line 6: label '2' is not valid"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (GOOD + ["fine\tpositive"], r"train.tsv, line 6: label 'positive' is not valid; expected an integer in 0..1"),
+        (GOOD[:2] + ["no label at all"], r"train.tsv, line 4: label None is not valid"),
+        (GOOD + ["too high\t2"], r"train.tsv, line 6: label '2' is not valid"),
+    ],
+)
 def test_bad_tsv_rows_name_file_and_line_before_training(rows, message, tmp_path):
-    cfg = compose_cfg(["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, rows)}",
-                       "dataset.val_holdout=1"], tmp_path / "run")  # fmt: skip
+    cfg = compose_cfg(
+        ["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, rows)}", "dataset.val_holdout=1"],
+        tmp_path / "run",
+    )
     with pytest.raises(InputError, match=message):
         run(cfg)
     assert not (tmp_path / "run" / "csv").exists()  # no training started
 
 
 def test_validation_holdout_as_large_as_the_training_file(tmp_path):
-    cfg = compose_cfg(["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, GOOD)}",
-                       "dataset.val_holdout=4"], tmp_path / "run")  # fmt: skip
+    cfg = compose_cfg(
+        ["backbone=tiny_bert", "dataset=sst2", f"dataset.root={sst2_dir(tmp_path, GOOD)}", "dataset.val_holdout=4"],
+        tmp_path / "run",
+    )
     with pytest.raises(ValueError, match=r"dataset.val_holdout=4 is not valid: .* between 1 and 3 .* 4 sentences"):
         run(cfg)
 
@@ -148,16 +168,26 @@ def test_wandb_without_network_says_how_to_log_offline(tmp_path, monkeypatch):
 
 
 def test_a_method_that_cannot_run_on_the_backbone_fails_at_start(tmp_path):
-    cfg = compose_cfg(["backbone=resnet20_cifar", "backbone.pretrained=false", "dataset=synthetic_image",
-                       "method=mc_dropout"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        ["backbone=resnet20_cifar", "backbone.pretrained=false", "dataset=synthetic_image", "method=mc_dropout"],
+        tmp_path,
+    )
     with pytest.raises(Exception, match="no dropout site"):  # raised while building, wrapped by Hydra
         run(cfg)
     assert not (tmp_path / "csv").exists()
 
 
 def test_sweep_goes_on_past_a_failure_lists_it_and_skips_finished_runs_when_rerun(tmp_path):
-    cmd = [sys.executable, "train.py", "-m", "sigma_init=0.01,0.9", *TINY, "trainer=debug", "callbacks=none",
-           f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "sigma_init=0.01,0.9",
+        *TINY,
+        "trainer=debug",
+        "callbacks=none",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -195,9 +225,21 @@ def test_sigterm_stops_the_whole_sweep_with_143_and_says_how_to_finish_it(tmp_pa
 
 def test_slurm_launcher_config_composes(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
-    done = subprocess.run([sys.executable, "train.py", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
-                           "hydra.launcher.gpus_per_node=4", "--cfg", "hydra"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.gpus_per_node=4",
+            "--cfg",
+            "hydra",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "SlurmLauncher" in done.stdout and "partition: gpu" in done.stdout
     assert "gpus_per_node: 4" in done.stdout and "tasks_per_node: ${.gpus_per_node}" in done.stdout

@@ -14,8 +14,9 @@ from tests.conftest import compose_cfg
 
 @pytest.mark.parametrize(("n", "batch", "world", "accumulate"), [(21, 8, 2, 1), (21, 8, 2, 2), (9, 8, 4, 3)])
 def test_ranks_and_accumulation_steps_share_each_global_batch(n, batch, world, accumulate):
-    ranks = [list(TrainBatchSampler(n, batch, seed=3, world_size=world, rank=r, accumulate=accumulate))
-             for r in range(world)]  # fmt: skip
+    ranks = [
+        list(TrainBatchSampler(n, batch, seed=3, world_size=world, rank=r, accumulate=accumulate)) for r in range(world)
+    ]
     single = list(TrainBatchSampler(n, batch, seed=3))
     assert all(len(r) == len(ranks[0]) == len(TrainBatchSampler(n, batch, 3, world, 0, accumulate)) for r in ranks)
     for step, whole in enumerate(single):
@@ -52,8 +53,16 @@ def test_evaluation_counts_each_example_once(n, world):
 
 
 def test_accumulation_gives_the_same_training(tmp_path):
-    common = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "trainer=cpu", "trainer.max_epochs=1",
-              "dataset.num_train=20", "dataset.num_val=4", "dataset.num_test=16"]  # fmt: skip
+    common = [
+        "backbone=tiny_vit",
+        "method=sve",
+        "ensemble_size=2",
+        "trainer=cpu",
+        "trainer.max_epochs=1",
+        "dataset.num_train=20",
+        "dataset.num_val=4",
+        "dataset.num_test=16",
+    ]
     one = run(compose_cfg(common, tmp_path / "a"))
     two = run(compose_cfg([*common, "trainer.accumulate_grad_batches=2"], tmp_path / "b"))
     assert two["hardware"]["per_device_batch_size"] == 4 and two["hardware"]["accumulate_grad_batches"] == 2

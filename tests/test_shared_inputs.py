@@ -34,12 +34,21 @@ def count_calls(module: nn.Module) -> list:
 
 
 CASES = [
-    (["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "method.sigma_init=0.1"], "image",
-     lambda m: m.backbone.model.patch_embed.proj),
-    (["backbone=tiny_bert", "dataset=synthetic_text", "method=sve", "method.sigma_init=0.1"], "text",
-     lambda m: m.backbone.model.embeddings.word_embeddings),
-    (["backbone=tiny_vit", "dataset=synthetic_image", "method=lora_ensemble"], "image",
-     lambda m: m.backbone.model.patch_embed.proj),
+    (
+        ["backbone=tiny_vit", "dataset=synthetic_image", "method=sve", "method.sigma_init=0.1"],
+        "image",
+        lambda m: m.backbone.model.patch_embed.proj,
+    ),
+    (
+        ["backbone=tiny_bert", "dataset=synthetic_text", "method=sve", "method.sigma_init=0.1"],
+        "text",
+        lambda m: m.backbone.model.embeddings.word_embeddings,
+    ),
+    (
+        ["backbone=tiny_vit", "dataset=synthetic_image", "method=lora_ensemble"],
+        "image",
+        lambda m: m.backbone.model.patch_embed.proj,
+    ),
 ]
 
 

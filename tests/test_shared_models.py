@@ -13,8 +13,12 @@ from sve.paths import cache_root
 from sve.runs.run import run
 from tests.conftest import compose_cfg, installed, shared_path
 
-CHECKPOINTS = {20: "resnet20-12fca82f.th", 32: "resnet32-d509ac18.th", 44: "resnet44-014dd654.th",
-               56: "resnet56-4bfd9763.th"}  # fmt: skip
+CHECKPOINTS = {
+    20: "resnet20-12fca82f.th",
+    32: "resnet32-d509ac18.th",
+    44: "resnet44-014dd654.th",
+    56: "resnet56-4bfd9763.th",
+}
 
 
 @pytest.fixture(scope="session")
@@ -61,10 +65,21 @@ def test_resnet56_reproduces_its_cifar10_accuracy(cifar10_tree):
 
 @pytest.mark.slow
 def test_sve_resnet20_cifar10_cpu_run(cifar10_tree, tmp_path):
-    cfg = compose_cfg(["method=sve", "backbone=resnet20_cifar", "dataset=cifar10", f"dataset.root={cifar10_tree}",
-                       f"backbone.checkpoint_path={shared_path('models', 'resnet_cifar10', CHECKPOINTS[20])}",
-                       "dataset.train_size=64", "dataset.val_size=32", "dataset.test_size=200",
-                       "dataset.num_workers=0", "ensemble_size=2"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "method=sve",
+            "backbone=resnet20_cifar",
+            "dataset=cifar10",
+            f"dataset.root={cifar10_tree}",
+            f"backbone.checkpoint_path={shared_path('models', 'resnet_cifar10', CHECKPOINTS[20])}",
+            "dataset.train_size=64",
+            "dataset.val_size=32",
+            "dataset.test_size=200",
+            "dataset.num_workers=0",
+            "ensemble_size=2",
+        ],
+        tmp_path,
+    )
     results = run(cfg)
     assert results["metrics"]["test/acc"] > 0.6  # the checkpoint's head initialises every member
 
@@ -73,9 +88,20 @@ def test_sve_resnet20_cifar10_cpu_run(cifar10_tree, tmp_path):
 def test_sve_smollm2_arc_easy_cpu_run(tmp_path):
     installed("smollm2_135m", "config.json")
     root = shared_path("data", "arc_easy")
-    cfg = compose_cfg(["method=sve", "backbone=smollm2_135m", "dataset=arc_easy", f"dataset.root={root}",
-                       "backbone.target_modules=['layers\\.29\\.self_attn\\.(q|v)_proj']",
-                       "dataset.train_size=4", "dataset.val_size=4", "dataset.test_size=8", "dataset.batch_size=2",
-                       "ensemble_size=2"], tmp_path)  # fmt: skip
+    cfg = compose_cfg(
+        [
+            "method=sve",
+            "backbone=smollm2_135m",
+            "dataset=arc_easy",
+            f"dataset.root={root}",
+            "backbone.target_modules=['layers\\.29\\.self_attn\\.(q|v)_proj']",
+            "dataset.train_size=4",
+            "dataset.val_size=4",
+            "dataset.test_size=8",
+            "dataset.batch_size=2",
+            "ensemble_size=2",
+        ],
+        tmp_path,
+    )
     results = run(cfg)
     assert 0 <= results["metrics"]["test/acc"] <= 1

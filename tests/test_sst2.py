@@ -13,7 +13,7 @@ def _write_sst2(root, n_train=20):
     root.mkdir(parents=True, exist_ok=True)
     lines = ["sentence\tlabel"] + [f'a "quoted" film , number {i} \t{i % 2}' for i in range(n_train)]
     (root / "train.tsv").write_text("\n".join(lines) + "\n")
-    (root / "dev.tsv").write_text('sentence\tlabel\nit \'s " great \t1\nbad\t0\n')
+    (root / "dev.tsv").write_text("sentence\tlabel\nit 's \" great \t1\nbad\t0\n")
 
 
 def test_local_tsv_keeps_quotes_and_splits(tmp_path):
@@ -21,7 +21,7 @@ def test_local_tsv_keeps_quotes_and_splits(tmp_path):
     data = SST2Data(root=str(tmp_path), val_holdout=5)
     splits = data.load_splits()
     assert [len(splits[k]) for k in ("train", "val", "test")] == [15, 5, 2]
-    assert splits["test"][0] == ('it \'s " great ', 1)  # QUOTE_NONE: quote characters are text
+    assert splits["test"][0] == ("it 's \" great ", 1)  # QUOTE_NONE: quote characters are text
     assert {s for s, _ in splits["train"]}.isdisjoint({s for s, _ in splits["val"]})
 
 

@@ -35,8 +35,14 @@ def finished(job, results: dict) -> dict:
 
 
 def fake_results(job) -> dict:
-    return {"method": job.method, "ensemble_size": job.members, "num_members": job.members, "seed": job.seed,
-            "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": 0.4}}  # fmt: skip
+    return {
+        "method": job.method,
+        "ensemble_size": job.members,
+        "num_members": job.members,
+        "seed": job.seed,
+        "experiment": job.experiment,
+        "metrics": {"test/acc": 0.5, "val/nll": 0.4},
+    }
 
 
 def no_temp_files(directory) -> bool:
@@ -140,8 +146,9 @@ def test_a_corrupt_or_foreign_tuned_json_fails_its_row_and_says_to_delete_it(tmp
     assert any("not run, its row has no tuned method.lr" in f for f in failures)  # the sweep went on
     tuned.write_text(json.dumps({"key": "optimizer.weight_decay", "value": "0.1"}))
     failures = sweep.sweep("mini_table2", smoke=True, root=tmp_path)
-    assert any("chose optimizer.weight_decay=0.1 over [], but the table tunes method.lr starting from" in f
-               for f in failures)
+    assert any(
+        "chose optimizer.weight_decay=0.1 over [], but the table tunes method.lr starting from" in f for f in failures
+    )
 
 
 def test_sweep_and_multirun_write_one_failure_record_that_the_summary_reads(tmp_path, monkeypatch):
@@ -254,10 +261,15 @@ class FullDisk:
         self.file.close()
 
 
-@pytest.mark.parametrize("code, reason", [(errno.ENOSPC, "no space left on the device (ENOSPC)"),
-                                          (errno.EDQUOT, "the disk quota is exceeded (EDQUOT)"),
-                                          (errno.EROFS, "the file system is read-only (EROFS)"),
-                                          (errno.EACCES, "permission denied (EACCES)")])  # fmt: skip
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        (errno.ENOSPC, "no space left on the device (ENOSPC)"),
+        (errno.EDQUOT, "the disk quota is exceeded (EDQUOT)"),
+        (errno.EROFS, "the file system is read-only (EROFS)"),
+        (errno.EACCES, "permission denied (EACCES)"),
+    ],
+)
 def test_results_json_on_a_full_disk_is_one_error_and_leaves_the_previous_file(code, reason, tmp_path, monkeypatch):
     path = tmp_path / "results.json"
     write_json(path, {"metrics": {"test/acc": 0.5}})
@@ -334,8 +346,10 @@ def fake_run_dir(tmp_path, commit: str | None = "abc1234-dirty", **changes):
     cfg = compose_cfg(["method=sve", "ensemble_size=2", "backbone=tiny_vit", "dataset=synthetic_image"], tmp_path)
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value, force_add=True)
-    write_json(tmp_path / "results.json", {"metrics": {}, "git_commit": commit,
-                                           "config": OmegaConf.to_container(cfg, resolve=True)})  # fmt: skip
+    write_json(
+        tmp_path / "results.json",
+        {"metrics": {}, "git_commit": commit, "config": OmegaConf.to_container(cfg, resolve=True)},
+    )
     (tmp_path / "checkpoints").mkdir()
     torch.save({"state_dict": {}, "loops": {}}, tmp_path / "checkpoints" / "final.ckpt")
     return tmp_path
@@ -350,8 +364,11 @@ def test_evaluate_names_a_config_key_the_code_no_longer_has(tmp_path):
     assert "'sigma_init'" in message and "'svd_cache'" in message  # the valid keys, from the signature
     assert "git checkout abc1234 (results.json git_commit abc1234-dirty: trained with uncommitted changes" in message
     assert "\n" not in message
-    with pytest.raises(InputError, match=r"the overrides set method.bar=1, which sve.methods.SVE does not take "
-                                         r"\(its keys: .*\); remove or correct that override$"):
+    with pytest.raises(
+        InputError,
+        match=r"the overrides set method.bar=1, which sve.methods.SVE does not take "
+        r"\(its keys: .*\); remove or correct that override$",
+    ):
         evaluate_run(run, ["~method.foo", "+method.bar=1"])
 
 
@@ -371,8 +388,11 @@ def requires_x(x, **kwargs):
 
 def test_evaluate_names_a_config_that_no_longer_builds(tmp_path):
     run = fake_run_dir(tmp_path, **{"backbone._target_": "tests.test_store_errors.requires_x"})
-    with pytest.raises(InputError, match=rf"run_dir={run}: the run's config does not build with this code .*"
-                                         r"missing 1 required positional argument: 'x'.*git checkout abc1234"):
+    with pytest.raises(
+        InputError,
+        match=rf"run_dir={run}: the run's config does not build with this code .*"
+        r"missing 1 required positional argument: 'x'.*git checkout abc1234",
+    ):
         evaluate_run(run)
 
 
@@ -387,8 +407,11 @@ def test_evaluate_names_an_unreadable_results_json_config_or_checkpoint(tmp_path
     with pytest.raises(InputError, match=rf"{run / '.hydra' / 'config.yaml'} is not a readable config"):
         evaluate_run(run)
     (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
-    with pytest.raises(InputError, match=r"config.yaml is not a training config of this framework: it lacks "
-                                         r"\['paths', 'trainer', 'backbone', 'dataset', 'method'\]"):
+    with pytest.raises(
+        InputError,
+        match=r"config.yaml is not a training config of this framework: it lacks "
+        r"\['paths', 'trainer', 'backbone', 'dataset', 'method'\]",
+    ):
         evaluate_run(run)
     run = fake_run_dir(tmp_path / "other")
     (run / "checkpoints" / "final.ckpt").write_bytes(b"PK\x03\x04 cut short")
@@ -405,8 +428,11 @@ def test_evaluate_on_a_read_only_run_directory_says_to_copy_it(tmp_path, monkeyp
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(writable.os, "open", refused)
-    with pytest.raises(InputError, match=rf"run_dir {run} is not writable: the file system is read-only \(EROFS\); "
-                                         "pick another directory \\(copy the run directory"):
+    with pytest.raises(
+        InputError,
+        match=rf"run_dir {run} is not writable: the file system is read-only \(EROFS\); "
+        "pick another directory \\(copy the run directory",
+    ):
         evaluate_run(run)
 
 
@@ -418,10 +444,16 @@ def test_a_store_that_is_a_file_or_read_only_is_refused_before_any_run(tmp_path,
     store.write_text("")
     with pytest.raises(InputError, match=rf"--results: the result store {store} is a file, not a directory"):
         sweep.sweep("table4", smoke=False, root=store)
-    monkeypatch.setattr(writable.os, "open", lambda path, *a, **k: (_ for _ in ()).throw(
-        PermissionError(errno.EACCES, "Permission denied", str(path))))  # fmt: skip
-    with pytest.raises(InputError, match=r"the result store .* is not writable: permission denied \(EACCES\); "
-                                         r"pick another directory \(--results <a writable directory>\)"):
+    monkeypatch.setattr(
+        writable.os,
+        "open",
+        lambda path, *a, **k: (_ for _ in ()).throw(PermissionError(errno.EACCES, "Permission denied", str(path))),
+    )
+    with pytest.raises(
+        InputError,
+        match=r"the result store .* is not writable: permission denied \(EACCES\); "
+        r"pick another directory \(--results <a writable directory>\)",
+    ):
         sweep.sweep("table4", smoke=True, root=tmp_path / "other")
 
 
@@ -433,8 +465,11 @@ def test_an_unknown_table_names_the_choices():
 def test_a_corrupt_benchmark_file_is_named_with_how_to_measure_again(tmp_path):
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "table5.json").write_text('{"methods": {"single": {"parameters": 1')
-    with pytest.raises(InputError, match=r"table5.json \(\d+ bytes\) is not valid JSON.*"
-                                         r"sve-sweep table5 --measure"):
+    with pytest.raises(
+        InputError,
+        match=r"table5.json \(\d+ bytes\) is not valid JSON.*"
+        r"sve-sweep table5 --measure",
+    ):
         build("table5", root=tmp_path)
     (tmp_path / "bench" / "table5.json").write_text('{"methods": {"sve": {}}}')
     with pytest.raises(InputError, match=r"is not a benchmark file of this framework \(KeyError: 'single'\)"):
@@ -469,11 +504,19 @@ def test_a_stored_json_file_read_through_read_json_names_itself(tmp_path):
 def test_sweep_py_prints_one_error_line(tmp_path):
     store = tmp_path / "store"
     store.write_text("")
-    done = subprocess.run([sys.executable, "-m", "sve.cli.sweep", "table4", "--results", str(store)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sve.cli.sweep", "table4", "--results", str(store)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"error: --results: the result store {store} is a file, "
-                                                           "not a directory; name a directory")  # fmt: skip
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: --results: the result store {store} is a file, not a directory; name a directory")
+    )
 
 
 def test_diagnostics_teachers_and_smoke_runs_are_never_table_cells(tmp_path):

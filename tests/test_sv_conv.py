@@ -152,8 +152,16 @@ def test_sve_on_a_1d_or_3d_cnn_keeps_its_output_at_init(dims):
     import sve
 
     torch.manual_seed(0)
-    model = nn.Sequential(CONVS[dims](2, 8, 3, padding=1), nn.ReLU(), CONVS[dims](8, 8, 3, stride=2), nn.ReLU(),
-                          nn.Flatten(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(8, 3)).eval()  # fmt: skip
+    model = nn.Sequential(
+        CONVS[dims](2, 8, 3, padding=1),
+        nn.ReLU(),
+        CONVS[dims](8, 8, 3, stride=2),
+        nn.ReLU(),
+        nn.Flatten(2),
+        nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    ).eval()
     x = torch.randn(4, 2, *SIZES[dims])
     with torch.no_grad():
         expected = model(x)
@@ -168,11 +176,13 @@ def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
     from sve.layers.inject import adaptable
 
     torch.manual_seed(0)
-    for conv, x in ((nn.Conv1d(3, 5, 5, padding="same", dilation=2), torch.randn(2, 3, 13)),
-                    (nn.Conv2d(3, 5, 3, padding="valid"), torch.randn(2, 3, 7, 7)),
-                    # Even kernels: PyTorch pads one side more than the other (1 left, 2 right; per axis in 2-D).
-                    (nn.Conv1d(3, 5, 4, padding="same"), torch.randn(2, 3, 9)),
-                    (nn.Conv2d(3, 5, (2, 4), padding="same", dilation=(1, 2)), torch.randn(2, 3, 6, 7))):  # fmt: skip
+    for conv, x in (
+        (nn.Conv1d(3, 5, 5, padding="same", dilation=2), torch.randn(2, 3, 13)),
+        (nn.Conv2d(3, 5, 3, padding="valid"), torch.randn(2, 3, 7, 7)),
+        # Even kernels: PyTorch pads one side more than the other (1 left, 2 right; per axis in 2-D).
+        (nn.Conv1d(3, 5, 4, padding="same"), torch.randn(2, 3, 9)),
+        (nn.Conv2d(3, 5, (2, 4), padding="same", dilation=(1, 2)), torch.randn(2, 3, 6, 7)),
+    ):
         assert adaptable(conv)
         with torch.no_grad():
             expected = conv(x)
@@ -189,4 +199,3 @@ def test_padding_same_and_valid_are_read_as_the_numbers_pytorch_pads_with(kind):
                 plain = SVConv.from_conv(copy.deepcopy(conv), ensemble_size=2, sigma_init=0.0)
                 same = plain(repeat_members(x, 2)).reshape(2, *expected.shape)
                 torch.testing.assert_close(same, expected.expand_as(same), atol=1e-5, rtol=1e-4)
-

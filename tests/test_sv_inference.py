@@ -74,11 +74,14 @@ def test_one_member_accepts_any_input_shape():
         torch.testing.assert_close(_run(sv, x, mode, [2]), _run(sv, x, "factored", [2]), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("conv", [
-    dict(in_channels=3, out_channels=8, kernel_size=3, padding=1),
-    dict(in_channels=8, out_channels=4, kernel_size=3, stride=2, padding=1, bias=False),
-    dict(in_channels=2, out_channels=6, kernel_size=(1, 3), dilation=2),
-])
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(in_channels=3, out_channels=8, kernel_size=3, padding=1),
+        dict(in_channels=8, out_channels=4, kernel_size=3, stride=2, padding=1, bias=False),
+        dict(in_channels=2, out_channels=6, kernel_size=(1, 3), dilation=2),
+    ],
+)
 @pytest.mark.parametrize("members", [None, [0, 2], [1]])
 def test_conv_merged_equals_factored(conv, members):
     sv = _conv_layer(**conv)
@@ -88,8 +91,9 @@ def test_conv_merged_equals_factored(conv, members):
     for mode in MODES:
         torch.testing.assert_close(_run(sv, x, mode, members), expected, atol=1e-5, rtol=1e-5)
     if members is not None and len(members) == 1:  # unbatched (C, H, W)
-        torch.testing.assert_close(_run(sv, x[0], "cached", members), _run(sv, x[0], "factored", members),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            _run(sv, x[0], "cached", members), _run(sv, x[0], "factored", members), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_cache_holds_all_members_and_is_reused():
@@ -224,8 +228,16 @@ def test_inference_values_are_validated_with_the_choices_named():
 
 
 def _tiny_sve(*overrides, backbone="tiny_vit", dataset="synthetic_image"):
-    cfg = compose_cfg(["method=sve", f"backbone={backbone}", f"dataset={dataset}", "ensemble_size=3",
-                       "dataset.batch_size=4", *overrides])
+    cfg = compose_cfg(
+        [
+            "method=sve",
+            f"backbone={backbone}",
+            f"dataset={dataset}",
+            "ensemble_size=3",
+            "dataset.batch_size=4",
+            *overrides,
+        ]
+    )
     torch.manual_seed(0)
     bb = instantiate(cfg.backbone)
     dm = instantiate(cfg.dataset)
@@ -238,8 +250,10 @@ def _tiny_sve(*overrides, backbone="tiny_vit", dataset="synthetic_image"):
     return method, next(iter(dm.train_dataloader()))
 
 
-@pytest.mark.parametrize("backbone, dataset", [("tiny_vit", "synthetic_image"), ("tiny_bert", "synthetic_text"),
-                                               ("resnet20_cifar", "synthetic_image")])
+@pytest.mark.parametrize(
+    "backbone, dataset",
+    [("tiny_vit", "synthetic_image"), ("tiny_bert", "synthetic_text"), ("resnet20_cifar", "synthetic_image")],
+)
 def test_whole_model_predictions_agree_across_modes_and_chunks(backbone, dataset):
     extra = ["backbone.pretrained=false", "backbone.depth=8"] if backbone == "resnet20_cifar" else []
     method, batch = _tiny_sve(*extra, backbone=backbone, dataset=dataset)

@@ -168,8 +168,13 @@ def test_the_report_says_how_far_the_singular_values_moved():
     mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
     still = sve.wrap(mlp, "sve", ensemble_size=4, sigma_init=0.0, example_input=torch.randn(1, 64))
     assert still.method.report()["singular_values"] == {"member_spread": 0.0, "mean_shift": 0.0}
-    noisy = sve.wrap(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3)), "sve", ensemble_size=64,
-                     sigma_init=0.05, example_input=torch.randn(1, 256))  # fmt: skip
+    noisy = sve.wrap(
+        nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3)),
+        "sve",
+        ensemble_size=64,
+        sigma_init=0.05,
+        example_input=torch.randn(1, 256),
+    )
     found = movement(noisy.method)
     assert found["member_spread"] == pytest.approx(0.05, rel=0.05) and found["mean_shift"] < 0.05 / 4
     layers = [m for m in still.method.modules() if isinstance(m, SVLinear)]
@@ -185,6 +190,11 @@ def test_the_report_says_how_far_the_singular_values_moved():
     assert movement(still.method) == pytest.approx({"member_spread": 0.0866025 / 1.15, "mean_shift": 0.15}, abs=1e-6)
     with pytest.raises(ValueError, match=r"Sequential is already wrapped \(its layer '0' is a member layer\)"):
         sve.wrap(mlp, "lora_ensemble", ensemble_size=2, example_input=torch.randn(1, 64))  # wrap works in place
-    lora = sve.wrap(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3)), "lora_ensemble", ensemble_size=2,
-                    num_classes=3, example_input=torch.randn(1, 8))  # fmt: skip
+    lora = sve.wrap(
+        nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3)),
+        "lora_ensemble",
+        ensemble_size=2,
+        num_classes=3,
+        example_input=torch.randn(1, 8),
+    )
     assert movement(lora.method) is None  # no singular values to speak of

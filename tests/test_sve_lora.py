@@ -57,7 +57,8 @@ def test_an_option_added_later_at_null_is_no_change_of_a_runs_config():
     saved = {"method": {"name": "sve_lora", "lr": 0.001}}
     assert config_changes(saved, {"method": {"name": "sve_lora", "lr": 0.001, "sv_lr": None}}) == []
     assert config_changes(saved, {"method": {"name": "sve_lora", "lr": 0.001, "sv_lr": 0.01}}) == [
-        ("method.sv_lr", "<absent>", 0.01)]
+        ("method.sv_lr", "<absent>", 0.01)
+    ]
     assert config_changes({"method": {"sv_lr": None, "lr": 1}}, {"method": {"lr": 1}}) == []
     assert config_changes({"t": [1, 2], "a": 1}, {"a": 1}) == [("t", [1, 2], "<absent>")]  # lists compare, never hash
 

@@ -120,8 +120,14 @@ def check_smoke_outputs(name: str, root: Path) -> None:
 
 def test_make_smoke_target_from_the_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's sve, whichever is installed
-    done = subprocess.run(["make", "figureB", "SMOKE=1", f"RESULTS={tmp_path}"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["make", "figureB", "SMOKE=1", f"RESULTS={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[1/1] oxford_pets_dinov2 sve M=4 seed 0: trained in" in done.stdout
     for figure in ("figure4_qkv", "figure5_attn_out", "figure6_fc1"):
@@ -143,8 +149,16 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
         calls.append(job.method)
         if job.method == "svf":
             raise RuntimeError("boom")
-        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
-                              "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "num_members": job.members,
+                "seed": job.seed,
+                "metrics": {"test/acc": 0.5},
+                "config": {"experiment_name": job.experiment},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -164,9 +178,16 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
 def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkeypatch, capsys):
     def fake_run(job):  # SVE's member 1 answers the same for every input; the other rows are healthy
         collapsed = [1] if job.method == "sve" else []
-        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
-                              "metrics": {"test/acc": 0.5, "test/collapsed_members": collapsed},
-                              "config": {"experiment_name": job.experiment}})
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "num_members": job.members,
+                "seed": job.seed,
+                "metrics": {"test/acc": 0.5, "test/collapsed_members": collapsed},
+                "config": {"experiment_name": job.experiment},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -179,8 +200,16 @@ def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkey
 
 def test_a_finished_run_trained_with_other_overrides_is_not_reported_as_done(tmp_path, monkeypatch, capsys):
     def fake_run(job):
-        return finished(job, {"method": job.method, "num_members": job.members, "seed": job.seed,
-                              "metrics": {"test/acc": 0.5}, "config": {"experiment_name": job.experiment}})
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "num_members": job.members,
+                "seed": job.seed,
+                "metrics": {"test/acc": 0.5},
+                "config": {"experiment_name": job.experiment},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -226,9 +255,17 @@ def test_tuning_chooses_on_validation_and_reuses_the_chosen_run(tmp_path, monkey
     def fake_run(job):
         lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
         trained.append((job.seed, lr, job.tuning))
-        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": 1,
-                              "experiment": job.experiment, "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5,
-                                                                        "val/nll": 0.2 if lr == "0.01" else 0.4}})
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "seed": job.seed,
+                "num_members": job.members,
+                "ensemble_size": 1,
+                "experiment": job.experiment,
+                "metrics": {"test/acc": 0.9 if lr == "0.001" else 0.5, "val/nll": 0.2 if lr == "0.01" else 0.4},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -252,16 +289,26 @@ def test_a_row_can_take_another_rows_tuned_value(tmp_path, monkeypatch):
     def fake_run(job):
         lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
         trained.append((job.method, job.seed, lr, job.tuning))
-        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members,
-                              "ensemble_size": job.members, "experiment": job.experiment,
-                              "metrics": {"test/acc": 0.5, "val/nll": 0.2 if lr == "0.01" else 0.4}})  # fmt: skip
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "seed": job.seed,
+                "num_members": job.members,
+                "ensemble_size": job.members,
+                "experiment": job.experiment,
+                "metrics": {"test/acc": 0.5, "val/nll": 0.2 if lr == "0.01" else 0.4},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     assert sweep_cli.main(["mini_table3", "--smoke", "--results", str(tmp_path)]) == 0
-    assert [t for t in trained if t[3]] == [("svf", 0, "0.001", "method.lr=0.001"),
-                                            ("svf", 0, "0.01", "method.lr=0.01"),
-                                            ("svf", 0, "0.03", "method.lr=0.03")]  # the grid grew past its edge
+    assert [t for t in trained if t[3]] == [
+        ("svf", 0, "0.001", "method.lr=0.001"),
+        ("svf", 0, "0.01", "method.lr=0.01"),
+        ("svf", 0, "0.03", "method.lr=0.03"),
+    ]  # the grid grew past its edge
     assert [t for t in trained if not t[3]] == [("sve", 0, "0.01", None)]
     sve_row = run_dir(tmp_path / "smoke", "mini_arc_smollm2", "sve", 2, 0).parent
     choice = json.loads((sve_row / "tuned.json").read_text())
@@ -293,9 +340,17 @@ def test_a_row_is_not_tuned_from_part_of_its_grid(tmp_path, monkeypatch):
         lr = next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr="))
         if lr == "0.01" and job.tuning:
             raise RuntimeError("run directory is in use by another run")
-        return finished(job, {"method": job.method, "seed": job.seed, "num_members": job.members,
-                              "ensemble_size": job.members, "experiment": job.experiment,
-                              "metrics": {"test/acc": 0.5, "val/nll": 0.4}})  # fmt: skip
+        return finished(
+            job,
+            {
+                "method": job.method,
+                "seed": job.seed,
+                "num_members": job.members,
+                "ensemble_size": job.members,
+                "experiment": job.experiment,
+                "metrics": {"test/acc": 0.5, "val/nll": 0.4},
+            },
+        )
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -367,8 +422,13 @@ def test_holder_tells_a_live_lock_from_a_dead_or_absent_one(tmp_path):
 
 
 def result(job) -> dict:
-    return {"method": job.method, "num_members": job.members, "seed": job.seed, "metrics": {"test/acc": 0.5},
-            "config": {"experiment_name": job.experiment}}
+    return {
+        "method": job.method,
+        "num_members": job.members,
+        "seed": job.seed,
+        "metrics": {"test/acc": 0.5},
+        "config": {"experiment_name": job.experiment},
+    }
 
 
 def test_a_row_whose_tuning_another_process_trains_waits_until_the_rest_is_done(tmp_path, monkeypatch, capsys):
@@ -411,21 +471,36 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
     # Two real processes start the same tables at the same moment (make mini's two workers): each run is
     # claimed by exactly one of them, tuning included, and both end with every table complete.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "sve.cli.sweep", "mini_table3", "mini_table2", "--smoke", "--results",
-               str(tmp_path)]
-    workers = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True) for _ in range(2)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sve.cli.sweep",
+        "mini_table3",
+        "mini_table2",
+        "--smoke",
+        "--results",
+        str(tmp_path),
+    ]
+    workers = [
+        subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [w.communicate(timeout=600)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-3000:] for o in outs)
-    trained = [line.split(": trained in")[0].split("] ", 1)[-1].strip() for out in outs for line in out.splitlines()
-               if ": trained in" in line]  # fmt: skip
+    trained = [
+        line.split(": trained in")[0].split("] ", 1)[-1].strip()
+        for out in outs
+        for line in out.splitlines()
+        if ": trained in" in line
+    ]
     assert len(trained) == len(set(trained)), trained  # no run trained twice
     assert all(len([line for line in out.splitlines() if ": trained in" in line]) > 0 for out in outs)  # both worked
     root = tmp_path / "smoke"
     for name in ("mini_table3", "mini_table2"):
         table_jobs = sweep_jobs.jobs(load_spec(name, smoke=True), root, smoke=True)
-        assert table_jobs and all((job.dir / "results.json").exists() and not (job.dir / ".lock").exists()
-                                  for job in table_jobs)  # fmt: skip
+        assert table_jobs and all(
+            (job.dir / "results.json").exists() and not (job.dir / ".lock").exists() for job in table_jobs
+        )
     recorded = sittings.recorded_runs(root)
     assert len(recorded) == len(trained) and len({r["pid"] for r in recorded}) == 2  # every run, as it ended
     trained_dirs = [f.parent for f in root.glob("runs/**/results.json") if not (f.parent / "REUSED.txt").exists()]
@@ -434,8 +509,12 @@ def test_two_sweeps_on_one_store_train_every_run_exactly_once(tmp_path):
 
 
 def test_wall_seconds_counts_overlapping_sittings_once(tmp_path):
-    lines = [{"started": 0, "finished": 10}, {"started": 5, "finished": 12}, {"started": 20, "finished": 25},
-             {"started": 21, "finished": 22}]  # fmt: skip
+    lines = [
+        {"started": 0, "finished": 10},
+        {"started": 5, "finished": 12},
+        {"started": 20, "finished": 25},
+        {"started": 21, "finished": 22},
+    ]
     (tmp_path / sittings.SITTINGS).write_text("".join(json.dumps(line) + "\n" for line in lines) + "\n")  # blank end
     assert sittings.wall_seconds(sittings.recorded_runs(tmp_path)) == 12 + 5
     assert sittings.wall_seconds(sittings.recorded_runs(tmp_path / "absent")) is None
@@ -499,3 +578,36 @@ def test_a_sweep_left_with_held_runs_trains_any_that_frees_up_before_waiting_on_
     assert sweep_cli.main(["table4", "--smoke", "--results", str(tmp_path)]) == 0
     assert trained[-1] == y.dir and x.dir not in trained and len(sleeps) == 1
     assert (x.dir / "results.json").exists()
+
+
+def test_a_stopped_sweep_passes_sigterm_on_to_its_run(tmp_path):
+    # `kill <sweep>` used to end the sweep and leave its run training on, orphaned, holding the lock.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    got = tmp_path / "child_got_sigterm"
+    child = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(got)!r}, 'w').write('yes'), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = (
+        "import subprocess, sys\n"
+        "from sve.paper.sweep_runs import forwarded_sigterm\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
+        "child.stdout.readline()\n"
+        "print('waiting', flush=True)\n"
+        "with forwarded_sigterm(child) as stopped:\n"
+        "    code = child.wait()\n"
+        "print('stopped' if stopped else 'not stopped', code, flush=True)\n"
+    )
+    start = time.monotonic()
+    sweep = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert sweep.stdout.readline().strip() == "waiting"
+    sweep.send_signal(signal.SIGTERM)
+    out, _ = sweep.communicate(timeout=60)
+    assert out.strip() == "stopped 0" and got.read_text() == "yes"
+    assert time.monotonic() - start < 30  # not the child's 60 s sleep

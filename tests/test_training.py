@@ -18,10 +18,14 @@ from tests.conftest import ROOT, compose_cfg
 
 
 def _tiny_text_batch(backbone, n=6):
-    enc = backbone.tokenizer(["a good movie"] * (n // 2) + ["bad plot"] * (n - n // 2), padding=True,
-                             return_tensors="pt")  # fmt: skip
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-            "labels": torch.tensor([1] * (n // 2) + [0] * (n - n // 2))}  # fmt: skip
+    enc = backbone.tokenizer(
+        ["a good movie"] * (n // 2) + ["bad plot"] * (n - n // 2), padding=True, return_tensors="pt"
+    )
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "labels": torch.tensor([1] * (n // 2) + [0] * (n - n // 2)),
+    }
 
 
 def test_loss_is_mean_of_member_cross_entropies():
@@ -47,9 +51,11 @@ def test_only_singular_values_member_biases_and_heads_change_and_stay_non_negati
         opt.step()
         method.constrain_()
     changed = {n for n, p in method.named_parameters() if not torch.equal(p, before[n])}
-    allowed = lambda n: n.endswith("singular_values") or n.startswith("heads.") or (  # noqa: E731
-        n.endswith(".biases") and before[n].dim() == 2  # member biases are (M, out)
-    )
+
+    def allowed(n):
+        member_biases = n.endswith(".biases") and before[n].dim() == 2  # (M, out)
+        return n.endswith("singular_values") or n.startswith("heads.") or member_biases
+
     assert changed and all(allowed(n) for n in changed), sorted(n for n in changed if not allowed(n))
     assert any(n.endswith("singular_values") for n in changed)
     assert any(n.endswith(".biases") for n in changed)
@@ -93,8 +99,7 @@ def test_method_lr_overrides_recipe_lr():
 
 @pytest.mark.parametrize("method", ["single", "svf", "sve"])
 def test_fast_dev_run_writes_results(method, tmp_path):
-    cfg = compose_cfg([f"method={method}", "backbone=tiny_bert", "dataset=synthetic_text", "ensemble_size=2"],
-                      tmp_path)  # fmt: skip
+    cfg = compose_cfg([f"method={method}", "backbone=tiny_bert", "dataset=synthetic_text", "ensemble_size=2"], tmp_path)
     results = run(cfg)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["method"] == method and saved["backbone"] == "tiny_bert"
@@ -122,8 +127,17 @@ def test_checkpoint_written_and_resumable(tmp_path):
 
 
 def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):
-    cmd = [sys.executable, "train.py", "-m", "seed=0,1", "ensemble_size=1,2", "trainer=debug", "callbacks=none",
-           "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "seed=0,1",
+        "ensemble_size=1,2",
+        "trainer=debug",
+        "callbacks=none",
+        "backbone=tiny_vit",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     found = sorted((p.parent.name, json.loads(p.read_text())["seed"]) for p in tmp_path.glob("*/results.json"))
     assert len(found) == 4
@@ -143,18 +157,41 @@ def test_multirun_sweeps_seeds_and_ensemble_sizes(tmp_path):
 
 def test_a_sweep_names_its_job_folders_by_the_member_count_the_run_records(tmp_path):
     # single records one member whatever ensemble_size says, so its two jobs keep ensemble_size in their names.
-    cmd = [sys.executable, "train.py", "-m", "method=single,sve", "ensemble_size=2,3", "trainer=debug",
-           "callbacks=none", "backbone=tiny_vit", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "method=single,sve",
+        "ensemble_size=2,3",
+        "trainer=debug",
+        "callbacks=none",
+        "backbone=tiny_vit",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
-        "single_m1_seed0_ensemble_size=2", "single_m1_seed0_ensemble_size=3", "sve_m2_seed0", "sve_m3_seed0"]
+        "single_m1_seed0_ensemble_size=2",
+        "single_m1_seed0_ensemble_size=3",
+        "sve_m2_seed0",
+        "sve_m3_seed0",
+    ]
 
 
 def test_a_sweep_run_again_with_values_added_trains_only_the_new_runs(tmp_path):
     # Job folders are named by the job's settings, not its number: seed=0 is job 0 of the first sweep and job 1
     # of the second (seed=1,0 puts 1 first), and is not trained again.
-    base = [sys.executable, "train.py", "-m", "method=sve", "ensemble_size=2", "trainer=debug", "callbacks=none",
-            "backbone=tiny_vit", "sigma_init=0.01,0.02", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    base = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "method=sve",
+        "ensemble_size=2",
+        "trainer=debug",
+        "callbacks=none",
+        "backbone=tiny_vit",
+        "sigma_init=0.01,0.02",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     subprocess.run([*base, "seed=0"], cwd=ROOT, check=True, capture_output=True, timeout=600)
     first = {p.name: (p / "results.json").stat().st_mtime_ns for p in tmp_path.glob("sve_m2_seed*")}
     assert sorted(first) == ["sve_m2_seed0_sigma_init=0.01", "sve_m2_seed0_sigma_init=0.02"]
@@ -163,7 +200,8 @@ def test_a_sweep_run_again_with_values_added_trains_only_the_new_runs(tmp_path):
     assert {n: (tmp_path / n / "results.json").stat().st_mtime_ns for n in first} == first
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert sorted(r["run"] for r in summary["runs"]) == sorted(
-        [*first, "sve_m2_seed1_sigma_init=0.01", "sve_m2_seed1_sigma_init=0.02"])
+        [*first, "sve_m2_seed1_sigma_init=0.01", "sve_m2_seed1_sigma_init=0.02"]
+    )
     assert all(g["seeds"] == [0, 1] and "repeated_seeds_left_out" not in g for g in summary["groups"])
 
 

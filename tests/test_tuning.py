@@ -34,8 +34,9 @@ def test_the_ladder_is_exact_decimal_values():
     assert [ladder_value(p, 3) for p in range(-3, 1)] == [0.1, 0.2, 0.5, 1.0]
     assert str(ladder_value(-7, 2)) == "0.0003"  # the run directory name a YAML grid value gets
     assert ladder_position(3e-4, 2) == -7 and ladder_position(1e-3, 1) == -3
-    with pytest.raises(InputError,
-                       match=r"0\.0004 is not on the log ladder with per_decade=2 \(values like 1e-4, 3e-4\)"):
+    with pytest.raises(
+        InputError, match=r"0\.0004 is not on the log ladder with per_decade=2 \(values like 1e-4, 3e-4\)"
+    ):
         ladder_position(4e-4, 2)
     with pytest.raises(InputError, match=r"per_decade=4 is not supported; choose one of \[1, 2, 3\]"):
         ladder_position(1e-3, 4)
@@ -83,8 +84,14 @@ def test_the_sweep_grows_the_grid_and_records_the_search(tmp_path, monkeypatch):
     def fake_run(job):
         lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
         trained.append((job.method, job.seed, lr, job.tuning is not None))
-        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
-                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 1)}}
+        results = {
+            "method": job.method,
+            "seed": job.seed,
+            "num_members": job.members,
+            "ensemble_size": job.members,
+            "experiment": job.experiment,
+            "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 1)},
+        }
         job.dir.mkdir(parents=True, exist_ok=True)
         (job.dir / "results.json").write_text(json.dumps(results))
         return results
@@ -116,8 +123,14 @@ def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypa
     # no grid, fails clearly while the source row is untuned, and records where its choice came from.
     def fake_run(job):
         lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
-        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
-                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 2)}}
+        results = {
+            "method": job.method,
+            "seed": job.seed,
+            "num_members": job.members,
+            "ensemble_size": job.members,
+            "experiment": job.experiment,
+            "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 2)},
+        }
         job.dir.mkdir(parents=True, exist_ok=True)
         (job.dir / "results.json").write_text(json.dumps(results))
         trained.append((job.experiment, job.method, lr, job.tuning is not None))
@@ -127,8 +140,9 @@ def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypa
     spec = sweep.load_spec("mini_table2_mpnet", smoke=True)
     spec.tune = sweep.load_spec("mini_table2", smoke=True).tune  # tune in the smoke variant too
     spec.smoke.tune = spec.tune
-    monkeypatch.setattr(sweep, "load_spec", lambda name, smoke: spec if name == "mini_table2_mpnet" else
-                        load_spec(name, smoke))  # fmt: skip
+    monkeypatch.setattr(
+        sweep, "load_spec", lambda name, smoke: spec if name == "mini_table2_mpnet" else load_spec(name, smoke)
+    )
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
     failures = sweep.sweep("mini_table2_mpnet", smoke=True, root=tmp_path)
@@ -152,8 +166,14 @@ def test_a_row_tunes_its_own_key_with_another_rows_choice_fixed(tmp_path, monkey
         lr = value(job, "method.lr")
         sv_lr = value(job, "method.sv_lr") if job.method == "sve_lora_rates" else 1.0
         nll = abs(math.log10(lr) + 2) + abs(math.log10(sv_lr) + 1)  # best at lr 1e-2 and sv_lr 0.1
-        results = {"method": job.method, "seed": job.seed, "num_members": job.members, "ensemble_size": job.members,
-                   "experiment": job.experiment, "metrics": {"test/acc": 0.5, "val/nll": nll}}
+        results = {
+            "method": job.method,
+            "seed": job.seed,
+            "num_members": job.members,
+            "ensemble_size": job.members,
+            "experiment": job.experiment,
+            "metrics": {"test/acc": 0.5, "val/nll": nll},
+        }
         job.dir.mkdir(parents=True, exist_ok=True)
         (job.dir / "results.json").write_text(json.dumps(results))
         trained.append((job.method, job.seed, lr, sv_lr, job.tuning))
@@ -174,17 +194,21 @@ def test_a_row_tunes_its_own_key_with_another_rows_choice_fixed(tmp_path, monkey
     hybrid = [t for t in trained if t[0] == "sve_lora_rates"]
     assert {lr for _, _, lr, _, _ in hybrid} == {0.01}  # sve_lora's choice, kept fixed in every run
     assert [sv for _, _, _, sv, tuning in hybrid if tuning] == [1e-3, 1e-2, 3e-2, 0.1, 0.3]
-    record = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora_rates", 4, 0).parent
-                         / "tuned.json").read_text())
+    record = json.loads(
+        (run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora_rates", 4, 0).parent / "tuned.json").read_text()
+    )
     assert (record["key"], record["value"]) == ("method.sv_lr", "0.1")
-    plain = json.loads((run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora", 4, 0).parent
-                        / "tuned.json").read_text())
+    plain = json.loads(
+        (run_dir(tmp_path / "smoke", "mini_sst2_minilm", "sve_lora", 4, 0).parent / "tuned.json").read_text()
+    )
     assert (plain["key"], plain["value"]) == ("method.lr", "0.01")  # the table's own tune for the other rows
 
 
 def test_a_rows_own_tune_block_is_checked_when_loaded(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("kind: metrics\nexperiments: {mini_sst2_minilm: x}\nseeds: [0]\nmetrics: [acc]\n"
-                    "rows:\n  - {method: sve, members: 4, tune: {key: method.sv_lr, grid: [0.1]}}\n")
+    path.write_text(
+        "kind: metrics\nexperiments: {mini_sst2_minilm: x}\nseeds: [0]\nmetrics: [acc]\n"
+        "rows:\n  - {method: sve, members: 4, tune: {key: method.sv_lr, grid: [0.1]}}\n"
+    )
     with pytest.raises(InputError, match=r"rows\[0\].tune: missing \['metric', 'seed'\]"):
         load_spec(str(path), smoke=False)

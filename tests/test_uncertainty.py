@@ -20,9 +20,15 @@ def reference(logits: np.ndarray) -> dict:
     mean = p.mean(0)
     h = lambda q: -(q * np.log(np.where(q > 0, q, 1))).sum(-1)  # noqa: E731
     label = mean.argmax(-1)
-    return {"probs": mean, "label": label, "confidence": mean.max(-1), "entropy": h(mean),
-            "expected_entropy": h(p).mean(0), "mutual_information": h(mean) - h(p).mean(0),
-            "disagreement": (logits.argmax(-1) != label).mean(0)}  # fmt: skip
+    return {
+        "probs": mean,
+        "label": label,
+        "confidence": mean.max(-1),
+        "entropy": h(mean),
+        "expected_entropy": h(p).mean(0),
+        "mutual_information": h(mean) - h(p).mean(0),
+        "disagreement": (logits.argmax(-1) != label).mean(0),
+    }
 
 
 def test_every_field_matches_the_definitions():

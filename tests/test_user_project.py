@@ -29,7 +29,8 @@ def project(tmp_path, monkeypatch):
 
 
 def test_a_table_definition_of_ones_own_is_swept_from_its_file_with_overrides_after_the_options(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     project(tmp_path, monkeypatch)
     assert sweep_cli.main(["tables/mine.yaml", "--results", "store", "--dry-run", "dataset.root=/my/data"]) == 0
     out = capsys.readouterr().out
@@ -66,8 +67,10 @@ def test_overrides_after_an_option_reach_every_run_of_a_shipped_table(tmp_path, 
 
 def test_overrides_written_after_the_rows_are_overrides_not_rows(tmp_path, capsys):
     # --rows takes every value after it; an override there was read as a row (and refused as one).
-    assert sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8",
-                       "dataset.root=/my/sst2"]) == 0  # fmt: skip
+    assert (
+        sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8", "dataset.root=/my/sst2"])
+        == 0
+    )
     commands = [line for line in capsys.readouterr().out.splitlines() if "sve-train" in line]
     assert commands and all("method=sve " in line and "dataset.root=/my/sst2" in line for line in commands)
 
@@ -98,10 +101,14 @@ def test_sve_eval_finds_a_dataset_option_of_ones_own_config_folder_as_sve_train_
     (tmp_path / "conf" / "dataset").mkdir(parents=True)
     (tmp_path / "conf" / "dataset" / "mine.yaml").write_text(
         "_target_: sve.data.SyntheticTextData\nname: mine\nnum_classes: 2\nnum_train: 8\nnum_val: 4\nnum_test: 4\n"
-        "batch_size: 4\nmax_length: 16\n")
+        "batch_size: 4\nmax_length: 16\n"
+    )
     trained = OmegaConf.create({"method": {"name": "sve"}, "dataset": {"name": "synthetic_text", "num_test": 32}})
-    for flags in (["--config-dir", str(tmp_path / "conf")], [f"--config-dir={tmp_path / 'conf'}"],
-                  [f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]):
+    for flags in (
+        ["--config-dir", str(tmp_path / "conf")],
+        [f"--config-dir={tmp_path / 'conf'}"],
+        [f"hydra.searchpath=[file://{tmp_path / 'conf'}]"],
+    ):
         overrides = [*flags, "dataset=mine"]
         check_same_model(trained, overrides)  # it parsed --config-dir as an override: a Hydra traceback
         cfg = apply_overrides(trained, overrides)
@@ -119,11 +126,13 @@ def test_a_table_of_ones_own_experiment_trains_from_ones_own_config_folder_into_
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "my_exp.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /backbone: tiny_bert\n  - override /dataset: synthetic_text\n"
-        "experiment_name: my_exp\n")
+        "experiment_name: my_exp\n"
+    )
     (tmp_path / "mine.yaml").write_text(
         "kind: metrics\ntitle: Mine\nexperiments: {my_exp: mine}\n"
         "rows:\n  - {method: single, members: 1, overrides: [ensemble_size=1]}\n"
-        "metrics: [acc]\nseeds: [0]\noverrides: [trainer.max_epochs=1]\n")
+        "metrics: [acc]\nseeds: [0]\noverrides: [trainer.max_epochs=1]\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert sweep_cli.main(["mine.yaml", "--smoke", "--results", "store", "--config-dir", "conf"]) == 0
     run = tmp_path / "store" / "smoke" / "runs" / "my_exp" / "single_m1" / "seed0"
@@ -155,8 +164,9 @@ def test_a_subclass_of_ones_own_has_its_keys_checked_through_the_framework_class
     # its own argument, and the framework's that **kwargs passes on
     assert {"per_split", "max_length", "batch_size"} <= accepted_keys(OwnTextData)
     target = f"{__name__}.OwnTextData"
-    check_known_keys(OmegaConf.create({"dataset": {"_target_": target, "name": "own", "per_split": 4,
-                                                   "batch_size": 2}}))
+    check_known_keys(
+        OmegaConf.create({"dataset": {"_target_": target, "name": "own", "per_split": 4, "batch_size": 2}})
+    )
     # a key nothing reads (`root`, which only the shipped file-reading modules take) was passed on to Hydra's
     # instantiation, after the data checks, and failed there with "Error in call to target"
     try:
@@ -172,10 +182,13 @@ class OwnLoRA(LoRAEnsemble):
     """One's own method, put on a shipped option by overriding only its target."""
 
 
-@pytest.mark.parametrize("extra, warned", [
-    ([], True),  # the shipped name kept: the runs and tables would call it lora_ensemble
-    (["method.name=own_lora"], False),
-])
+@pytest.mark.parametrize(
+    "extra, warned",
+    [
+        ([], True),  # the shipped name kept: the runs and tables would call it lora_ensemble
+        (["method.name=own_lora"], False),
+    ],
+)
 def test_a_shipped_method_option_given_another_class_warns_that_it_keeps_the_shipped_name(extra, warned, tmp_path):
     import warnings
 
@@ -203,7 +216,8 @@ def test_a_paper_file_of_ones_own_definition_is_read_beside_it_and_a_missing_one
     project(tmp_path, monkeypatch)
     (tmp_path / "store").mkdir()
     (tmp_path / "tables" / "mine_paper.csv").write_text(
-        "experiment,method,members,acc,acc_std,nll,nll_std\nmini_sst2_random,sve,2,87.65,,0.4321,\n")
+        "experiment,method,members,acc,acc_std,nll,nll_std\nmini_sst2_random,sve,2,87.65,,0.4321,\n"
+    )
     (tmp_path / "tables" / "mine.yaml").write_text(DEFINITION + "paper: mine_paper.csv\n")
     assert tables.main(["--results", "store", "tables/mine.yaml"]) == 0
     table = (tmp_path / "store" / "tables" / "mine.md").read_text()
@@ -218,12 +232,15 @@ def test_a_paper_file_of_ones_own_definition_is_read_beside_it_and_a_missing_one
     assert "mine_papr.csv" in message and "--no-paper" in message
 
 
-@pytest.mark.parametrize("old, new, named", [
-    ("metrics: [acc, nll]", "metrics: [acc, nlll]", ["metrics: 'nlll'", "brier"]),  # was KeyError: 'nlll'
-    ("kind: metrics\n", "", ["kind: None", "figure2"]),  # was omegaconf's missing-key traceback
-    ("seeds: [0, 1]", "seeds: 2", ["seeds: 2", "list of integers"]),  # was TypeError: 'int' object is not iterable
-    ("grid: [1.0e-3", "gird: [1.0e-3", ["unknown ['gird']", "missing ['grid']"]),
-])
+@pytest.mark.parametrize(
+    "old, new, named",
+    [
+        ("metrics: [acc, nll]", "metrics: [acc, nlll]", ["metrics: 'nlll'", "brier"]),  # was KeyError: 'nlll'
+        ("kind: metrics\n", "", ["kind: None", "figure2"]),  # was omegaconf's missing-key traceback
+        ("seeds: [0, 1]", "seeds: 2", ["seeds: 2", "list of integers"]),  # was TypeError: 'int' object is not iterable
+        ("grid: [1.0e-3", "gird: [1.0e-3", ["unknown ['gird']", "missing ['grid']"]),
+    ],
+)
 def test_a_wrong_key_of_ones_own_table_definition_is_one_line_naming_it(old, new, named, tmp_path, monkeypatch):
     from sve.errors import InputError
 

@@ -38,8 +38,13 @@ def test_the_converted_backbone_equals_the_onnx_backbone(tmp_path):
         graph.graph.value_info.pop()
     image = np.random.default_rng(0).standard_normal((1, 3, 518, 518), dtype=np.float32)
     expected = onnxruntime.InferenceSession(graph.SerializeToString()).run([last], {"input_image": image})[0]
-    model = timm.create_model("vit_small_patch14_dinov2", pretrained=True, num_classes=0, img_size=518,
-                              pretrained_cfg_overlay={"file": str(out / "model.safetensors")}).eval()
+    model = timm.create_model(
+        "vit_small_patch14_dinov2",
+        pretrained=True,
+        num_classes=0,
+        img_size=518,
+        pretrained_cfg_overlay={"file": str(out / "model.safetensors")},
+    ).eval()
     with torch.no_grad():
         got = model.forward_features(torch.from_numpy(image)).numpy()
     assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()  # 1.7e-5 of 9.3 measured

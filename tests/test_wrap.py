@@ -37,24 +37,46 @@ def mlp() -> nn.Module:
 
 def tiny_bert() -> nn.Module:
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, num_labels=3)
+    config = BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=3,
+    )
     return BertForSequenceClassification(config).eval()
 
 
 def tiny_llama() -> nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(config).eval()
 
 
 def tiny_llama_classifier() -> nn.Module:
     """LLaMA's sequence classifier: it scores every token with ``score``, then keeps the last real one."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=32, num_labels=3,
-                         pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=3,
+        pad_token_id=0,
+    )
     return LlamaForSequenceClassification(config).eval()
 
 
@@ -142,8 +164,9 @@ def test_a_timm_model_built_at_another_size_is_probed_at_that_size():
     from timm.models.maxxvit import MaxxVit, MaxxVitCfg, _rw_max_cfg
 
     torch.manual_seed(0)
-    cfg = MaxxVitCfg(embed_dim=(8, 16), depths=(1, 1), block_type=("M", "M"), stem_width=8,
-                     **_rw_max_cfg(window_size=4, dim_head=8))
+    cfg = MaxxVitCfg(
+        embed_dim=(8, 16), depths=(1, 1), block_type=("M", "M"), stem_width=8, **_rw_max_cfg(window_size=4, dim_head=8)
+    )
     model = MaxxVit(cfg, img_size=32, num_classes=3).eval()
     model.pretrained_cfg = {"input_size": (3, 224, 224)}  # as timm.create_model sets it
     x = torch.randn(2, 3, 32, 32)
@@ -175,8 +198,9 @@ def test_a_model_that_combines_two_heads_reads_the_first_heads_input():
     # timm's distilled DeiT averages a class head (class token) and a distillation head (distillation token).
     def deit():
         torch.manual_seed(0)
-        return timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, depth=1,
-                                 num_classes=5).eval()
+        return timm.create_model(
+            "deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=5
+        ).eval()
 
     model, x = deit(), torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -271,14 +295,18 @@ def test_a_layer_registered_twice_is_a_member_layer_at_both_places(method):
 
 def structure(model: nn.Module) -> list:
     return [(name, type(m).__name__, m.training) for name, m in model.named_modules()] + [
-        (name, p.requires_grad, p.data_ptr()) for name, p in model.named_parameters()]
+        (name, p.requires_grad, p.data_ptr()) for name, p in model.named_parameters()
+    ]
 
 
-@pytest.mark.parametrize("method, options, error", [
-    ("sve", {"num_classes": None, "bogus": 1}, "unknown option"),  # refused after the head became a feature tap
-    ("lora_ensemble", {"rank": 0}, "rank"),  # refused by the first layer the method builds
-    ("batch_ensemble", {"init_std": -1.0}, "init_std"),
-])
+@pytest.mark.parametrize(
+    "method, options, error",
+    [
+        ("sve", {"num_classes": None, "bogus": 1}, "unknown option"),  # refused after the head became a feature tap
+        ("lora_ensemble", {"rank": 0}, "rank"),  # refused by the first layer the method builds
+        ("batch_ensemble", {"init_std": -1.0}, "init_std"),
+    ],
+)
 def test_a_wrap_that_fails_leaves_the_model_as_it_was(method, options, error):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
@@ -359,9 +387,12 @@ def test_pooling_reads_the_same_tokens_whichever_side_the_padding_is(pooling):
     right_mask, left_mask = torch.zeros(3, 7, dtype=torch.long), torch.zeros(3, 7, dtype=torch.long)
     for i, n in enumerate(lengths):
         right[i, :n], right_mask[i, :n] = tokens[i, :n], 1
-        left[i, 7 - n:], left_mask[i, 7 - n:] = tokens[i, :n], 1
-    expected = {"cls": tokens[:, 0], "last": torch.stack([tokens[i, n - 1] for i, n in enumerate(lengths)]),
-                "mean": torch.stack([tokens[i, :n].mean(0) for i, n in enumerate(lengths)])}[pooling]
+        left[i, 7 - n :], left_mask[i, 7 - n :] = tokens[i, :n], 1
+    expected = {
+        "cls": tokens[:, 0],
+        "last": torch.stack([tokens[i, n - 1] for i, n in enumerate(lengths)]),
+        "mean": torch.stack([tokens[i, :n].mean(0) for i, n in enumerate(lengths)]),
+    }[pooling]
     torch.testing.assert_close(pool(right, right_mask, pooling), expected)
     torch.testing.assert_close(pool(left, left_mask, pooling), expected)
 
@@ -411,8 +442,12 @@ def test_a_loader_is_predicted_and_scored_as_its_examples_are_together():
     ensemble = sve.wrap(mlp(), "sve", ensemble_size=3, num_classes=3, example_input=x)  # noise: members differ
     whole = ensemble.predict(x)
     ensemble.train()  # each call evaluates and gives the mode back
-    loaders = {"tensors": [x[:4], x[4:]], "1-tuples": [(x[:4],), (x[4:],)],
-               "pairs": DataLoader(TensorDataset(x, y), batch_size=4), "dicts": [{"input": x[:6]}, {"input": x[6:]}]}
+    loaders = {
+        "tensors": [x[:4], x[4:]],
+        "1-tuples": [(x[:4],), (x[4:],)],
+        "pairs": DataLoader(TensorDataset(x, y), batch_size=4),
+        "dicts": [{"input": x[:6]}, {"input": x[6:]}],
+    }
     for form, loader in loaders.items():
         got = ensemble.predict_loader(loader, progress=False)
         for field in ("probs", "member_probs", "mutual_information", "disagreement"):
@@ -434,8 +469,15 @@ def test_default_targets_are_the_layers_of_the_methods_types(tmp_path):
     # takes the linear, instead of refusing the default targets for holding a convolution.
     def cnn():
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))  # fmt: skip
+        return nn.Sequential(
+            nn.Conv2d(3, 4, 3),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 8),
+            nn.ReLU(),
+            nn.Linear(8, 3),
+        )
 
     x = torch.randn(2, 3, 8, 8)
     assert sve.wrap(cnn(), "sve", ensemble_size=2, example_input=x).method.wrapped == ["0", "4"]
@@ -471,15 +513,27 @@ def test_mc_dropout_says_when_it_changes_the_models_dropout_rate(caplog):
 def swin_with_stochastic_depth() -> nn.Module:
     from torchvision.models.swin_transformer import SwinTransformer
 
-    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2],
-                           stochastic_depth_prob=0.5, num_classes=3)
+    return SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=8,
+        depths=[1, 1],
+        num_heads=[1, 2],
+        window_size=[2, 2],
+        stochastic_depth_prob=0.5,
+        num_classes=3,
+    )
 
 
-@pytest.mark.parametrize("make", [
-    lambda: timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=3,
-                              drop_path_rate=0.5),  # timm's DropPath
-    swin_with_stochastic_depth,  # torchvision's StochasticDepth
-], ids=["timm_drop_path", "torchvision_stochastic_depth"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=3, drop_path_rate=0.5
+        ),  # timm's DropPath
+        swin_with_stochastic_depth,  # torchvision's StochasticDepth
+    ],
+    ids=["timm_drop_path", "torchvision_stochastic_depth"],
+)
 def test_mc_dropout_passes_draw_dropout_only_not_stochastic_depth(make):
     # Stochastic depth skips whole residual branches in training mode; it is not a dropout site, so at
     # method.dropout=0 every pass is the model itself, and with dropout the passes still differ.
@@ -511,9 +565,18 @@ def test_unknown_options_and_methods_name_the_valid_choices():
         sve.wrap(mlp(), "mc_dropout", num_classes=3, example_input=torch.randn(1, 6))
 
 
-@pytest.mark.parametrize("key, value", [("ensemble_size", 0), ("ensemble_size", -1), ("ensemble_size", 2.5),
-                                        ("ensemble_size", True), ("ensemble_size", None), ("num_classes", 0),
-                                        ("num_classes", "3")])  # fmt: skip
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("ensemble_size", 0),
+        ("ensemble_size", -1),
+        ("ensemble_size", 2.5),
+        ("ensemble_size", True),
+        ("ensemble_size", None),
+        ("num_classes", 0),
+        ("num_classes", "3"),
+    ],
+)
 def test_bad_sizes_and_methods_are_named_before_the_model_is_probed(key, value):
     # No example_input: were the model probed first, its "pass example_input=" would hide the bad argument.
     with pytest.raises(ValueError, match=re.escape(f"{key}={value!r} is not valid; expected a positive integer")):
@@ -536,21 +599,41 @@ def test_a_model_with_no_adaptable_layer_names_its_layers_and_what_can_be_adapte
             out, _ = self.rnn(self.conv(x).transpose(1, 2))
             return self.fc(out[:, -1])
 
-    with pytest.raises(ValueError, match=r"Recurrent has no layer the methods can adapt on the way to its features: "
-                                         r"they adapt nn\.Linear .* its layers are conv \(Conv1d\), rnn \(GRU\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"Recurrent has no layer the methods can adapt on the way to its features: "
+        r"they adapt nn\.Linear .* its layers are conv \(Conv1d\), rnn \(GRU\)$",
+    ):
         sve.wrap(Recurrent(), "sve", ensemble_size=2, example_input=torch.randn(2, 4, 10))
     # its only linear is the head, which fresh heads replace: nothing left (before: StopIteration, no message)
     with pytest.raises(ValueError, match=r"Sequential has no layer .* its only layer is its head '0'$"):
-        sve.wrap(nn.Sequential(nn.Linear(8, 3)), "lora_ensemble", ensemble_size=2, num_classes=3,
-                 example_input=torch.randn(1, 8))  # fmt: skip
+        sve.wrap(
+            nn.Sequential(nn.Linear(8, 3)),
+            "lora_ensemble",
+            ensemble_size=2,
+            num_classes=3,
+            example_input=torch.randn(1, 8),
+        )
 
 
 def bart_with_layerdrop() -> tuple[nn.Module, dict]:
     from transformers import BartConfig, BartForSequenceClassification
 
-    config = BartConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
-                        num_labels=3, encoder_layerdrop=0.5, decoder_layerdrop=0.5, dropout=0.1)
+    config = BartConfig(
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        num_labels=3,
+        encoder_layerdrop=0.5,
+        decoder_layerdrop=0.5,
+        dropout=0.1,
+    )
     ids = torch.tensor([[0, 7, 9, 11, 2], [0, 5, 6, 8, 2]])
     return BartForSequenceClassification(config), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
@@ -558,10 +641,23 @@ def bart_with_layerdrop() -> tuple[nn.Module, dict]:
 def wav2vec2_with_spec_augment() -> tuple[nn.Module, dict]:
     from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
 
-    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                            conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
-                            num_conv_pos_embedding_groups=2, num_labels=3, layerdrop=0.5, mask_time_prob=0.5,
-                            mask_time_length=2, mask_feature_prob=0.5, mask_feature_length=2)
+    config = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(8, 8),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=2,
+        num_labels=3,
+        layerdrop=0.5,
+        mask_time_prob=0.5,
+        mask_time_length=2,
+        mask_feature_prob=0.5,
+        mask_feature_length=2,
+    )
     return Wav2Vec2ForSequenceClassification(config), {"input_values": torch.randn(2, 400)}
 
 
@@ -582,8 +678,10 @@ def test_mc_dropout_passes_draw_no_layerdrop_or_spec_augment(make):
     ensemble.train()
     keys = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "apply_spec_augment")
     assert {k: getattr(model.config, k) for k in keys if hasattr(model.config, k)} == (
-        {"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5} if "input_ids" in batch
-        else {"layerdrop": 0.5, "apply_spec_augment": True})
+        {"encoder_layerdrop": 0.5, "decoder_layerdrop": 0.5}
+        if "input_ids" in batch
+        else {"layerdrop": 0.5, "apply_spec_augment": True}
+    )
     assert {m.layerdrop for m in model.modules() if isinstance(getattr(m, "layerdrop", None), float)} <= {0.5}
 
 
@@ -592,17 +690,27 @@ def test_a_pad_id_inside_the_mask_is_named_because_the_model_reads_another_token
     from transformers import GPT2Config, GPT2ForSequenceClassification
 
     torch.manual_seed(0)
-    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2, n_positions=16,
-                                                     num_labels=3, pad_token_id=0)).eval()  # fmt: skip
-    clean = {"input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]), "attention_mask": torch.tensor(
-        [[1, 1, 1, 1], [1, 1, 1, 0]])}  # right padding with the pad id, which no text holds
+    model = GPT2ForSequenceClassification(
+        GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2, n_positions=16, num_labels=3, pad_token_id=0)
+    ).eval()
+    clean = {
+        "input_ids": torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+    }  # right padding with the pad id, which no text holds
     ending = {"input_ids": torch.tensor([[5, 6, 7, 0]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     for batch, warned in ((clean, False), (ending, True)):
         caplog.clear()
         with torch.no_grad(), caplog.at_level("WARNING", logger="sve.api.module_backbone"):
             expected = model(**batch).logits
-            ensemble = sve.wrap(copy.deepcopy(model), "sve", ensemble_size=2, sigma_init=0.0, head="score",
-                                pooling="last", example_input=batch).eval()
+            ensemble = sve.wrap(
+                copy.deepcopy(model),
+                "sve",
+                ensemble_size=2,
+                sigma_init=0.0,
+                head="score",
+                pooling="last",
+                example_input=batch,
+            ).eval()
             same = torch.allclose(ensemble(**batch), expected.expand(2, -1, -1), atol=1e-5)
         assert ("hold the pad id 0 at 1 position(s) the attention mask keeps" in caplog.text) is warned
         assert same is not warned  # the warning is said exactly where the ensemble and the model differ
@@ -625,8 +733,11 @@ def test_predict_names_the_rows_that_hold_nan_or_inf():
 
 def test_predict_names_an_input_of_another_shape_than_the_example():
     ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, num_classes=3, example_input=torch.randn(5, 6))
-    with pytest.raises(InputError, match=r"input 0 of shape \(5, 7\), where the example it was wrapped with has "
-                                         r"\(1, 6\): 7 in dimension 1, not 6"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"input 0 of shape \(5, 7\), where the example it was wrapped with has "
+        r"\(1, 6\): 7 in dimension 1, not 6",
+    ):
         ensemble.predict(torch.randn(5, 7))
 
 
@@ -663,14 +774,17 @@ def test_sve_on_torchvision_vit_trains_in_member_chunks_and_its_members_are_thei
     from torchvision.models import VisionTransformer
 
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
-                              num_classes=3)
+    model = VisionTransformer(
+        image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3
+    )
     x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
     with caplog.at_level("WARNING", logger="sve"):
-        ensemble = sve.wrap(model, "sve", ensemble_size=3, num_classes=3, example_input=x[:1], sigma_init=0.1,
-                            members_at_once=2)
+        ensemble = sve.wrap(
+            model, "sve", ensemble_size=3, num_classes=3, example_input=x[:1], sigma_init=0.1, members_at_once=2
+        )
     assert [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()] == [
-        next(r.getMessage() for r in caplog.records if "self_attention.out_proj" in r.getMessage())]
+        next(r.getMessage() for r in caplog.records if "self_attention.out_proj" in r.getMessage())
+    ]
     assert "encoder.layers.encoder_layer_0.self_attention.out_proj" in ensemble.method.wrapped
     method, before = ensemble.method, ensemble.method.state_dict()["backbone.model.conv_proj.singular_values"].clone()
     optimizer = torch.optim.AdamW(ensemble.parameter_groups(), lr=1e-2)
@@ -697,12 +811,14 @@ def test_a_time_major_layer_is_found_even_where_its_length_equals_the_member_row
     from transformers import XLNetConfig, XLNetForSequenceClassification
 
     torch.manual_seed(0)
-    model = XLNetForSequenceClassification(XLNetConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_inner=32,
-                                                       num_labels=3)).eval()  # fmt: skip
+    model = XLNetForSequenceClassification(
+        XLNetConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_inner=32, num_labels=3)
+    ).eval()
     ids = torch.randint(1, 40, (3, 6))
     with caplog.at_level("WARNING", logger="sve"):
-        ensemble = sve.wrap(model, "sve", ensemble_size=2, num_classes=3, example_input={"input_ids": ids[:1]},
-                            sigma_init=0.5).eval()
+        ensemble = sve.wrap(
+            model, "sve", ensemble_size=2, num_classes=3, example_input={"input_ids": ids[:1]}, sigma_init=0.5
+        ).eval()
     assert ensemble.method.fallback == "transformer.layer.0.ff.layer_1" and "one at a time" in caplog.text
     with torch.no_grad():
         logits = ensemble(input_ids=ids)  # the first call: T = 6 = 2 x 3 rows

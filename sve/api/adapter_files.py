@@ -68,9 +68,14 @@ def write_adapter(method: nn.Module, directory: str | Path, config: dict) -> Pat
         torch.save(extra, directory / EXTRA)
     elif (directory / EXTRA).exists():
         (directory / EXTRA).unlink()
-    record = {"format": FORMAT, "version": VERSION, **config,
-              "base_fingerprint": method.base_fingerprint, "tensors": len(tensors),
-              "trainable_parameters": sum(t.numel() for t in tensors.values())}
+    record = {
+        "format": FORMAT,
+        "version": VERSION,
+        **config,
+        "base_fingerprint": method.base_fingerprint,
+        "tensors": len(tensors),
+        "trainable_parameters": sum(t.numel() for t in tensors.values()),
+    }
     (directory / CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return directory
 
@@ -78,16 +83,20 @@ def write_adapter(method: nn.Module, directory: str | Path, config: dict) -> Pat
 def read_config(directory: str | Path) -> dict:
     path = Path(directory).expanduser() / CONFIG
     if not path.is_file():
-        raise InputError(f"{directory}: no {CONFIG}; an adapter directory holds {CONFIG} and {TENSORS} "
-                         "(written by save_pretrained, or by every run under <run dir>/adapter)")
+        raise InputError(
+            f"{directory}: no {CONFIG}; an adapter directory holds {CONFIG} and {TENSORS} "
+            "(written by save_pretrained, or by every run under <run dir>/adapter)"
+        )
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON ({err})") from err
     if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
-        raise InputError(f"{path} is not an SVE adapter config of a version this SVE reads "
-                         f"({', '.join(map(str, READABLE_VERSIONS))}): format {config.get('format')!r}, version "
-                         f"{config.get('version')!r}")  # fmt: skip
+        raise InputError(
+            f"{path} is not an SVE adapter config of a version this SVE reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}): format {config.get('format')!r}, version "
+            f"{config.get('version')!r}"
+        )
     return config
 
 
@@ -96,14 +105,19 @@ def check_fingerprint(config: dict, actual: str, directory) -> None:
     ``Fingerprint`` (a file of version 1 is checked against its ``sampled`` form, module docstring)."""
     saved = config.get("base_fingerprint")
     if config.get("version") == 1:
-        warnings.warn(f"the adapter in {directory} was written by an SVE whose fingerprint of the base sampled "
-                      "1,024 values per tensor: a base that differs elsewhere is not detected; save the ensemble "
-                      "again to record the fingerprint of every value", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"the adapter in {directory} was written by an SVE whose fingerprint of the base sampled "
+            "1,024 values per tensor: a base that differs elsewhere is not detected; save the ensemble "
+            "again to record the fingerprint of every value",
+            stacklevel=3,
+        )
         actual = getattr(actual, "sampled", actual)
     if saved != actual:
-        raise InputError(f"the adapter in {directory} was trained on another base model: its base fingerprint is "
-                         f"{str(saved)[:12]}..., this model's is {actual[:12]}... (names, shapes or weights "
-                         "differ); load it on the model it was trained on, with the same head and pooling")
+        raise InputError(
+            f"the adapter in {directory} was trained on another base model: its base fingerprint is "
+            f"{str(saved)[:12]}..., this model's is {actual[:12]}... (names, shapes or weights "
+            "differ); load it on the model it was trained on, with the same head and pooling"
+        )
 
 
 def read_trained_state(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
@@ -114,25 +128,32 @@ def read_trained_state(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
     directory = Path(directory).expanduser()
     path = directory / TENSORS
     if not path.is_file():
-        raise InputError(f"{path}: no such file; an adapter directory holds {CONFIG} and {TENSORS} (written "
-                         "together by save_pretrained): copy or download the whole directory")  # fmt: skip
+        raise InputError(
+            f"{path}: no such file; an adapter directory holds {CONFIG} and {TENSORS} (written "
+            "together by save_pretrained): copy or download the whole directory"
+        )
     try:
         tensors = load_file(str(path))
     except Exception as err:  # safetensors' own error type, or an OSError: the file is damaged either way
-        raise InputError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err}); it is "
-                         "truncated or damaged: copy or download the adapter directory again") from err
+        raise InputError(
+            f"{path} is not a readable safetensors file ({type(err).__name__}: {err}); it is "
+            "truncated or damaged: copy or download the adapter directory again"
+        ) from err
     extra = {}
     if (directory / EXTRA).exists():
         try:
             extra = torch.load(directory / EXTRA, weights_only=True)
         except Exception as err:
-            raise InputError(f"{directory / EXTRA} cannot be read ({type(err).__name__}: {err}); it is truncated "
-                             "or damaged: copy or download the adapter directory again") from err
+            raise InputError(
+                f"{directory / EXTRA} cannot be read ({type(err).__name__}: {err}); it is truncated "
+                "or damaged: copy or download the adapter directory again"
+            ) from err
     return tensors, extra
 
 
-def load_trained_state(method: nn.Module, directory: str | Path,
-                       trained: tuple[dict[str, Tensor], dict] | None = None) -> None:
+def load_trained_state(
+    method: nn.Module, directory: str | Path, trained: tuple[dict[str, Tensor], dict] | None = None
+) -> None:
     """Loads the adapter's tensors (and extra state) into ``method``, from ``trained`` when it was read
     already (``read_trained_state``); every trainable tensor must be in the file and every tensor of the file
     must be one of them, with its shape."""
@@ -140,11 +161,16 @@ def load_trained_state(method: nn.Module, directory: str | Path,
     expected, _ = trained_state(method)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
-    shapes = [f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
-              for k in set(tensors) & set(expected) if tensors[k].shape != expected[k].shape]
+    shapes = [
+        f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
+        for k in set(tensors) & set(expected)
+        if tensors[k].shape != expected[k].shape
+    ]
     if missing or unexpected or shapes:
-        raise InputError(f"the adapter in {directory} does not fit this method: missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]}, shapes {shapes[:5]}")
+        raise InputError(
+            f"the adapter in {directory} does not fit this method: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, shapes {shapes[:5]}"
+        )
     state = method.state_dict()
     state.update({k: v.to(state[k].dtype) for k, v in tensors.items()})
     state.update(extra)
@@ -180,8 +206,14 @@ def locate(name_or_path: str | Path) -> Path:
 # ----- the ensemble of ``sve.wrap`` ----------------------------------------------------------------------------------
 # Integer example tensors up to this size keep their structure in the config (below); larger ones only their shape.
 MAX_RECORDED_VALUES = 4096
-SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "cls_token_id",
-                      "decoder_start_token_id")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "cls_token_id",
+    "decoder_start_token_id",
+)
 
 
 def special_token_ids(model) -> set[int]:
@@ -227,23 +259,31 @@ def example_from_spec(spec: dict):
     for k, v in spec.items():
         dtype = getattr(torch, v["dtype"])
         values = v.get("values")
-        batch[k] = (torch.tensor(values, dtype=dtype).reshape(v["shape"]) if values is not None
-                    else torch.zeros(v["shape"], dtype=dtype))  # fmt: skip
+        batch[k] = (
+            torch.tensor(values, dtype=dtype).reshape(v["shape"])
+            if values is not None
+            else torch.zeros(v["shape"], dtype=dtype)
+        )
     if "attention_mask" in batch and "values" not in spec["attention_mask"]:  # a config written before the values
         batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
     args, kwargs = from_batch(batch)
     return kwargs if not args else (tuple(args) if len(args) > 1 else args[0])
 
 
-def save_adapter(ensemble, directory: str | Path, push_to_hub: bool = False, repo_id: str | None = None,
-                 private: bool = False) -> Path:
+def save_adapter(
+    ensemble, directory: str | Path, push_to_hub: bool = False, repo_id: str | None = None, private: bool = False
+) -> Path:
     from sve import __version__
 
     backbone = ensemble.method.backbone
-    config = {**ensemble.config, "sve_version": __version__,
-              "example_input": (example_spec(backbone.probe_batch(), backbone.model) if hasattr(backbone, "example")
-                                else None),
-              "backbone": type(backbone).__name__}
+    config = {
+        **ensemble.config,
+        "sve_version": __version__,
+        "example_input": (
+            example_spec(backbone.probe_batch(), backbone.model) if hasattr(backbone, "example") else None
+        ),
+        "backbone": type(backbone).__name__,
+    }
     directory = write_adapter(ensemble.method, directory, config)
     if push_to_hub:
         if not repo_id:

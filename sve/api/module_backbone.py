@@ -48,7 +48,7 @@ def to_batch(args: tuple, kwargs: dict) -> dict:
 
 def from_batch(batch: dict, skip: tuple[str, ...] = ("labels",)) -> tuple[list, dict]:
     """The inverse of ``to_batch``: (positional arguments, keyword arguments)."""
-    positional = sorted((int(k[len(ARG):]), v) for k, v in batch.items() if re.fullmatch(rf"{ARG}\d+", k))
+    positional = sorted((int(k[len(ARG) :]), v) for k, v in batch.items() if re.fullmatch(rf"{ARG}\d+", k))
     kwargs = {k: v for k, v in batch.items() if not re.fullmatch(rf"{ARG}\d+", k) and k not in skip}
     return [v for _, v in positional], kwargs
 
@@ -100,11 +100,16 @@ def warn_pad_inside_mask(model: nn.Module, batch: dict) -> None:
         return
     inside = int(((ids == pad) & (mask != 0)).sum())
     if inside:
-        log.warning("the example's input_ids hold the pad id %d at %d position(s) the attention mask keeps (pad = "
-                    "end-of-sequence?): %s's own classifier reads the last token that is not the pad id, "
-                    "pooling='last' the last token the mask keeps, so they read different tokens. Give the "
-                    "tokenizer a pad token no text holds (e.g. tokenizer.pad_token = tokenizer.unk_token, and "
-                    "model.config.pad_token_id to match)", pad, inside, type(model).__name__)
+        log.warning(
+            "the example's input_ids hold the pad id %d at %d position(s) the attention mask keeps (pad = "
+            "end-of-sequence?): %s's own classifier reads the last token that is not the pad id, "
+            "pooling='last' the last token the mask keeps, so they read different tokens. Give the "
+            "tokenizer a pad token no text holds (e.g. tokenizer.pad_token = tokenizer.unk_token, and "
+            "model.config.pad_token_id to match)",
+            pad,
+            inside,
+            type(model).__name__,
+        )
 
 
 def described_input(model: nn.Module) -> dict | None:
@@ -136,10 +141,12 @@ def refuse_meta(model: nn.Module) -> None:
     """A model whose tensors are on the meta device has shapes but no values: nothing could run or train."""
     for name, t in (*model.named_parameters(), *model.named_buffers()):
         if t.device.type == "meta":
-            raise InputError(f"{type(model).__name__} has tensors on the meta device (e.g. {name}): shapes without "
-                             "values, as torch.device('meta') or accelerate's init_empty_weights builds them; load "
-                             "its weights first (model.to_empty(device='cpu') then load_state_dict, or build it on "
-                             "a real device), then wrap it")  # fmt: skip
+            raise InputError(
+                f"{type(model).__name__} has tensors on the meta device (e.g. {name}): shapes without "
+                "values, as torch.device('meta') or accelerate's init_empty_weights builds them; load "
+                "its weights first (model.to_empty(device='cpu') then load_state_dict, or build it on "
+                "a real device), then wrap it"
+            )
 
 
 def other_shapes(batch: dict, example: dict) -> list[str]:
@@ -152,14 +159,18 @@ def other_shapes(batch: dict, example: dict) -> list[str]:
             continue
         if v.shape[1:] == known.shape[1:]:
             continue
-        name = f"input {k[len(ARG):]}" if k.startswith(ARG) else k
+        name = f"input {k[len(ARG) :]}" if k.startswith(ARG) else k
         if v.dim() != known.dim():
-            found.append(f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
-                         f"{tuple(known.shape)}: {v.dim()} dimensions, not {known.dim()}")
+            found.append(
+                f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
+                f"{tuple(known.shape)}: {v.dim()} dimensions, not {known.dim()}"
+            )
             continue
         dims = [f"{a} in dimension {i}, not {b}" for i, (a, b) in enumerate(zip(v.shape, known.shape)) if i and a != b]
-        found.append(f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
-                     f"{tuple(known.shape)}: {', '.join(dims)}")
+        found.append(
+            f"{name} of shape {tuple(v.shape)}, where the example it was wrapped with has "
+            f"{tuple(known.shape)}: {', '.join(dims)}"
+        )
     return found
 
 
@@ -168,8 +179,7 @@ def first_example(batch: dict) -> dict:
     cut to one row; tensors the examples share (a mask, a 0-d scale) as they are."""
     tensors = [v for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0]
     rows = tensors[0].shape[0] if tensors else None
-    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == rows else v
-            for k, v in batch.items()}
+    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == rows else v for k, v in batch.items()}
 
 
 class ModuleBackbone(Backbone):
@@ -189,8 +199,15 @@ class ModuleBackbone(Backbone):
 
     modality = "any"
 
-    def __init__(self, model: nn.Module, target_modules: list[str] | None = None, head: str | None = "auto",
-                 pooling: str | None = None, example_input=None, freeze_bn: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        target_modules: list[str] | None = None,
+        head: str | None = "auto",
+        pooling: str | None = None,
+        example_input=None,
+        freeze_bn: bool = True,
+    ):
         if pooling is not None and pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} is not valid; choose one of {list(POOLINGS)} or None")
         refuse_meta(model)
@@ -203,9 +220,11 @@ class ModuleBackbone(Backbone):
         if example_input is None:
             self.example = described_input(model)
             if self.example is None:
-                raise ValueError(f"{type(model).__name__} does not say what input it takes: pass example_input= "
-                                 "(one batch as the model takes it: a tensor, a tuple of arguments or a dict of "
-                                 "keyword arguments)")
+                raise ValueError(
+                    f"{type(model).__name__} does not say what input it takes: pass example_input= "
+                    "(one batch as the model takes it: a tensor, a tuple of arguments or a dict of "
+                    "keyword arguments)"
+                )
         else:
             args = example_input if isinstance(example_input, tuple) else (example_input,)
             self.example = to_batch(args, {})
@@ -244,16 +263,22 @@ class ModuleBackbone(Backbone):
                 differ = other_shapes(to_batch(tuple(args), kwargs), self.example)
                 if isinstance(err, MemberLayoutError) or not differ:  # the layout error is the method's to handle
                     raise
-                raise InputError(f"{type(self.model).__name__} fails on {'; '.join(differ)} ({type(err).__name__}: "
-                                 f"{err})") from err
+                raise InputError(
+                    f"{type(self.model).__name__} fails on {'; '.join(differ)} ({type(err).__name__}: {err})"
+                ) from err
         try:
             return self.model(*args, **kwargs)
         except (RuntimeError, ValueError, TypeError, AssertionError, IndexError) as err:
-            shapes = ", ".join(f"{'input' if k.startswith(ARG) else k} {tuple(v.shape)}"
-                               for k, v in self.example.items() if isinstance(v, Tensor))  # fmt: skip
-            raise InputError(f"{type(self.model).__name__} fails on the input it describes ({shapes}, from its own "
-                             f"config): {type(err).__name__}: {err}; pass example_input= one batch as the model "
-                             "takes it (a model built at another input size needs an input of that size)") from err
+            shapes = ", ".join(
+                f"{'input' if k.startswith(ARG) else k} {tuple(v.shape)}"
+                for k, v in self.example.items()
+                if isinstance(v, Tensor)
+            )
+            raise InputError(
+                f"{type(self.model).__name__} fails on the input it describes ({shapes}, from its own "
+                f"config): {type(err).__name__}: {err}; pass example_input= one batch as the model "
+                "takes it (a model built at another input size needs an input of that size)"
+            ) from err
 
     # ----- the head ---------------------------------------------------------------------------------------------
     def find_head(self, head: str | None) -> str | None:
@@ -263,8 +288,10 @@ class ModuleBackbone(Backbone):
         if head != "auto":
             if head not in dict(self.model.named_modules()) or not head:
                 linears = [n for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
-                raise ValueError(f"head={head!r} is not a module of {type(self.model).__name__}; its linear layers "
-                                 f"are: {', '.join(linears[-8:])} (or head='auto', or head=None: no head)")
+                raise ValueError(
+                    f"head={head!r} is not a module of {type(self.model).__name__}; its linear layers "
+                    f"are: {', '.join(linears[-8:])} (or head='auto', or head=None: no head)"
+                )
             return head
         get_classifier = getattr(self.model, "get_classifier", None)  # timm
         if callable(get_classifier):
@@ -278,8 +305,13 @@ class ModuleBackbone(Backbone):
                 # Fresh member heads read the first head's input (the class token); no member can start as the
                 # model itself, which combines the heads, so keeping the model's head is refused (``wrap``).
                 self.combined_heads = several
-                log.info("%s has %d heads (%s) whose outputs it combines; the features are the input of %r",
-                         type(self.model).__name__, len(several), ", ".join(several), several[0])
+                log.info(
+                    "%s has %d heads (%s) whose outputs it combines; the features are the input of %r",
+                    type(self.model).__name__,
+                    len(several),
+                    ", ".join(several),
+                    several[0],
+                )
                 return several[0]
         # Each output is held (not only its id) until the probe ends: a freed output's id can be reused by a
         # later tensor, the model's output included, which would name a layer the output does not come from.
@@ -290,6 +322,7 @@ class ModuleBackbone(Backbone):
             def hook(_module, _inputs, out) -> None:  # returns None: the output stays the layer's
                 outputs[id(out)] = (name, out)
                 shapes.append((name, out.shape))
+
             return hook
 
         hooks = [m.register_forward_hook(record(n)) for m, n in names.items() if isinstance(m, ADAPTABLE_TYPES)]
@@ -314,7 +347,9 @@ class ModuleBackbone(Backbone):
             # With a hint the output is most likely a classifier's, not features: say so louder.
             (log.warning if self.head_hint else log.info)(
                 "%s: no layer produces the model's output; the output is the features%s",
-                type(self.model).__name__, f" ({self.head_hint})" if self.head_hint else "")
+                type(self.model).__name__,
+                f" ({self.head_hint})" if self.head_hint else "",
+            )
         return name
 
     def initial_head(self, task: str | None, num_classes: int) -> tuple[Tensor, Tensor] | None:
@@ -343,20 +378,27 @@ class ModuleBackbone(Backbone):
             features = self.tap.features
             self.tap.features = None
             if features is None:
-                raise RuntimeError(f"the head {self.head_name!r} was not called in this forward; name the head "
-                                   "the model calls (head=...) or use head=None")
+                raise RuntimeError(
+                    f"the head {self.head_name!r} was not called in this forward; name the head "
+                    "the model calls (head=...) or use head=None"
+                )
             where = f"the input of the head {self.head_name!r}"
         else:
             features = model_output(out)
             where = "the model's output"
             if features is None:
-                raise TypeError(f"{type(self.model).__name__} returns {type(out).__name__}, not a tensor; name the "
-                                "module whose input is the features (head=...)")
+                raise TypeError(
+                    f"{type(self.model).__name__} returns {type(out).__name__}, not a tensor; name the "
+                    "module whose input is the features (head=...)"
+                )
         if features.dim() == 3 and self.pooling is not None:
             features = pool(features, batch.get("attention_mask"), self.pooling)
         if features.dim() != 2:
-            fix = (f"pooling= one of {list(POOLINGS)}" if features.dim() == 3 else
-                   "head= the name of a module that reads one vector per example")
+            fix = (
+                f"pooling= one of {list(POOLINGS)}"
+                if features.dim() == 3
+                else "head= the name of a module that reads one vector per example"
+            )
             raise ValueError(f"{where} has shape {tuple(features.shape)}, not (N, D) features; give {fix}")
         return features
 
@@ -366,13 +408,20 @@ class ModuleBackbone(Backbone):
         unused = usage.unused_modules if usage is not None else set()
         found = [f"^{re.escape(n)}" for n, m in self.model.named_modules() if n and adaptable(m) and n not in unused]
         if not found:  # otherwise the injection's "no target patterns" would be all the user sees
-            layers = [f"{n} ({type(m).__name__})" for n, m in self.model.named_modules()
-                      if n and not list(m.children()) and n != self.head_name]  # fmt: skip
+            layers = [
+                f"{n} ({type(m).__name__})"
+                for n, m in self.model.named_modules()
+                if n and not list(m.children()) and n != self.head_name
+            ]
             raise ValueError(
                 f"{type(self.model).__name__} has no layer the methods can adapt on the way to its features: they "
                 "adapt nn.Linear (and Hugging Face's Conv1D) and nn.Conv1d/2d/3d with groups = 1 and zero padding; its "
-                + (f"layers are {', '.join(layers[:12])}{' ...' if len(layers) > 12 else ''}" if layers
-                   else f"only layer is its head {self.head_name!r}"))
+                + (
+                    f"layers are {', '.join(layers[:12])}{' ...' if len(layers) > 12 else ''}"
+                    if layers
+                    else f"only layer is its head {self.head_name!r}"
+                )
+            )
         return found
 
     def train(self, mode: bool = True):
@@ -389,15 +438,19 @@ def selecting_head(calls: list[tuple[str, torch.Size]], out: Tensor | None) -> s
         return ""
     if calls and calls[-1][1] == out.shape:  # the last layer called gives the output's shape: a step after it
         name = calls[-1][0]
-        return (f"if the output is class scores, its head is likely its last layer {name!r}, which gives the "
-                f"output's shape {tuple(out.shape)} before a step such as a softmax; pass head={name!r} to read "
-                "the features at its input")
+        return (
+            f"if the output is class scores, its head is likely its last layer {name!r}, which gives the "
+            f"output's shape {tuple(out.shape)} before a step such as a softmax; pass head={name!r} to read "
+            "the features at its input"
+        )
     for name, shape in reversed(calls):
         if len(shape) == 3 and shape[0] == out.shape[0] and shape[-1] == out.shape[-1]:
-            return (f"its layer {name!r} gives {tuple(shape)}, one row per token, and the model's output "
-                    f"{tuple(out.shape)} picks one of them; "
-                    f"to keep it as the head, pass head={name!r} and pooling= one of {list(POOLINGS)} "
-                    "(the token the model itself reads)")
+            return (
+                f"its layer {name!r} gives {tuple(shape)}, one row per token, and the model's output "
+                f"{tuple(out.shape)} picks one of them; "
+                f"to keep it as the head, pass head={name!r} and pooling= one of {list(POOLINGS)} "
+                "(the token the model itself reads)"
+            )
     return ""
 
 

@@ -103,9 +103,17 @@ def positive_integer(value) -> bool:
     return operator.index(value) > 0
 
 
-def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_classes: int | None = None,
-         target_modules: list[str] | str | None = None, head: str | None = "auto", pooling: str | None = None,
-         example_input=None, **options) -> Ensemble:
+def wrap(
+    model: nn.Module,
+    method: str = "sve",
+    ensemble_size: int = 4,
+    num_classes: int | None = None,
+    target_modules: list[str] | str | None = None,
+    head: str | None = "auto",
+    pooling: str | None = None,
+    example_input=None,
+    **options,
+) -> Ensemble:
     """An ensemble of ``method`` on ``model`` (module docstring).
 
     Args:
@@ -126,22 +134,30 @@ def wrap(model: nn.Module, method: str = "sve", ensemble_size: int = 4, num_clas
         if value is None and optional:
             continue
         if not positive_integer(value):
-            raise ValueError(f"{name}={value!r} is not valid; expected a positive integer"
-                             + (" or None (keep the model's own head)" if optional else ""))  # fmt: skip
+            raise ValueError(
+                f"{name}={value!r} is not valid; expected a positive integer"
+                + (" or None (keep the model's own head)" if optional else "")
+            )
     if num_classes is not None and operator.index(num_classes) < 2:
-        raise InputError(f"num_classes={num_classes} is not valid: the members are classifiers with a softmax over "
-                         "at least 2 classes; a binary task is num_classes=2")  # fmt: skip
+        raise InputError(
+            f"num_classes={num_classes} is not valid: the members are classifiers with a softmax over "
+            "at least 2 classes; a binary task is num_classes=2"
+        )
     # wrap works in place: a second wrap would stack members on members
-    refuse_wrapped(model, "wrap works in place, as peft's get_peft_model does; wrap a copy made before the first "
-                   "wrap (copy.deepcopy(model)), or use the ensemble the first wrap returned")
+    refuse_wrapped(
+        model,
+        "wrap works in place, as peft's get_peft_model does; wrap a copy made before the first "
+        "wrap (copy.deepcopy(model)), or use the ensemble the first wrap returned",
+    )
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     with unchanged_on_error(model):
         if isinstance(model, Backbone):
             backbone = model
         else:
-            backbone = ModuleBackbone(model, target_modules=target_modules, head=head, pooling=pooling,
-                                      example_input=example_input)
+            backbone = ModuleBackbone(
+                model, target_modules=target_modules, head=head, pooling=pooling, example_input=example_input
+            )
         return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
 
 
@@ -149,8 +165,9 @@ def refuse_wrapped(model: nn.Module, advice: str) -> None:
     """An error, with ``advice``, when ``model`` already holds member layers (a wrap or from_pretrained ran on it)."""
     wrapped = next((n for n, m in model.named_modules() if isinstance(m, MemberLayer)), None)
     if wrapped is not None:
-        raise InputError(f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): "
-                         f"{advice}")
+        raise InputError(
+            f"{type(model).__name__} is already wrapped (its layer {wrapped!r} is a member layer): {advice}"
+        )
 
 
 @contextmanager
@@ -165,8 +182,11 @@ def unchanged_on_error(model: nn.Module):
         yield
     except BaseException:
         for module, children, parameters, buffers, mode in saved:
-            for now, before in ((module._modules, children), (module._parameters, parameters),
-                                (module._buffers, buffers)):
+            for now, before in (
+                (module._modules, children),
+                (module._parameters, parameters),
+                (module._buffers, buffers),
+            ):
                 now.clear()
                 now.update(before)
             module.training = mode
@@ -175,8 +195,15 @@ def unchanged_on_error(model: nn.Module):
         raise
 
 
-def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_classes: int | None,
-                   target_modules: list[str] | None, pooling: str | None, options: dict) -> Ensemble:
+def build_ensemble(
+    backbone: Backbone,
+    method: str,
+    ensemble_size: int,
+    num_classes: int | None,
+    target_modules: list[str] | None,
+    pooling: str | None,
+    options: dict,
+) -> Ensemble:
     """The method on a built backbone; ``wrap``'s second half, and ``from_pretrained``'s after the fingerprint
     check."""
     cls, defaults = method_class_and_defaults(method)
@@ -187,19 +214,24 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
     if num_classes is None:
         combined = getattr(backbone, "combined_heads", [])
         if combined and getattr(backbone, "head_name", None) == combined[0]:
-            raise ValueError(f"num_classes=None keeps the model's own head, but this model combines {len(combined)} "
-                             f"heads ({', '.join(map(repr, combined))}), which no member can start as; give "
-                             f"num_classes (fresh heads on the input of {combined[0]!r}), or head= one of them to "
-                             "keep that head alone")  # fmt: skip
+            raise ValueError(
+                f"num_classes=None keeps the model's own head, but this model combines {len(combined)} "
+                f"heads ({', '.join(map(repr, combined))}), which no member can start as; give "
+                f"num_classes (fresh heads on the input of {combined[0]!r}), or head= one of them to "
+                "keep that head alone"
+            )
         if not isinstance(backbone, ModuleBackbone) or backbone.head_weights is None:
             hint = getattr(backbone, "head_hint", "")
-            raise ValueError("num_classes=None keeps the model's own head, but this model has no linear head "
-                             f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes"
-                             + (f", or: {hint}" if hint else ""))  # fmt: skip
+            raise ValueError(
+                "num_classes=None keeps the model's own head, but this model has no linear head "
+                f"(head={getattr(backbone, 'head_name', None)!r}); give num_classes" + (f", or: {hint}" if hint else "")
+            )
         if backbone.head_weights[0].shape[0] < 2:  # a regression, or one binary logit read with a sigmoid
-            raise InputError(f"the model's head {backbone.head_name!r} has 1 output: a regression or a one-logit "
-                             "binary classifier, which the softmax of the members cannot read (every prediction "
-                             "would be certain); give num_classes=2 for fresh two-class heads")  # fmt: skip
+            raise InputError(
+                f"the model's head {backbone.head_name!r} has 1 output: a regression or a one-logit "
+                "binary classifier, which the softmax of the members cannot read (every prediction "
+                "would be certain); give num_classes=2 for fresh two-class heads"
+            )
         backbone.keep_head = True
         num_classes = backbone.head_weights[0].shape[0]
     settings = {**defaults, **options, "target_modules": list(target_modules) if target_modules else None}
@@ -207,11 +239,16 @@ def build_ensemble(backbone: Backbone, method: str, ensemble_size: int, num_clas
         settings["mode"] = "in_memory"  # module docstring
     task = "its own head" if getattr(backbone, "keep_head", False) else None  # recorded in head_init
     built = cls(backbone, ensemble_size=int(ensemble_size), num_classes=int(num_classes), task=task, **settings)
-    config = {"method": method, "ensemble_size": int(ensemble_size), "num_classes": int(num_classes),
-              "target_modules": list(built.target_modules if target_modules is None else target_modules),
-              "head": getattr(backbone, "head_name", None), "pooling": pooling,
-              "keep_head": bool(getattr(backbone, "keep_head", False)),
-              "options": {k: v for k, v in settings.items() if k != "target_modules"}}
+    config = {
+        "method": method,
+        "ensemble_size": int(ensemble_size),
+        "num_classes": int(num_classes),
+        "target_modules": list(built.target_modules if target_modules is None else target_modules),
+        "head": getattr(backbone, "head_name", None),
+        "pooling": pooling,
+        "keep_head": bool(getattr(backbone, "keep_head", False)),
+        "options": {k: v for k, v in settings.items() if k != "target_modules"},
+    }
     return Ensemble(built, config)
 
 
@@ -273,8 +310,10 @@ class Ensemble(nn.Module):
 
         logits, labels = self.member_logits_of(loader, progress, "evaluating")
         if labels is None:
-            raise InputError("evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
-                             "predict_loader takes unlabelled ones")  # fmt: skip
+            raise InputError(
+                "evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
+                "predict_loader takes unlabelled ones"
+            )
         return score(logits, labels, aggregate, n_bins)
 
     def member_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
@@ -331,8 +370,9 @@ class Ensemble(nn.Module):
         data = None
         if loader is not None:
             batches = Batches(loader)
-            data = SimpleNamespace(train_dataloader=lambda: batches,
-                                   batch_size=batch_size or getattr(loader, "batch_size", None) or 32)
+            data = SimpleNamespace(
+                train_dataloader=lambda: batches, batch_size=batch_size or getattr(loader, "batch_size", None) or 32
+            )
         self.method.after_fit(data)
 
     # ----- adapter files --------------------------------------------------------------------------------------------
@@ -354,11 +394,15 @@ def refuse_non_finite(batch: dict, doing: str, first_row: int = 0) -> None:
     predict NaN for them, and a NaN's arg-max is class 0, without a word."""
     bad = non_finite_rows(batch)
     if bad:
-        where = "; ".join(f"{'input ' + k[len(ARG):] if k.startswith(ARG) else k} in row(s) "
-                          f"{[first_row + r for r in rows[:10]]}{' ...' if len(rows) > 10 else ''}"
-                          for k, rows in bad.items())  # fmt: skip
-        raise InputError(f"{doing} got NaN or inf values: {where}; the inputs must be finite, as training requires "
-                         "(fix or drop those examples)")
+        where = "; ".join(
+            f"{'input ' + k[len(ARG) :] if k.startswith(ARG) else k} in row(s) "
+            f"{[first_row + r for r in rows[:10]]}{' ...' if len(rows) > 10 else ''}"
+            for k, rows in bad.items()
+        )
+        raise InputError(
+            f"{doing} got NaN or inf values: {where}; the inputs must be finite, as training requires "
+            "(fix or drop those examples)"
+        )
 
 
 class Batches:
@@ -387,9 +431,11 @@ def as_batch(batch, labelled: bool = True) -> dict:
         return to_batch(tuple(batch), {})
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         size = f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
-        raise InputError(f"a batch of {type(batch).__name__}{size} is not one of the forms taken: (inputs, labels), "
-                         "((args...), labels), a dict of the model's keyword arguments (labels under 'labels')"
-                         + ("" if labelled else ", or bare inputs"))  # fmt: skip
+        raise InputError(
+            f"a batch of {type(batch).__name__}{size} is not one of the forms taken: (inputs, labels), "
+            "((args...), labels), a dict of the model's keyword arguments (labels under 'labels')"
+            + ("" if labelled else ", or bare inputs")
+        )
     inputs, labels = batch
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return {**to_batch(args, {}), "labels": labels}
@@ -404,15 +450,21 @@ def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
     directory = locate(name_or_path)
     config = read_config(directory)
     if config.get("backbone") != "ModuleBackbone":
-        raise InputError(f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
-                         f"with `sve-eval {directory}`, or rebuild its backbone from the run's config")
+        raise InputError(
+            f"{directory} was written by a run of train.py ({config.get('backbone')}); evaluate it "
+            f"with `sve-eval {directory}`, or rebuild its backbone from the run's config"
+        )
     trained = read_trained_state(directory)  # a damaged file is named now, not after the SVD
     spec = config.get("example_input")
     with unchanged_on_error(model):  # a refused adapter (another base model, say) leaves the model as it was
         try:
-            backbone = ModuleBackbone(model, target_modules=config["target_modules"], head=config["head"],
-                                      pooling=config["pooling"],
-                                      example_input=example_from_spec(spec) if spec else None)
+            backbone = ModuleBackbone(
+                model,
+                target_modules=config["target_modules"],
+                head=config["head"],
+                pooling=config["pooling"],
+                example_input=example_from_spec(spec) if spec else None,
+            )
         except Exception:
             # The backbone probes the model on the recorded example, which fails deep inside a model of
             # another input size: the fingerprint (of the model without its head, as the backbone takes it)
@@ -421,8 +473,14 @@ def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
             raise
         check_fingerprint(config, backbone.fingerprint(), directory)
         options = {**config["options"], **overrides}
-        ensemble = build_ensemble(backbone, config["method"], config["ensemble_size"],
-                                  None if config["keep_head"] else config["num_classes"], config["target_modules"],
-                                  config["pooling"], options)
+        ensemble = build_ensemble(
+            backbone,
+            config["method"],
+            config["ensemble_size"],
+            None if config["keep_head"] else config["num_classes"],
+            config["target_modules"],
+            config["pooling"],
+            options,
+        )
         load_trained_state(ensemble.method, directory, trained)
     return ensemble

@@ -158,8 +158,9 @@ def fingerprint(model: nn.Module, without: str | None = None) -> Fingerprint:
         full.update(memoryview(flat.contiguous().cpu().view(torch.uint8).numpy()))  # any dtype, bfloat16 included
         if flat.numel() > FINGERPRINT_VALUES:
             # Integer steps: a float32 linspace rounds the last index of a large tensor past its end.
-            index = torch.arange(FINGERPRINT_VALUES, device=flat.device) * (flat.numel() - 1) // (
-                FINGERPRINT_VALUES - 1)
+            index = (
+                torch.arange(FINGERPRINT_VALUES, device=flat.device) * (flat.numel() - 1) // (FINGERPRINT_VALUES - 1)
+            )
             flat = flat[index]
         sampled.update(flat.to(torch.float64).cpu().numpy().tobytes())
     result = Fingerprint(full.hexdigest())

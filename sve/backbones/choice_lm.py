@@ -99,16 +99,20 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         mask = torch.cat([repeat(stem_mask), option_mask], 1)  # the stem's padding is masked out
         if self.model.is_gradient_checkpointing and self.training:
             with continuations:
-                hidden = base(input_ids=torch.cat([repeat(stem), option], 1), attention_mask=mask,
-                              position_ids=(mask.cumsum(1) - 1).clamp_min(0)).last_hidden_state  # fmt: skip
+                hidden = base(
+                    input_ids=torch.cat([repeat(stem), option], 1),
+                    attention_mask=mask,
+                    position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+                ).last_hidden_state
             last_stem, continued = hidden[torch.arange(N * C), repeat(stem_length) - 1], hidden[:, S:]
         else:
             out = base(input_ids=stem, attention_mask=stem_mask, use_cache=True)
             out.past_key_values.batch_repeat_interleave(C)
             positions = repeat(stem_length)[:, None] + torch.arange(L, device=stem.device)
             with continuations:
-                continued = base(input_ids=option, attention_mask=mask, position_ids=positions,
-                                 past_key_values=out.past_key_values).last_hidden_state  # fmt: skip
+                continued = base(
+                    input_ids=option, attention_mask=mask, position_ids=positions, past_key_values=out.past_key_values
+                ).last_hidden_state
             last_stem = repeat(out.last_hidden_state[torch.arange(N), stem_length - 1])
         # Option token l is predicted at the position before it: the stem's last token for l = 0. Only those
         # positions go through lm_head (the vocabulary is large; options are a few tokens).

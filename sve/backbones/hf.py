@@ -51,8 +51,10 @@ def local_or_hub(name_or_path: str | None, key: str = "backbone.name_or_path", m
                 "directory (config.json, weights, tokenizer files)"
             )
         if not path.exists():
-            raise FileNotFoundError(f"{key}={name_or_path}: {path} does not exist; expected a directory with "
-                                    "tokenizer files (tokenizer.json, or a vocabulary)")  # fmt: skip
+            raise FileNotFoundError(
+                f"{key}={name_or_path}: {path} does not exist; expected a directory with "
+                "tokenizer files (tokenizer.json, or a vocabulary)"
+            )
         return str(path)
     return name_or_path
 
@@ -126,8 +128,10 @@ class HFBackbone(Backbone):
                 ) from None if not online else err
         else:
             if not config and not name_or_path:
-                raise InputError("backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
-                                 "backbone.name_or_path whose config.json to use")
+                raise InputError(
+                    "backbone.pretrained=false needs backbone.config (model_type and sizes) or a "
+                    "backbone.name_or_path whose config.json to use"
+                )
             hf_config = AutoConfig.for_model(**config) if config else AutoConfig.from_pretrained(name_or_path)
             model = self.checkpoint_class(hf_config).from_config(hf_config, dtype=_dtype(torch_dtype))
         model.train()  # from_pretrained returns eval mode; fine-tuning uses the model's dropout as trained
@@ -189,10 +193,13 @@ class HFBackbone(Backbone):
         starts = getattr(self.tokenizer, "cls_token_id", None) or getattr(self.tokenizer, "bos_token_id", None)
         if self.pooling == "cls" and (starts is None or probe[0] != starts):
             # T5's and sentence encoders' tokenizers put no summary token first: "cls" reads the first word.
-            log.warning("backbone.pooling=cls reads the first token, but the tokenizer of '%s' starts a text with "
-                        "no [CLS]-like token (it starts with %r); backbone.pooling=mean is the usual choice for "
-                        "such models", tokenizer if tokenizer and tokenizer != "char" else name_or_path,
-                        self.tokenizer.convert_ids_to_tokens(probe[:1])[0])
+            log.warning(
+                "backbone.pooling=cls reads the first token, but the tokenizer of '%s' starts a text with "
+                "no [CLS]-like token (it starts with %r); backbone.pooling=mean is the usual choice for "
+                "such models",
+                tokenizer if tokenizer and tokenizer != "char" else name_or_path,
+                self.tokenizer.convert_ids_to_tokens(probe[:1])[0],
+            )
 
     def _init_image(self, cfg, image_size: int | None, source: str | None) -> None:
         size = image_size or getattr(cfg, "image_size", 224)
@@ -200,8 +207,9 @@ class HFBackbone(Backbone):
         self.mean, self.std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet, unless the processor says
         processor = preprocessor_config(source)
         if processor is None:
-            log.info("%s has no preprocessor_config.json here: images are normalised with ImageNet's mean and std",
-                     source)
+            log.info(
+                "%s has no preprocessor_config.json here: images are normalised with ImageNet's mean and std", source
+            )
             return
         self.mean = tuple(processor.get("image_mean", self.mean))
         self.std = tuple(processor.get("image_std", self.std))
@@ -220,8 +228,7 @@ class HFBackbone(Backbone):
         # values for the whole batch (4 GiB for LLaMA-2-7B's evaluation at M = 16, length 512; sve-train plan=true).
         cache = {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}
         if self.is_encoder_decoder:
-            out = base(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, decoder_attention_mask=mask,
-                       **cache)
+            out = base(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, decoder_attention_mask=mask, **cache)
         else:
             out = base(input_ids=ids, attention_mask=mask, **cache)
         return out.last_hidden_state

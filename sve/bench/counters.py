@@ -129,9 +129,13 @@ def minor_faults(step: Callable[[], object]) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-def interleaved_times(steps: dict[str, Callable[[], object]], repeats: int, device: torch.device,
-                      warmup: int = 1, clock: Callable[[Callable[[], object]], float] | None = None
-                      ) -> dict[str, list[float]]:
+def interleaved_times(
+    steps: dict[str, Callable[[], object]],
+    repeats: int,
+    device: torch.device,
+    warmup: int = 1,
+    clock: Callable[[Callable[[], object]], float] | None = None,
+) -> dict[str, list[float]]:
     """Per call of each step, ``repeats`` rounds after ``warmup`` rounds; each round runs every step once, the
     order alternating between rounds. ``clock(step)`` runs one step and returns its time (default: wall
     seconds, the device synchronised around it; the GPU check passes CUDA events in milliseconds)."""
@@ -180,5 +184,14 @@ def verdict(ratios: list[float], limit: float, at_most: bool = True) -> str:
     return "holds" if inside(median) else "within noise" if any(map(inside, ratios)) else "does not hold"
 
 
-__all__ = ["PeakTensorMemory", "resident_bytes", "peak_memory", "count_flops", "minor_faults", "interleaved_times",
-           "paired_ratio", "paired_ratios", "verdict"]
+__all__ = [
+    "PeakTensorMemory",
+    "resident_bytes",
+    "peak_memory",
+    "count_flops",
+    "minor_faults",
+    "interleaved_times",
+    "paired_ratio",
+    "paired_ratios",
+    "verdict",
+]

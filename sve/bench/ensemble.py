@@ -32,24 +32,45 @@ def ensemble_part(setting: Setting, args, device) -> dict:
     candidates = {n: Candidate(m) for n, m in methods.items()}
     results: dict[str, dict] = {"train": {}, "eval_b16": {}, "eval_b1": {}}
     train = ["single", "sve", "rebuild", "lora_ensemble", "batch_ensemble"]
-    evaluate = ["dense", "single", "sve_factored", "sve", "sve_batched", "sve_one_at_a_time", "lora_ensemble",
-                "lora_ensemble_auto", "batch_ensemble", "batch_ensemble_auto"]
+    evaluate = [
+        "dense",
+        "single",
+        "sve_factored",
+        "sve",
+        "sve_batched",
+        "sve_one_at_a_time",
+        "lora_ensemble",
+        "lora_ensemble_auto",
+        "batch_ensemble",
+        "batch_ensemble_auto",
+    ]
     for kind, names, B in (("train", train, args.train_batch), ("eval_b16", evaluate, 16), ("eval_b1", evaluate, 1)):
         log(f"[{setting.name}] {kind}: batch {B} per member, {args.repeats} rounds")
         batch = to_device(setting.batch(B), device)
         results[kind] = measure({n: candidates[n] for n in names}, kind.split("_")[0], batch, args.repeats, device)
     # M dense fine-tunes = M independent Single steps (same work; no need to hold M copies and their moments).
     single = results["train"]["single"]
-    results["train"]["dense"] = {"flops": M * single["flops"], "peak_bytes": M * single["peak_bytes"],
-                                 "ms": M * single["ms"], "seconds": [M * s for s in single["seconds"]],
-                                 "derived": f"{M} x single"}
+    results["train"]["dense"] = {
+        "flops": M * single["flops"],
+        "peak_bytes": M * single["peak_bytes"],
+        "ms": M * single["ms"],
+        "seconds": [M * s for s in single["seconds"]],
+        "derived": f"{M} x single",
+    }
     for rows in results.values():
         for name, row in rows.items():
             row["ratio_to_dense"] = paired_ratio({k: v["seconds"] for k, v in rows.items()}, name, "dense")
     report = {
-        "setting": {"name": setting.name, "title": setting.title, "ensemble_size": M,
-                    "blocks": args.layers or setting.full_depth, "full_depth": setting.full_depth,
-                    "train_batch_per_member": args.train_batch, "device": str(device), "repeats": args.repeats},
+        "setting": {
+            "name": setting.name,
+            "title": setting.title,
+            "ensemble_size": M,
+            "blocks": args.layers or setting.full_depth,
+            "full_depth": setting.full_depth,
+            "train_batch_per_member": args.train_batch,
+            "device": str(device),
+            "repeats": args.repeats,
+        },
         "parameters": {n: m.parameter_counts() for n, m in methods.items()},
         "merged_cache_bytes": methods["sve"].merged_bytes(),
         **results,
@@ -67,14 +88,21 @@ def ensemble_part(setting: Setting, args, device) -> dict:
 def full_depth_eval(setting: Setting, args, device) -> dict:
     """Evaluation at batch 16 per member of SVE (default) and M dense copies at the full depth: times only."""
     builder = Builder(setting, setting.full_depth, args.svd_cache, device)
-    candidates = {"sve": Candidate(builder.method("sve")),
-                  "dense": Candidate(builder.method("deep_ensemble", "method.mode=in_memory"))}
+    candidates = {
+        "sve": Candidate(builder.method("sve")),
+        "dense": Candidate(builder.method("deep_ensemble", "method.mode=in_memory")),
+    }
     batch = to_device(setting.batch(16), device)
-    times = interleaved_times({n: (lambda c=c: c.eval_step(batch)) for n, c in candidates.items()}, args.repeats,
-                              device, warmup=1)
-    return {"blocks": setting.full_depth, **{n: {"ms": 1e3 * statistics.median(t), "seconds": t,
-                                                  "ratio_to_dense": paired_ratio(times, n, "dense")}
-                                              for n, t in times.items()}}
+    times = interleaved_times(
+        {n: (lambda c=c: c.eval_step(batch)) for n, c in candidates.items()}, args.repeats, device, warmup=1
+    )
+    return {
+        "blocks": setting.full_depth,
+        **{
+            n: {"ms": 1e3 * statistics.median(t), "seconds": t, "ratio_to_dense": paired_ratio(times, n, "dense")}
+            for n, t in times.items()
+        },
+    }
 
 
 def lean_memory(setting: Setting, args, device) -> dict:
@@ -107,22 +135,56 @@ def targets(setting: Setting, report: dict) -> list[dict]:
     """The issue's targets as (what, value, round-by-round ratios, limit, verdict)."""
     seconds = {kind: {k: v["seconds"] for k, v in report[kind].items()} for kind in ("train", "eval_b16", "eval_b1")}
     rows = [
-        ("eval at batch 16 per member, SVE (default) / M dense", paired_ratios(seconds["eval_b16"], "sve", "dense"),
-         1.0, True),
-        ("training step, SVE / M dense", paired_ratios(seconds["train"], "sve", "dense"),
-         0.90 if setting.name == "vit_s" else 1.0, True),
-        ("training step, rebuild / SVE (speed-up over rebuilding)", paired_ratios(seconds["train"], "rebuild", "sve"),
-         1.3, False),
+        (
+            "eval at batch 16 per member, SVE (default) / M dense",
+            paired_ratios(seconds["eval_b16"], "sve", "dense"),
+            1.0,
+            True,
+        ),
+        (
+            "training step, SVE / M dense",
+            paired_ratios(seconds["train"], "sve", "dense"),
+            0.90 if setting.name == "vit_s" else 1.0,
+            True,
+        ),
+        (
+            "training step, rebuild / SVE (speed-up over rebuilding)",
+            paired_ratios(seconds["train"], "rebuild", "sve"),
+            1.3,
+            False,
+        ),
     ]
     if "eval_b16_full_depth" in report:
         full = report["eval_b16_full_depth"]
-        rows.insert(1, (f"eval at batch 16 per member, full depth ({full['blocks']} blocks), SVE (default) / M dense",
-                        paired_ratios({k: full[k]["seconds"] for k in ("sve", "dense")}, "sve", "dense"), 1.0, True))
+        rows.insert(
+            1,
+            (
+                f"eval at batch 16 per member, full depth ({full['blocks']} blocks), SVE (default) / M dense",
+                paired_ratios({k: full[k]["seconds"] for k in ("sve", "dense")}, "sve", "dense"),
+                1.0,
+                True,
+            ),
+        )
     if setting.name == "bert_base":
-        rows.append(("eval at batch 1 per member, SVE (default) / LoRA-Ensemble",
-                     paired_ratios(seconds["eval_b1"], "sve", "lora_ensemble"), 1.0, True))
-    return [{"what": what, "value": statistics.median(r), "rounds": r, "op": "<=" if at_most else ">=", "limit": limit,
-             "verdict": verdict(r, limit, at_most)} for what, r, limit, at_most in rows]
+        rows.append(
+            (
+                "eval at batch 1 per member, SVE (default) / LoRA-Ensemble",
+                paired_ratios(seconds["eval_b1"], "sve", "lora_ensemble"),
+                1.0,
+                True,
+            )
+        )
+    return [
+        {
+            "what": what,
+            "value": statistics.median(r),
+            "rounds": r,
+            "op": "<=" if at_most else ">=",
+            "limit": limit,
+            "verdict": verdict(r, limit, at_most),
+        }
+        for what, r, limit, at_most in rows
+    ]
 
 
 def rebuild(method):

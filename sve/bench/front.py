@@ -30,8 +30,10 @@ FRONT_BATCHES = (1, 16)
 
 def on_front(points: dict[str, tuple[float, float]]) -> set[str]:
     """The names whose (memory, latency) no other point matches or beats on both, and beats on one."""
+
     def dominated(a, b):
         return b[0] <= a[0] and b[1] <= a[1] and b != a
+
     return {n for n, p in points.items() if not any(dominated(p, q) for m, q in points.items() if m != n)}
 
 
@@ -56,8 +58,11 @@ def front_part(setting: Setting, args, device) -> dict:
                 cand = singles[depth] if name == "single" else Candidate(builder.method(name, *overrides, *extra))
                 if depth == "full":
                     counts = cand.method.parameter_counts()
-                    row.update(parameters=counts["total"], trainable_parameters=counts["trainable"],
-                               members=cand.method.num_members())
+                    row.update(
+                        parameters=counts["total"],
+                        trainable_parameters=counts["trainable"],
+                        members=cand.method.num_members(),
+                    )
                 for b, batch in batches.items():
                     step = partial(cand.eval_step, batch)
                     step()  # warm-up: the merged cache, lazy inits
@@ -65,8 +70,12 @@ def front_part(setting: Setting, args, device) -> dict:
                         row[f"infer_memory_bytes_b{b}"] = resident_bytes(cand.method) + peak_memory(step, device)
                     if timed_on[b] == depth:
                         reference = partial(singles[depth].eval_step, batch)
-                        times = interleaved_times({"single": reference, name: step} if name != "single"
-                                                  else {"single": reference}, args.repeats, device, warmup=0)
+                        times = interleaved_times(
+                            {"single": reference, name: step} if name != "single" else {"single": reference},
+                            args.repeats,
+                            device,
+                            warmup=0,
+                        )
                         row[f"infer_ms_b{b}"] = 1e3 * statistics.median(times[name])
                         row[f"ratio_to_single_b{b}"] = 1.0 if name == "single" else paired_ratio(times, name, "single")
                 if cand is not singles[depth]:
@@ -78,8 +87,16 @@ def front_part(setting: Setting, args, device) -> dict:
         best = on_front({key(r): (r[f"infer_memory_bytes_b{b}"], r[f"ratio_to_single_b{b}"]) for r in rows})
         for r in rows:
             r[f"on_front_b{b}"] = key(r) in best
-    return {"setting": {"backbone": "bert_base (random weights)" if not args.tiny else "tiny_bert",
-                        "ensemble_size": M, "sequence_length": setting.tokens, "device": str(device),
-                        "repeats": args.repeats, "layers": setting.full_depth, "timed_blocks_b16": args.layers,
-                        "batches": list(FRONT_BATCHES)},
-            "rows": rows}
+    return {
+        "setting": {
+            "backbone": "bert_base (random weights)" if not args.tiny else "tiny_bert",
+            "ensemble_size": M,
+            "sequence_length": setting.tokens,
+            "device": str(device),
+            "repeats": args.repeats,
+            "layers": setting.full_depth,
+            "timed_blocks_b16": args.layers,
+            "batches": list(FRONT_BATCHES),
+        },
+        "rows": rows,
+    }

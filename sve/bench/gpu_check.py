@@ -190,9 +190,13 @@ def sv_layers(device: torch.device, M: int = 4) -> dict[str, tuple[nn.Module, to
     from sve.layers import SVConv2d, SVLinear
 
     torch.manual_seed(0)
-    layers = {"linear 96->64": (SVLinear.from_linear(nn.Linear(96, 64), M, sigma_init=0.2), torch.randn(M * 5, 96)),
-              "conv 8->12, 3x3": (SVConv2d.from_conv(nn.Conv2d(8, 12, 3, padding=1), M, sigma_init=0.2),
-                                  torch.randn(M * 2, 8, 10, 10))}  # fmt: skip
+    layers = {
+        "linear 96->64": (SVLinear.from_linear(nn.Linear(96, 64), M, sigma_init=0.2), torch.randn(M * 5, 96)),
+        "conv 8->12, 3x3": (
+            SVConv2d.from_conv(nn.Conv2d(8, 12, 3, padding=1), M, sigma_init=0.2),
+            torch.randn(M * 2, 8, 10, 10),
+        ),
+    }
     for layer, _ in layers.values():
         with torch.no_grad():
             layer.biases.add_(0.1 * torch.randn_like(layer.biases))
@@ -327,4 +331,3 @@ def check(parts: list[str], out: Path) -> int:
     for c in bad:
         print(f"FAILED: {c.part}: {c.name}: {c.detail}", flush=True)
     return 1 if bad else 0
-

@@ -145,11 +145,18 @@ def costs(methods: dict, setting, device: torch.device, repeats: int, warmup: in
             times = interleaved_ms(steps, repeats, warmup, clock)
             for name, method in methods.items():
                 peak = resident_bytes(method) + peak_memory(steps[name], device)
-                rows.append({"candidate": name, "precision": precision, "batch": B,
-                             "ms": statistics.median(times[name]), "rounds_ms": times[name],
-                             "ratio_to_single": paired_ratio(times, name, "single"),
-                             "ratio_to_lora_ensemble": paired_ratio(times, name, "lora_ensemble"),
-                             "peak_mib": peak / MIB})  # fmt: skip
+                rows.append(
+                    {
+                        "candidate": name,
+                        "precision": precision,
+                        "batch": B,
+                        "ms": statistics.median(times[name]),
+                        "rounds_ms": times[name],
+                        "ratio_to_single": paired_ratio(times, name, "single"),
+                        "ratio_to_lora_ensemble": paired_ratio(times, name, "lora_ensemble"),
+                        "peak_mib": peak / MIB,
+                    }
+                )
             print(
                 f"[inference] {precision}, batch {B}: "
                 + ", ".join(f"{r['candidate']} {r['ms']:.2f} ms" for r in rows[-len(methods) :]),

@@ -37,11 +37,17 @@ from omegaconf import OmegaConf, open_dict
 
 from sve.bench.gpu_report import GIB, Check
 
-BASE = ["experiment=arc_easy_llama2", "method=sve", "trainer=gpu"]  # sve.paper.plan_tables.table_runs("table3")'s SVE row
-VARIANTS = {"SVE M=16": ["ensemble_size=16"], "SVE M=16, members_at_once=1": ["ensemble_size=16",
-                                                                              "method.members_at_once=1"],
-            "SVE M=4": ["ensemble_size=4"], "SVE M=4, members_at_once=1": ["ensemble_size=4",
-                                                                          "method.members_at_once=1"]}  # fmt: skip
+BASE = [
+    "experiment=arc_easy_llama2",
+    "method=sve",
+    "trainer=gpu",
+]  # sve.paper.plan_tables.table_runs("table3")'s SVE row
+VARIANTS = {
+    "SVE M=16": ["ensemble_size=16"],
+    "SVE M=16, members_at_once=1": ["ensemble_size=16", "method.members_at_once=1"],
+    "SVE M=4": ["ensemble_size=4"],
+    "SVE M=4, members_at_once=1": ["ensemble_size=4", "method.members_at_once=1"],
+}
 LAYERS = (32, 24, 16, 8, 4, 2)
 FILL = 0.9  # of the card's memory: the rest for the allocator's fragmentation and other processes
 PLAN_TOLERANCE = 0.10
@@ -161,8 +167,13 @@ def measured(overrides: list[str], layers: int) -> dict:
     with random_factors(), device:
         backbone = instantiate(OmegaConf.create(offline_backbone(cfg.backbone)))
         datamodule.attach(backbone)
-        method = instantiate(node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
-                             num_classes=datamodule.num_classes, task=cfg.dataset.name)  # fmt: skip
+        method = instantiate(
+            node,
+            backbone=backbone,
+            ensemble_size=int(cfg.ensemble_size),
+            num_classes=datamodule.num_classes,
+            task=cfg.dataset.name,
+        )
     method.to(device)
     if bool(cfg.get("exact_draws", True)):
         unfuse_attention_dropout(method.backbone)
@@ -202,8 +213,11 @@ def measured(overrides: list[str], layers: int) -> dict:
 
 def child(what: str, overrides: list[str], layers: int, capacity: int = 0) -> dict:
     """``what`` (plan or measure) in a fresh process; its JSON line, or an error naming the last line it wrote."""
-    out = subprocess.run([sys.executable, "-m", "sve.cli.gpu_plan", what, json.dumps(overrides), str(layers),
-                          str(capacity)], capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "sve.cli.gpu_plan", what, json.dumps(overrides), str(layers), str(capacity)],
+        capture_output=True,
+        text=True,
+    )
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         tail = (out.stderr.strip().splitlines() or lines or [f"exit status {out.returncode}"])[-1]

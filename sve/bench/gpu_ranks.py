@@ -29,9 +29,17 @@ from sve.bench.gpu_report import DISTRIBUTED_CRITERIA, Check
 from sve.methods import registry
 
 # As tests/test_ddp.py's DATA: two epochs of 3 steps, checkpoints mid-epoch, 21 test examples.
-DATA = ["backbone=tiny_vit", "dataset=synthetic_image", "ensemble_size=2", "trainer.max_epochs=2",
-        "callbacks=default", "callbacks.checkpoint.every_n_steps=2",
-        "dataset.num_train=24", "dataset.num_val=8", "dataset.num_test=21"]  # fmt: skip
+DATA = [
+    "backbone=tiny_vit",
+    "dataset=synthetic_image",
+    "ensemble_size=2",
+    "trainer.max_epochs=2",
+    "callbacks=default",
+    "callbacks.checkpoint.every_n_steps=2",
+    "dataset.num_train=24",
+    "dataset.num_val=8",
+    "dataset.num_test=21",
+]
 FSDP_METHODS = [["method=single"], ["method=sve"], ["method=deep_ensemble", "method.mode=sequential"]]
 TEST_EXAMPLES = 21
 
@@ -102,7 +110,6 @@ def compare_runs(distributed: Path, alone: Path, rtol: float, atol: float, metri
 def distributed_part(scratch: Path) -> list[Check]:
     import torch
 
-
     gpus = torch.cuda.device_count()
     if gpus < 2:
         return [
@@ -150,4 +157,3 @@ def run_all(out_dir: str, runs: list[str]) -> None:
         except Exception as err:  # noqa: BLE001 - recorded for the parent to read
             run_dir.mkdir(parents=True, exist_ok=True)
             record_failure(run_dir, err)
-

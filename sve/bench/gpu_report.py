@@ -85,8 +85,12 @@ def error_check(part: str, name: str, errors: dict[str, float], dtype: torch.dty
 def driver_version() -> str:
     """The NVIDIA driver release as nvidia-smi reports it; else what torch knows (the CUDA driver API version)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError):

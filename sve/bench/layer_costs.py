@@ -17,8 +17,7 @@ from sve.layers import LoRALayer, SVLinear
 
 
 def rule_part(args, device) -> dict:
-    shapes = [(32, 32, 2), (32, 64, 2)] if args.tiny else [(384, 384, 4), (384, 1536, 4), (768, 768, 8),
-                                                            (768, 3072, 8)]
+    shapes = [(32, 32, 2), (32, 64, 2)] if args.tiny else [(384, 384, 4), (384, 1536, 4), (768, 768, 8), (768, 3072, 8)]
     grid = [1, 16, 64] if args.tiny else [1, 4, 16, 64, 256, 1024, 2048]
     out = []
     for in_f, out_f, K in shapes:
@@ -33,13 +32,20 @@ def rule_part(args, device) -> dict:
             steps = {mode: partial(lay, x) for mode, lay in layers.items()}
             with torch.no_grad():
                 times = interleaved_times(steps, args.repeats, device)
-            row = {"in": in_f, "out": out_f, "members": K, "tokens_per_member": N,
-                   **{f"{m}_ms": 1e3 * statistics.median(t) for m, t in times.items()},
-                   "cached_ratio": paired_ratio(times, "cached", "factored"),
-                   "merged_ratio": paired_ratio(times, "merged", "factored")}
+            row = {
+                "in": in_f,
+                "out": out_f,
+                "members": K,
+                "tokens_per_member": N,
+                **{f"{m}_ms": 1e3 * statistics.median(t) for m, t in times.items()},
+                "cached_ratio": paired_ratio(times, "cached", "factored"),
+                "merged_ratio": paired_ratio(times, "merged", "factored"),
+            }
             out.append(row)
-            log(f"[rule] {in_f}->{out_f} K={K} N={N}: cached {row['cached_ratio']:.2f}, "
-                f"merged {row['merged_ratio']:.2f} x factored")
+            log(
+                f"[rule] {in_f}->{out_f} K={K} N={N}: cached {row['cached_ratio']:.2f}, "
+                f"merged {row['merged_ratio']:.2f} x factored"
+            )
     return {"rows": out, "crossovers": crossovers(out)}
 
 
@@ -62,10 +68,12 @@ def crossovers(rows: list[dict]) -> list[dict]:
 
 def weight_steps(x, bases, loras, svs, repeated, shape: tuple[int, int, int]) -> dict:
     """The timed steps of one shape (built in a function, so every closure holds this shape's tensors)."""
-    return {"shared": lambda: [torch.addmm(b.bias, x, b.weight.t()) for b in bases],
-            "lora_ensemble": lambda: [layer(x) for layer in loras],
-            "sve_cached": lambda: [layer(x) for layer in svs],
-            "one_weight_split": lambda: [torch.baddbmm(b, x.view(*shape), W) for W, b in repeated]}
+    return {
+        "shared": lambda: [torch.addmm(b.bias, x, b.weight.t()) for b in bases],
+        "lora_ensemble": lambda: [layer(x) for layer in loras],
+        "sve_cached": lambda: [layer(x) for layer in svs],
+        "one_weight_split": lambda: [torch.baddbmm(b, x.view(*shape), W) for W, b in repeated],
+    }
 
 
 def weights_part(args, device) -> dict:
@@ -73,8 +81,18 @@ def weights_part(args, device) -> dict:
     weights alone (64 MB) exceed the CPU's last-level cache: as in a full model, every call then reads its
     weights from memory. (One layer timed alone keeps SVE's M merged weights in the cache between calls and
     hides the cost of reading them.)"""
-    shapes = [(32, 32, 2, 8)] if args.tiny else [(384, 384, 4, 197), (384, 1536, 4, 197), (1536, 384, 4, 197),
-                                                 (768, 768, 8, 128), (768, 3072, 8, 128), (3072, 768, 8, 128)]
+    shapes = (
+        [(32, 32, 2, 8)]
+        if args.tiny
+        else [
+            (384, 384, 4, 197),
+            (384, 1536, 4, 197),
+            (1536, 384, 4, 197),
+            (768, 768, 8, 128),
+            (768, 3072, 8, 128),
+            (3072, 768, 8, 128),
+        ]
+    )
     stream_bytes = 2**16 if args.tiny else 64 * 2**20
     rows = []
     for in_f, out_f, K, N in shapes:
@@ -96,12 +114,20 @@ def weights_part(args, device) -> dict:
             split = steps["one_weight_split"]()[0].reshape(K * N, out_f)
             torch.testing.assert_close(split, steps["shared"]()[0])  # the same product, computed split
             times = interleaved_times(steps, args.repeats, device)
-        row = {"in": in_f, "out": out_f, "members": K, "tokens_per_member": N, "copies": copies,
-               "shared_ms": 1e3 * statistics.median(times["shared"]) / copies,
-               **{f"{name}_ratio": paired_ratio(times, name, "shared") for name in steps if name != "shared"}}
+        row = {
+            "in": in_f,
+            "out": out_f,
+            "members": K,
+            "tokens_per_member": N,
+            "copies": copies,
+            "shared_ms": 1e3 * statistics.median(times["shared"]) / copies,
+            **{f"{name}_ratio": paired_ratio(times, name, "shared") for name in steps if name != "shared"},
+        }
         rows.append(row)
-        log(f"[weights] {in_f}->{out_f} K={K} N={N} ({copies} layers): LoRA-E {row['lora_ensemble_ratio']:.3f}, "
-            f"SVE cached {row['sve_cached_ratio']:.3f}, one weight split {row['one_weight_split_ratio']:.3f} x shared")
+        log(
+            f"[weights] {in_f}->{out_f} K={K} N={N} ({copies} layers): LoRA-E {row['lora_ensemble_ratio']:.3f}, "
+            f"SVE cached {row['sve_cached_ratio']:.3f}, one weight split {row['one_weight_split_ratio']:.3f} x shared"
+        )
         del svs, loras, bases, repeated, steps
         gc.collect()
     return {"rows": rows, "stream_bytes": stream_bytes}

@@ -42,26 +42,68 @@ class Setting:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
-BERT_BASE = ["backbone=tiny_bert", "backbone.name=bert_base_random", "backbone.config.hidden_size=768",
-             "backbone.config.num_attention_heads=12", "backbone.config.intermediate_size=3072",
-             "backbone.config.vocab_size=30522", "backbone.config.max_position_embeddings=512",
-             "dataset=synthetic_text", "dataset.max_length=128"]  # fmt: skip
+BERT_BASE = [
+    "backbone=tiny_bert",
+    "backbone.name=bert_base_random",
+    "backbone.config.hidden_size=768",
+    "backbone.config.num_attention_heads=12",
+    "backbone.config.intermediate_size=3072",
+    "backbone.config.vocab_size=30522",
+    "backbone.config.max_position_embeddings=512",
+    "dataset=synthetic_text",
+    "dataset.max_length=128",
+]
 
 
 def settings(tiny: bool) -> dict[str, Setting]:
     if tiny:
         return {
-            "vit_s": Setting("vit_s", "tiny ViT (test)", 2, ["backbone=tiny_vit", "dataset=synthetic_image"],
-                             "image", 32, "++backbone.model_kwargs.depth", 2, num_classes=4),
-            "bert_base": Setting("bert_base", "tiny BERT (test)", 2, ["backbone=tiny_bert", "dataset=synthetic_text"],
-                                 "text", 16, "backbone.config.num_hidden_layers", 2, vocab=141),
+            "vit_s": Setting(
+                "vit_s",
+                "tiny ViT (test)",
+                2,
+                ["backbone=tiny_vit", "dataset=synthetic_image"],
+                "image",
+                32,
+                "++backbone.model_kwargs.depth",
+                2,
+                num_classes=4,
+            ),
+            "bert_base": Setting(
+                "bert_base",
+                "tiny BERT (test)",
+                2,
+                ["backbone=tiny_bert", "dataset=synthetic_text"],
+                "text",
+                16,
+                "backbone.config.num_hidden_layers",
+                2,
+                vocab=141,
+            ),
         }
     return {
-        "vit_s": Setting("vit_s", "ViT-S/16 (384 wide, 6 heads, MLP 1536, 197 tokens), M = 4", 4,
-                         ["backbone=vit_small_random", "dataset=synthetic_image"], "image", 224,
-                         "++backbone.model_kwargs.depth", 12, num_classes=10),
-        "bert_base": Setting("bert_base", "BERT-base (768 wide, 12 heads, MLP 3072, sequence 128), M = 8", 8,
-                             BERT_BASE, "text", 128, "backbone.config.num_hidden_layers", 12, vocab=30522),
+        "vit_s": Setting(
+            "vit_s",
+            "ViT-S/16 (384 wide, 6 heads, MLP 1536, 197 tokens), M = 4",
+            4,
+            ["backbone=vit_small_random", "dataset=synthetic_image"],
+            "image",
+            224,
+            "++backbone.model_kwargs.depth",
+            12,
+            num_classes=10,
+        ),
+        "bert_base": Setting(
+            "bert_base",
+            "BERT-base (768 wide, 12 heads, MLP 3072, sequence 128), M = 8",
+            8,
+            BERT_BASE,
+            "text",
+            128,
+            "backbone.config.num_hidden_layers",
+            12,
+            vocab=30522,
+        ),
     }
 
 
@@ -84,14 +126,16 @@ class Builder:
         extra = [f"method.svd_cache={self.svd_cache}"] if decomposes and self.svd_cache else []
         cfg = compose_cfg([*self.setting.backbone_overrides(self.layers), f"method={name}", *extra, *overrides])
         torch.manual_seed(1)
-        method = instantiate(cfg.method, backbone=copy.deepcopy(self.pristine), ensemble_size=M,
-                             num_classes=self.setting.num_classes)
+        method = instantiate(
+            cfg.method, backbone=copy.deepcopy(self.pristine), ensemble_size=M, num_classes=self.setting.num_classes
+        )
         return method.to(self.device)
 
     def datamodule(self):
         """A few synthetic examples, for the methods that fit something after training (Laplace)."""
-        cfg = compose_cfg([*self.setting.backbone_overrides(self.layers), "dataset.num_train=4",
-                           "dataset.batch_size=2"])
+        cfg = compose_cfg(
+            [*self.setting.backbone_overrides(self.layers), "dataset.num_train=4", "dataset.batch_size=2"]
+        )
         dm = instantiate(cfg.dataset)
         dm.attach(self.pristine)
         dm.setup()
@@ -126,8 +170,10 @@ def measure(candidates: dict[str, Candidate], kind: str, batch: dict, repeats: i
     """Warm-up, then one pass counting FLOPs and memory, then interleaved timing rounds; per candidate:
     ms (median), flops, peak bytes, the raw seconds (for paired ratios) and the minor page faults of one more
     call after the timed rounds (in the steady state)."""
-    steps = {n: (lambda c=c: c.train_step(batch)) if kind == "train" else (lambda c=c: c.eval_step(batch))
-             for n, c in candidates.items()}
+    steps = {
+        n: (lambda c=c: c.train_step(batch)) if kind == "train" else (lambda c=c: c.eval_step(batch))
+        for n, c in candidates.items()
+    }
     out = {}
     for name, step in steps.items():
         step()  # warm-up: caches, optimiser state, lazy inits

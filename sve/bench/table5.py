@@ -22,14 +22,32 @@ from sve.bench.settings import Builder, Candidate, Setting, log
 from sve.members import to_device
 from sve.methods import registry
 
-TABLE5_DEFAULT = ["svf", "single_lora", "mc_dropout", "deep_ensemble", "batch_ensemble", "lora_ensemble",
-                  "last_layer_ensemble", "checkpoint_ensemble", "bayes_lora_llla", "blob", "sve", "sve_factored",
-                  "sve_lean", "sve_top", "sve_top32"]  # fmt: skip  (top-r: beyond the paper, sve.layers.sv_top)
+TABLE5_DEFAULT = [
+    "svf",
+    "single_lora",
+    "mc_dropout",
+    "deep_ensemble",
+    "batch_ensemble",
+    "lora_ensemble",
+    "last_layer_ensemble",
+    "checkpoint_ensemble",
+    "bayes_lora_llla",
+    "blob",
+    "sve",
+    "sve_factored",
+    "sve_lean",
+    "sve_top",
+    "sve_top32",
+]  # top-r: beyond the paper (sve.layers.sv_top)
 # SVE variants beside the default (Table 5's "sve" row): method config and overrides.
-VARIANTS = {"sve_factored": ("sve", ["method.inference=factored"]),
-            "sve_lean": ("sve", ["method.inference=factored", "method.factor_dtype=bfloat16"])}
-NOT_BY_DEFAULT = {"bayes_lora_la": "its KFAC Laplace fit over every LoRA factor of BERT-base took 508 s on this "
-                                   "CPU; add it with --table5-methods"}
+VARIANTS = {
+    "sve_factored": ("sve", ["method.inference=factored"]),
+    "sve_lean": ("sve", ["method.inference=factored", "method.factor_dtype=bfloat16"]),
+}
+NOT_BY_DEFAULT = {
+    "bayes_lora_la": "its KFAC Laplace fit over every LoRA factor of BERT-base took 508 s on this "
+    "CPU; add it with --table5-methods"
+}
 
 
 def prepare(method, builder: Builder) -> None:
@@ -71,8 +89,10 @@ def table5_part(setting: Setting, args, device) -> dict:
         entries[name] = {
             "parameters": cand.method.parameter_counts()["total"],
             "trainable_parameters": cand.method.parameter_counts()["trainable"],
-            "train_memory_bytes": train_bytes, "infer_memory_bytes": infer_bytes,
-            "infer_gflops": flops / 1e9, "infer_ms": 1e3 * statistics.median(times[name]),
+            "train_memory_bytes": train_bytes,
+            "infer_memory_bytes": infer_bytes,
+            "infer_gflops": flops / 1e9,
+            "infer_ms": 1e3 * statistics.median(times[name]),
             "infer_ratio_to_single": paired_ratio(times, name, "single"),
             "infer_ratios_to_single": paired_ratios(times, name, "single"),
             "members": cand.method.num_members(),
@@ -82,13 +102,19 @@ def table5_part(setting: Setting, args, device) -> dict:
             gc.collect()
     if "deep_ensemble" in entries:
         entries["deep_ensemble"]["train_memory_bytes"] = M * entries["single"]["train_memory_bytes"]
-        notes["deep_ensemble"] = (f"train_memory_bytes = {M} x single's measured peak: {M} copies trained jointly "
-                                  "in memory hold M x (weights, gradients, Adam moments, activations)")
-    notes["parameters"] = ("every stored parameter, frozen ones included (SVE's U and V: 1.5x the weights they "
-                           "replace in float32); trainable_parameters beside it")
-    notes["sve"] = ("the default configuration: merged weights of all members cached for evaluation (M x the wrapped "
-                    "weights: the inference memory), members batched at batch 1; sve_factored: the paper's factored "
-                    "product (no cache); sve_lean: factored with bfloat16 U and V (not Table 5 rows)")
+        notes["deep_ensemble"] = (
+            f"train_memory_bytes = {M} x single's measured peak: {M} copies trained jointly "
+            "in memory hold M x (weights, gradients, Adam moments, activations)"
+        )
+    notes["parameters"] = (
+        "every stored parameter, frozen ones included (SVE's U and V: 1.5x the weights they "
+        "replace in float32); trainable_parameters beside it"
+    )
+    notes["sve"] = (
+        "the default configuration: merged weights of all members cached for evaluation (M x the wrapped "
+        "weights: the inference memory), members batched at batch 1; sve_factored: the paper's factored "
+        "product (no cache); sve_lean: factored with bfloat16 U and V (not Table 5 rows)"
+    )
     for name, why in NOT_BY_DEFAULT.items():
         if name not in args.table5_methods:
             notes[name] = f"not measured by default: {why}"
@@ -96,9 +122,15 @@ def table5_part(setting: Setting, args, device) -> dict:
     if "sve" in entries and "lora_ensemble" in entries:
         target = latency_target(builder, batch, args, device)
     return {
-        "setting": {"backbone": "bert_base (random weights)" if not args.tiny else "tiny_bert",
-                    "ensemble_size": M, "batch_size": 1, "sequence_length": setting.tokens,
-                    "device": str(device), "repeats": args.repeats, "layers": setting.full_depth},
+        "setting": {
+            "backbone": "bert_base (random weights)" if not args.tiny else "tiny_bert",
+            "ensemble_size": M,
+            "batch_size": 1,
+            "sequence_length": setting.tokens,
+            "device": str(device),
+            "repeats": args.repeats,
+            "layers": setting.full_depth,
+        },
         "methods": entries,
         "notes": notes,
         **({"target": target} if target else {}),
@@ -119,12 +151,23 @@ def latency_target(builder: Builder, batch: dict, args, device) -> dict:
         log(f"[table5] target: SVE against LoRA-Ensemble at batch 1, {n} threads, {rounds} rounds")
         times = interleaved_times(steps, rounds, device, warmup=1)
         ratios = paired_ratios(times, "sve", "lora_ensemble")
-        measured.append({"threads": n, "sve_ms": 1e3 * statistics.median(times["sve"]),
-                         "lora_ensemble_ms": 1e3 * statistics.median(times["lora_ensemble"]),
-                         "value": statistics.median(ratios), "rounds": ratios, "verdict": verdict(ratios, 1.0)})
+        measured.append(
+            {
+                "threads": n,
+                "sve_ms": 1e3 * statistics.median(times["sve"]),
+                "lora_ensemble_ms": 1e3 * statistics.median(times["lora_ensemble"]),
+                "value": statistics.median(ratios),
+                "rounds": ratios,
+                "verdict": verdict(ratios, 1.0),
+            }
+        )
     torch.set_num_threads(threads[0])
-    return {"what": "batch-1 latency, SVE (default) / LoRA-Ensemble, timed against each other", "limit": 1.0,
-            **{k: measured[0][k] for k in ("value", "rounds", "verdict")}, "by_threads": measured}
+    return {
+        "what": "batch-1 latency, SVE (default) / LoRA-Ensemble, timed against each other",
+        "limit": 1.0,
+        **{k: measured[0][k] for k in ("value", "rounds", "verdict")},
+        "by_threads": measured,
+    }
 
 
 def available_cores() -> int:

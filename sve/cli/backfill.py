@@ -9,8 +9,10 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from sve.runs.prediction_files import backfill
 
-    parser = argparse.ArgumentParser(description="Write the missing predictive/<set>.npz of every run under a "
-                                                 "results root from its saved predictions/<set>.npz.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description="Write the missing predictive/<set>.npz of every run under a "
+        "results root from its saved predictions/<set>.npz."
+    )
     parser.add_argument("root", type=Path)
     args = parser.parse_args(argv)
     written = [p for results in sorted(args.root.rglob("results.json")) for p in backfill(results.parent)]

@@ -17,24 +17,49 @@ def arguments() -> argparse.ArgumentParser:
     from sve.training.allocator import POLICIES
 
     parser = argparse.ArgumentParser(prog="sve-bench", description=module_doc("sve.bench.benchmark").split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
-                        help="what to measure, each written to <out>/<part>.json (default: all)")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=list(PARTS),
+        choices=PARTS,
+        help="what to measure, each written to <out>/<part>.json (default: all)",
+    )
     parser.add_argument("--layers", type=int, default=1, help="transformer blocks in the vit_s/bert_base parts")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after warm-up)")
-    parser.add_argument("--full-depth-eval", nargs="*", default=["vit_s"], choices=["vit_s", "bert_base"],
-                        help="settings whose evaluation at batch 16 is also timed at the full depth (SVE, M dense)")
+    parser.add_argument(
+        "--full-depth-eval",
+        nargs="*",
+        default=["vit_s"],
+        choices=["vit_s", "bert_base"],
+        help="settings whose evaluation at batch 16 is also timed at the full depth (SVE, M dense)",
+    )
     parser.add_argument("--train-batch", type=int, default=4, help="training batch per member")
-    parser.add_argument("--table5-methods", nargs="+", default=None,
-                        help="the methods of the table5 part (default: every row of Table 5)")
+    parser.add_argument(
+        "--table5-methods",
+        nargs="+",
+        default=None,
+        help="the methods of the table5 part (default: every row of Table 5)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads; default 1 on the CPU (a shared machine stalls multi-threaded small "
-                             "operators at thread barriers, so times would measure the other processes)")
-    parser.add_argument("--cpu-allocator", default="tuned", choices=POLICIES,
-                        help="the C allocator's policy for this process (sve/training/allocator.py): tuned keeps freed "
-                             "memory for reuse, system leaves glibc's defaults (which fault pages in every step)")
-    parser.add_argument("--svd-cache", default=None,
-                        help="SVD cache directory ('' for none; default: the cache of sve.layers.svd_cache)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads; default 1 on the CPU (a shared machine stalls multi-threaded small "
+        "operators at thread barriers, so times would measure the other processes)",
+    )
+    parser.add_argument(
+        "--cpu-allocator",
+        default="tuned",
+        choices=POLICIES,
+        help="the C allocator's policy for this process (sve/training/allocator.py): tuned keeps freed "
+        "memory for reuse, system leaves glibc's defaults (which fault pages in every step)",
+    )
+    parser.add_argument(
+        "--svd-cache",
+        default=None,
+        help="SVD cache directory ('' for none; default: the cache of sve.layers.svd_cache)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results") / "bench", help="default: results/bench")
     parser.add_argument("--tiny", action="store_true", help="tiny backbones and 1 repeat (tests)")
     return parser
@@ -59,8 +84,9 @@ def bench(argv: list[str] | None = None) -> None:
     except RuntimeError:
         parser.error(f"--device {args.device!r} is not a device torch knows; e.g. cpu, cuda, cuda:1")
     if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: torch finds no CUDA GPU here (torch {torch.__version__}); "
-                     "use --device cpu")
+        parser.error(
+            f"--device {args.device}: torch finds no CUDA GPU here (torch {torch.__version__}); use --device cpu"
+        )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         parser.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) are visible")
     run_parts(args, device, PARTS)
@@ -72,8 +98,9 @@ def gpu_check(argv: list[str] | None = None) -> int:
     from sve.bench.gpu_check import check
     from sve.cli.configs import module_doc
 
-    parser = argparse.ArgumentParser(prog="sve-bench --gpu-check",
-                                     description=module_doc("sve.bench.gpu_check").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="sve-bench --gpu-check", description=module_doc("sve.bench.gpu_check").split("\n\n")[0]
+    )
     parser.add_argument("--parts", nargs="+", default=list(CHECKS), choices=CHECKS)
     parser.add_argument("--out", type=Path, default=Path("results") / "bench")
     args = parser.parse_args(argv)

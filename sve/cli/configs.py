@@ -18,9 +18,11 @@ from sve.paths import CONFIGS
 
 # Folders of sve/configs that are not config groups of a run: the table and claim definitions (sve-sweep,
 # sve-tables, the bootstrap) and the paper's numbers. Hydra lists them as groups; a run composes none of them.
-NOT_RUN_GROUPS = {"tables": "table and figure definitions (sve-sweep, sve-tables)",
-                  "claims": "the paper's claims (checked against the miniature)",
-                  "paper": "the paper's numbers (csv)"}  # fmt: skip
+NOT_RUN_GROUPS = {
+    "tables": "table and figure definitions (sve-sweep, sve-tables)",
+    "claims": "the paper's claims (checked against the miniature)",
+    "paper": "the paper's numbers (csv)",
+}
 
 
 def module_doc(name: str) -> str:
@@ -88,8 +90,11 @@ def main_keys(path: Path = CONFIGS / "train.yaml") -> list[tuple[str, str, str]]
 
 def yaml_value(value) -> str:
     """A value as it is written on the command line (``null``, ``true``)."""
-    return {None: "null", True: "true", False: "false"}.get(value, value) if not isinstance(value, float | int) or \
-        isinstance(value, bool) else str(value)  # fmt: skip
+    return (
+        {None: "null", True: "true", False: "false"}.get(value, value)
+        if not isinstance(value, float | int) or isinstance(value, bool)
+        else str(value)
+    )
 
 
 def first_sentence(text: str) -> str:
@@ -97,8 +102,12 @@ def first_sentence(text: str) -> str:
     depth = 0
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
-        if char == "." and depth == 0 and (i + 1 == len(text) or text[i + 1] == " ") and \
-                not text[max(0, i - 3): i + 1].endswith(("e.g.", "i.e.")):  # fmt: skip
+        if (
+            char == "."
+            and depth == 0
+            and (i + 1 == len(text) or text[i + 1] == " ")
+            and not text[max(0, i - 3) : i + 1].endswith(("e.g.", "i.e."))
+        ):
             return text[: i + 1]
     return text
 
@@ -114,8 +123,10 @@ def shortened(text: str, width: int) -> str:
 
 
 def option_error(group: str, value: str, options: list[str]) -> InputError:
-    return InputError(f"{group}={value}: no such option{did_you_mean(value, options)}; the options of {group} "
-                      f"are: {', '.join(options)}")  # fmt: skip
+    return InputError(
+        f"{group}={value}: no such option{did_you_mean(value, options)}; the options of {group} "
+        f"are: {', '.join(options)}"
+    )
 
 
 def check_group_values(overrides: list[str], dirs: list[Path]) -> None:
@@ -128,8 +139,9 @@ def check_group_values(overrides: list[str], dirs: list[Path]) -> None:
         group = override.key_or_group
         if group not in known or override.is_delete():
             continue
-        values = [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else \
-            [override.value()]  # fmt: skip
+        values = (
+            [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else [override.value()]
+        )
         for value in values:
             if value is not None and str(value) not in known[group] and str(value) != "null":
                 raise option_error(group, value, known[group])
@@ -149,16 +161,20 @@ def compose_error(err: BaseException, dirs: list[Path] = (CONFIGS,), keys=None) 
     unknown_group = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if unknown_group:
         name = unknown_group.group(1)
-        return InputError(f"{name}: no such config group{did_you_mean(name, known)}; the groups are: "
-                          f"{', '.join(g for g in known if not g.startswith('hydra/'))}")  # fmt: skip
+        return InputError(
+            f"{name}: no such config group{did_you_mean(name, known)}; the groups are: "
+            f"{', '.join(g for g in known if not g.startswith('hydra/'))}"
+        )
     cause = err.__cause__
     full_key = getattr(cause, "full_key", None)
     if full_key and "is not in struct" in str(cause):
         parent = getattr(cause, "parent_node", None)
         valid = [str(k) for k in (parent.keys() if parent is not None else keys or []) if k != "hydra"]
         where = full_key.rpartition(".")[0] or "the top level"
-        return InputError(f"{full_key}: no such key{did_you_mean(full_key.rpartition('.')[2], valid)}; {where} "
-                          f"has: {', '.join(valid)}")  # fmt: skip
+        return InputError(
+            f"{full_key}: no such key{did_you_mean(full_key.rpartition('.')[2], valid)}; {where} "
+            f"has: {', '.join(valid)}"
+        )
     return None
 
 

@@ -15,8 +15,9 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
 
     options, overrides = command_options(argv, OPTIONS)
     if not options["run_dir"]:
-        raise InputError("a trained ensemble run's directory is required, first or as run_dir=<run dir> "
-                         "(sve-distill --help)")
+        raise InputError(
+            "a trained ensemble run's directory is required, first or as run_dir=<run dir> (sve-distill --help)"
+        )
     check_objective(options["objective"])
     for key, kind in (("epochs", int), ("samples", int), ("lr", float), ("smoothing", float), ("unlabeled", int)):
         if options[key] is not None:
@@ -27,8 +28,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
                 raise InputError(f"{key}={options[key]!r} is not valid; expected {expected}") from None
             may_be_zero = key in ("smoothing", "unlabeled")
             if options[key] < 0 or (options[key] == 0 and not may_be_zero):
-                raise InputError(f"{key}={options[key]!r} is not valid; expected "
-                                 + ("a number >= 0" if may_be_zero else "a positive number"))
+                raise InputError(
+                    f"{key}={options[key]!r} is not valid; expected "
+                    + ("a number >= 0" if may_be_zero else "a positive number")
+                )
     return options, overrides
 
 

@@ -6,10 +6,12 @@ import sys
 from sve.errors import one_line_errors
 
 # The command's own options (sve.runs.evaluate.OPTIONS), one line each.
-OPTIONS = {"run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
-           "name": "the evaluation's name: evaluations/<name>.json (default: the evaluated dataset's name)",
-           "ckpt_path": "another checkpoint of the run (default: checkpoints/final.ckpt)",
-           "update_results": "true: replace the evaluation keys of the run's results.json (default false)"}  # fmt: skip
+OPTIONS = {
+    "run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
+    "name": "the evaluation's name: evaluations/<name>.json (default: the evaluated dataset's name)",
+    "ckpt_path": "another checkpoint of the run (default: checkpoints/final.ckpt)",
+    "update_results": "true: replace the evaluation keys of the run's results.json (default false)",
+}
 # What the trained model and its training are made of (an evaluation cannot swap these groups), and what an
 # evaluation does not read (no optimiser, no logger, no callbacks).
 FIXED_GROUPS = ("method", "backbone", "experiment", "recipe")
@@ -29,7 +31,7 @@ def usage() -> str:
 Options:
 {options}
 
-Config groups an evaluation may swap (group=option; the default is the trained run's own); {', '.join(FIXED_GROUPS)}
+Config groups an evaluation may swap (group=option; the default is the trained run's own); {", ".join(FIXED_GROUPS)}
 stay the trained run's:
 {groups_help(leave_out=FIXED_GROUPS + NOT_READ, with_defaults=False)}
 
@@ -54,8 +56,13 @@ def evaluate(argv: list[str]) -> int:
         return 2
     if options["update_results"] not in ("true", "false"):
         raise InputError(f"update_results={options['update_results']!r} is not valid; expected true or false")
-    evaluate_run(options["run_dir"], overrides, options["name"] or None, options["ckpt_path"] or None,
-                 options["update_results"] == "true")  # fmt: skip
+    evaluate_run(
+        options["run_dir"],
+        overrides,
+        options["name"] or None,
+        options["ckpt_path"] or None,
+        options["update_results"] == "true",
+    )
     return 0
 
 

@@ -16,13 +16,17 @@ import os
 import re
 import warnings
 
-WARNINGS = ((r"`torch\.jit\.script` is deprecated", FutureWarning),
-            (r"Found \d+ module\(s\) in eval mode at the start of training", Warning))  # fmt: skip
+WARNINGS = (
+    (r"`torch\.jit\.script` is deprecated", FutureWarning),
+    (r"Found \d+ module\(s\) in eval mode at the start of training", Warning),
+)
 # logger name -> what its records say, for records that are only noise
-LOG_RECORDS = {"root": re.compile(r"\w+ backend not available"),
-               "laplace": re.compile(r"\w+ backend not available"),
-               "pytorch_lightning.utilities.rank_zero": re.compile(r"^💡 Tip: "),
-               "lightning.pytorch.utilities.rank_zero": re.compile(r"^💡 Tip: ")}  # fmt: skip
+LOG_RECORDS = {
+    "root": re.compile(r"\w+ backend not available"),
+    "laplace": re.compile(r"\w+ backend not available"),
+    "pytorch_lightning.utilities.rank_zero": re.compile(r"^💡 Tip: "),
+    "lightning.pytorch.utilities.rank_zero": re.compile(r"^💡 Tip: "),
+}
 
 
 def verbose() -> bool:

@@ -18,9 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     description = " ".join(__doc__.replace("``", "").split()).split("): ", 1)[-1]
     parser = argparse.ArgumentParser(prog="sve-tables", description=description[0].upper() + description[1:])
     # Not argparse choices: a definition of one's own project is named by its file, which no list holds.
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"definitions in sve/configs/tables/ ({', '.join(table_names())}) or your own "
-                             "definition files (<path>.yaml)")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"definitions in sve/configs/tables/ ({', '.join(table_names())}) or your own "
+        "definition files (<path>.yaml)",
+    )
     parser.add_argument("--smoke", action="store_true", help="build from <store>/smoke/ into <store>/smoke/")
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's numbers")
     parser.add_argument("--results", type=Path, default=None, help="the store (default: ./results)")
@@ -31,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     # A store named on the command line that is not there is a typo, not an empty store: building it would
     # create the directory and fill it with tables of "–" cells, which look like a store with no runs.
     if args.results is not None and not args.results.is_dir():
-        parser.error(f"--results {args.results}: no such directory (a store holds runs/ and tables/; "
-                     "leave --results out for ./results)")
+        parser.error(
+            f"--results {args.results}: no such directory (a store holds runs/ and tables/; "
+            "leave --results out for ./results)"
+        )
     if args.names:
         written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
     else:

@@ -23,9 +23,11 @@ log = logging.getLogger(__name__)
 
 
 # Launchers that are extras: without their plugin Hydra says only "Could not load 'hydra/launcher/...'".
-LAUNCHER_PLUGINS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
-                    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
-                    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm")}  # fmt: skip
+LAUNCHER_PLUGINS = {
+    "slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+}
 
 
 def main() -> None:
@@ -81,9 +83,12 @@ def check_launcher(overrides: list[str]) -> None:
             except ModuleNotFoundError:  # not even the hydra_plugins namespace
                 found = False
             if not found:  # the whole answer: no traceback to point to
-                print(f"error: hydra/launcher={value} needs the submitit launcher plugin, which is not installed: "
-                      f"pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip install -e "
-                      f"'.[{extra}]')", file=sys.stderr)  # fmt: skip
+                print(
+                    f"error: hydra/launcher={value} needs the submitit launcher plugin, which is not installed: "
+                    f"pip install 'singular-value-ensembles[{extra}]' (in a checkout: pip install -e "
+                    f"'.[{extra}]')",
+                    file=sys.stderr,
+                )
                 raise SystemExit(2)
 
 
@@ -103,12 +108,20 @@ def precheck(args) -> None:
     from sve.cli.configs import check_group_values, compose_error, search_dirs
     from sve.paths import CONFIGS
 
-    if args.cfg or args.info or args.shell_completion or args.hydra_help or args.config_path or \
-            args.config_name not in (None, "train"):  # fmt: skip
+    if (
+        args.cfg
+        or args.info
+        or args.shell_completion
+        or args.hydra_help
+        or args.config_path
+        or args.config_name not in (None, "train")
+    ):
         return
     if args.config_dir is not None and not Path(args.config_dir).is_dir():
-        raise InputError(f"--config-dir {args.config_dir}: no such directory; expected your config folder (holding "
-                         "method/, dataset/, experiment/ ... with *.yaml options)")  # fmt: skip
+        raise InputError(
+            f"--config-dir {args.config_dir}: no such directory; expected your config folder (holding "
+            "method/, dataset/, experiment/ ... with *.yaml options)"
+        )
     overrides = list(args.overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -181,8 +194,12 @@ def hydra_main(cfg: DictConfig) -> None:
         import sys
 
         sweep_dir = HydraConfig.get().sweep.dir
-        print(f"error: {err}. The sweep stops here; to finish it, run the same command again with "
-              f"hydra.sweep.dir={sweep_dir} (finished runs are skipped)", file=sys.stderr, flush=True)
+        print(
+            f"error: {err}. The sweep stops here; to finish it, run the same command again with "
+            f"hydra.sweep.dir={sweep_dir} (finished runs are skipped)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(128 + err.signal_number) from None
     except Exception as err:  # one failing run does not stop the sweep; sve.runs.multirun lists it at the end
         if user_error(err) is not None and not debugging():  # what to change, in one line; a bug keeps its trace
@@ -209,8 +226,9 @@ def nothing_left_if_refused():
         if stop.code == 2 and top is not None and HydraConfig.initialized():
             directory = Path(HydraConfig.get().runtime.output_dir)
             log_file = f"{HydraConfig.get().job.name}.log"
-            written = [p for p in directory.iterdir() if p.name not in (*BOOKKEEPING, log_file)] \
-                if directory.is_dir() else []  # fmt: skip
+            written = (
+                [p for p in directory.iterdir() if p.name not in (*BOOKKEEPING, log_file)] if directory.is_dir() else []
+            )
             if directory.is_dir() and not written and (directory == top or top in directory.parents):
                 release_log_files(directory)
                 shutil.rmtree(directory, ignore_errors=True)

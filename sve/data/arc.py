@@ -60,8 +60,9 @@ def to_example(row: dict, where: str = "question") -> tuple[str, int, int, str, 
         raise InputError(f"{where}: expected {RECORD}, got a JSON {type(row).__name__}")
     missing = [k for k in ("question", "choices", "answerKey") if k not in row]
     choices = row.get("choices")
-    if not missing and not (isinstance(choices, dict) and isinstance(choices.get("text"), list)
-                            and isinstance(choices.get("label"), list)):  # fmt: skip
+    if not missing and not (
+        isinstance(choices, dict) and isinstance(choices.get("text"), list) and isinstance(choices.get("label"), list)
+    ):
         missing = ["choices.text", "choices.label"]
     if missing:
         raise InputError(f"{where}: the record lacks {missing}; expected {RECORD}")
@@ -70,8 +71,10 @@ def to_example(row: dict, where: str = "question") -> tuple[str, int, int, str, 
     if len(texts) != len(labels):
         raise InputError(f"{where}: question {qid} has {len(texts)} option texts but {len(labels)} labels")
     if not 2 <= len(texts) <= len(LETTERS):
-        raise InputError(f"{where}: question {qid} has {len(texts)} options; at least 2 and at most {len(LETTERS)} "
-                         f"are supported (the dataset has {len(LETTERS)} classes, options {LETTERS[0]}-{LETTERS[-1]})")
+        raise InputError(
+            f"{where}: question {qid} has {len(texts)} options; at least 2 and at most {len(LETTERS)} "
+            f"are supported (the dataset has {len(LETTERS)} classes, options {LETTERS[0]}-{LETTERS[-1]})"
+        )
     if not isinstance(row["question"], str) or not all(isinstance(t, str) for t in texts):
         raise InputError(f"{where}: question {qid}: the question and the option texts must be strings")
     if len(set(labels)) != len(labels):
@@ -93,14 +96,16 @@ def read_jsonl(path: Path) -> list[tuple]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno}); expected "
-                             f"{RECORD} on each line") from None  # fmt: skip
+            raise InputError(
+                f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno}); expected {RECORD} on each line"
+            ) from None
         examples.append(to_example(row, f"{path}, line {n}"))
         qid = row.get("id")
         if qid is not None:
             if qid in lines:
-                raise InputError(f"{path}, line {n}: question id {qid!r} repeats line {lines[qid]}; each question "
-                                 "once per file")  # fmt: skip
+                raise InputError(
+                    f"{path}, line {n}: question id {qid!r} repeats line {lines[qid]}; each question once per file"
+                )
             lines[qid] = n
     if not examples:
         raise InputError(f"{path}: no questions (the file is empty); expected {RECORD} on each line")
@@ -141,9 +146,11 @@ class ARCEasyData(TextClassificationData):
         super().attach(backbone)
         if self.scoring == "cloze":
             if not hasattr(backbone, "score_options"):
-                raise InputError(f"dataset.scoring=cloze needs a causal-LM backbone that scores option texts "
-                                 f"(sve.backbones.ChoiceCausalLMBackbone: smollm2_135m, llama2_7b), not "
-                                 f"{type(backbone).__name__}")  # fmt: skip
+                raise InputError(
+                    f"dataset.scoring=cloze needs a causal-LM backbone that scores option texts "
+                    f"(sve.backbones.ChoiceCausalLMBackbone: smollm2_135m, llama2_7b), not "
+                    f"{type(backbone).__name__}"
+                )
             backbone.score_options(len(LETTERS))  # features: one score per option; the head starts as identity
         # The causal-LM backbone turns these into its initial head (lm_head rows of the letter tokens).
         elif hasattr(backbone, "answer_tokens"):
@@ -159,11 +166,17 @@ class ARCEasyData(TextClassificationData):
             require_files(root, list(names.values()), f"{self.key}.root", self.root, layout, self.what)
             self.notes = {s: str(root / name) for s, name in names.items()}
             return {s: read_jsonl(root / name) for s, name in names.items()}
-        ds = load_hub_dataset(self.hub_name, self.hub_config, self.what,
-                              f"set {self.key}.root to a directory holding {layout}")  # fmt: skip
+        ds = load_hub_dataset(
+            self.hub_name, self.hub_config, self.what, f"set {self.key}.root to a directory holding {layout}"
+        )
         self.notes = {s: f"{self.hub_name}/{self.hub_config} {name}" for s, name in SPLITS.items()}
-        return {s: [to_example(row, f"{self.hub_name}/{self.hub_config} {name} split, row {i}")
-                    for i, row in enumerate(ds[name])] for s, name in SPLITS.items()}  # fmt: skip
+        return {
+            s: [
+                to_example(row, f"{self.hub_name}/{self.hub_config} {name} split, row {i}")
+                for i, row in enumerate(ds[name])
+            ]
+            for s, name in SPLITS.items()
+        }
 
     def collate(self, examples: list[tuple]) -> dict:
         if self.scoring == "cloze":
@@ -186,11 +199,13 @@ class ARCEasyData(TextClassificationData):
         tokenizer, pad = self.backbone.tokenizer, self.backbone.tokenizer.pad_token_id
         stems, options = [], []
         for _, _, count, stem, texts in examples:
-            slots = [tokenizer(" " + texts[c], add_special_tokens=False)["input_ids"] if c < count else []
-                     for c in range(self.num_classes)]  # fmt: skip
+            slots = [
+                tokenizer(" " + texts[c], add_special_tokens=False)["input_ids"] if c < count else []
+                for c in range(self.num_classes)
+            ]
             longest = min(max(map(len, slots)), self.max_length - 1)
             options.append([o[:longest] for o in slots])
-            stems.append(tokenizer(stem)["input_ids"][-(self.max_length - longest):])  # cut the question's start
+            stems.append(tokenizer(stem)["input_ids"][-(self.max_length - longest) :])  # cut the question's start
         S, L = max(map(len, stems)), max(len(o) for slots in options for o in slots)
         padded = lambda rows, width: torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # noqa: E731
         present = lambda rows, width: torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # noqa: E731

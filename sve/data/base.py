@@ -76,8 +76,11 @@ class ClassificationData(pl.LightningDataModule):
         ood: ClassificationData | None = None,
     ):
         super().__init__()
-        for key, value in {"batch_size": batch_size, "eval_batch_size": eval_batch_size or 1,
-                           "num_workers": num_workers + 1}.items():  # fmt: skip
+        for key, value in {
+            "batch_size": batch_size,
+            "eval_batch_size": eval_batch_size or 1,
+            "num_workers": num_workers + 1,
+        }.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
         for split, size in {"train": train_size, "val": val_size, "test": test_size}.items():
@@ -158,10 +161,12 @@ class ClassificationData(pl.LightningDataModule):
 
     def _verify(self) -> None:
         if not self._verified:
-            self.verify_selected({
-                s: (self.parsed[s], subset_indices(len(self.parsed[s]), self.sizes[s], self.subset_seed))
-                for s in self.used_splits
-            })  # fmt: skip
+            self.verify_selected(
+                {
+                    s: (self.parsed[s], subset_indices(len(self.parsed[s]), self.sizes[s], self.subset_seed))
+                    for s in self.used_splits
+                }
+            )
             self._verified = True
         if self.ood is not None:
             self.ood._verify()
@@ -213,8 +218,7 @@ class ClassificationData(pl.LightningDataModule):
     def eval_loader(self, dataset: Dataset, persistent: bool = True) -> DataLoader:
         """This process's share of ``dataset``, each example once over all processes (``valid`` marks the
         padding); ``persistent=False`` for a loader used once, so its workers end with it."""
-        sampler = EvalBatchSampler(len(dataset), self.eval_batch_size, self.world_size,
-                                   self.rank)  # fmt: skip
+        sampler = EvalBatchSampler(len(dataset), self.eval_batch_size, self.world_size, self.rank)
         return self._loader(dataset, sampler, persistent)
 
     @contextmanager
@@ -232,12 +236,17 @@ class ClassificationData(pl.LightningDataModule):
             self.setup()
             # Epoch 0's order on one device, augmentations seeded per example as in training.
             order = TrainBatchSampler(len(self.splits["train"]), self.batch_size, self.order_seed).order(0)
-            return DataLoader(Keyed(self.splits["train"], self.order_seed), batch_size=self.batch_size,
-                              sampler=[(i, 0, 1.0) for i in order], num_workers=self.num_workers,
-                              collate_fn=KeyedCollate(self.collate, plain=True))  # fmt: skip
+            return DataLoader(
+                Keyed(self.splits["train"], self.order_seed),
+                batch_size=self.batch_size,
+                sampler=[(i, 0, 1.0) for i in order],
+                num_workers=self.num_workers,
+                collate_fn=KeyedCollate(self.collate, plain=True),
+            )
         self.setup()
-        sampler = TrainBatchSampler(len(self.splits["train"]), self.batch_size, self.order_seed, self.world_size,
-                                    self.rank, self.accumulate)  # fmt: skip
+        sampler = TrainBatchSampler(
+            len(self.splits["train"]), self.batch_size, self.order_seed, self.world_size, self.rank, self.accumulate
+        )
         if self.resume_position is not None:
             sampler.resume_at(*self.resume_position)
             self.resume_position = None
@@ -278,8 +287,9 @@ def check_labels(dataset: Dataset, num_classes: int, what: str) -> None:
     for i, example in enumerate(dataset):
         label = example[1]
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
-            raise InputError(f"{what}, example {i}: label {label!r} is not valid; expected an integer in "
-                             f"0..{num_classes - 1}")
+            raise InputError(
+                f"{what}, example {i}: label {label!r} is not valid; expected an integer in 0..{num_classes - 1}"
+            )
 
 
 class TextClassificationData(ClassificationData):
@@ -305,9 +315,11 @@ class TextClassificationData(ClassificationData):
         if self.max_length is None:  # "as long as the text": as long as the model can read
             self.max_length = limit
         elif self.max_length > limit:
-            raise InputError(f"{self.key}.max_length={self.max_length} is more than the {limit} positions of the "
-                             f"backbone's learned position embeddings; set {self.key}.max_length to at most "
-                             f"{limit}")  # fmt: skip
+            raise InputError(
+                f"{self.key}.max_length={self.max_length} is more than the {limit} positions of the "
+                f"backbone's learned position embeddings; set {self.key}.max_length to at most "
+                f"{limit}"
+            )
 
     def collate(self, examples: list[tuple[str, int]]) -> dict:
         texts, labels = zip(*examples)
@@ -342,16 +354,24 @@ class ImageClassificationData(ClassificationData):
 
     modality = "image"
 
-    def __init__(self, corruptions: str | list[str] | None = None, severities: int | list[int] | str = "all",
-                 corruption_seed: int = 0, shift_size: int | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        corruptions: str | list[str] | None = None,
+        severities: int | list[int] | str = "all",
+        corruption_seed: int = 0,
+        shift_size: int | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.corruptions = [] if corruptions is None else choose(corruptions, CORRUPTIONS, "corruptions")
         self.severities = choose(severities, SEVERITIES, "severities")
         self.corruption_seed = corruption_seed
-        if shift_size is not None and (isinstance(shift_size, bool) or not isinstance(shift_size, int)
-                                       or shift_size < 1):
-            raise InputError(f"dataset.shift_size={shift_size!r} is not valid; give a positive integer or null (all "
-                             "test examples)")
+        if shift_size is not None and (
+            isinstance(shift_size, bool) or not isinstance(shift_size, int) or shift_size < 1
+        ):
+            raise InputError(
+                f"dataset.shift_size={shift_size!r} is not valid; give a positive integer or null (all test examples)"
+            )
         self.shift_size = shift_size
 
     def shifted_length(self, parsed: dict[str, Dataset]) -> int:
@@ -368,8 +388,12 @@ class ImageClassificationData(ClassificationData):
         if n != len(parsed["test"]):
             check_subset_size(f"{self.key}.test_size", test_size, n, f"each corrupted test set of {self.what}")
         of = f"{self.key}.test_size={test_size}" if test_size is not None else "its whole test split"
-        check_subset_size(f"{self.key}.shift_size", self.shift_size, n if test_size is None else test_size,
-                          f"the test subset each corrupted set of {self.what} is made from ({of})")  # fmt: skip
+        check_subset_size(
+            f"{self.key}.shift_size",
+            self.shift_size,
+            n if test_size is None else test_size,
+            f"the test subset each corrupted set of {self.what} is made from ({of})",
+        )
 
     def shifted_test(self, corruption: str, severity: int) -> Dataset:
         """The whole test split (before ``test_size``) under one corruption at one severity."""

@@ -45,8 +45,10 @@ def check_subset_size(key: str, size, available: int, what: str) -> None:
     ``what``."""
     check_count(key, size, null=True)
     if size is not None and size > available:
-        raise InputError(f"{key}={size} is more than the {available} examples of {what}; give at most "
-                         f"{available}, or null for all of them")  # fmt: skip
+        raise InputError(
+            f"{key}={size} is more than the {available} examples of {what}; give at most "
+            f"{available}, or null for all of them"
+        )
 
 
 def seeded_order(n: int, seed: int) -> list[int]:
@@ -72,15 +74,19 @@ def read_utf8(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise InputError(f"{path}, line {line}: byte 0x{data[err.start]:02x} is not valid UTF-8 ({err.reason}); "
-                         "save the file as UTF-8") from None  # fmt: skip
+        raise InputError(
+            f"{path}, line {line}: byte 0x{data[err.start]:02x} is not valid UTF-8 ({err.reason}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def require_files(root: Path, names: Sequence[str], key: str, configured, layout: str, what: str) -> None:
     """``root`` holds every file in ``names``, or one error naming the key, the directory and what is missing."""
     if not root.is_dir():
-        raise InputError(f"{what}: {key}={configured} is not a directory ({root} does not exist"
-                         f"{'' if not root.exists() else ' as a directory'}); expected {layout}")  # fmt: skip
+        raise InputError(
+            f"{what}: {key}={configured} is not a directory ({root} does not exist"
+            f"{'' if not root.exists() else ' as a directory'}); expected {layout}"
+        )
     missing = [n for n in names if not (root / n).is_file()]
     if missing:
         raise InputError(f"{what}: {key}={configured} lacks {missing}; expected {layout}")
@@ -120,8 +126,10 @@ def decode_images(files: Sequence[Path], what: str) -> None:
     if bad:
         shown = "; ".join(f"{p} ({one_line(e, 120)})" for p, e in bad[:3])
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise InputError(f"{what}: {len(bad)} of the {len(files)} images the run reads cannot be read: {shown}{more}; "
-                         "replace or remove them")  # fmt: skip
+        raise InputError(
+            f"{what}: {len(bad)} of the {len(files)} images the run reads cannot be read: {shown}{more}; "
+            "replace or remove them"
+        )
     log.info("%s: %d images decoded in %.1f s", what, len(files), time.perf_counter() - start)
 
 

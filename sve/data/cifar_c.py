@@ -34,8 +34,9 @@ def _load(path: Path, mmap: bool) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r" if mmap else None)
     except Exception as err:  # not a .npy file, truncated, ...
-        raise InputError(f"dataset cifar100_c: {path} is not a readable .npy file ({one_line(err)}); expected "
-                         f"{RELEASE_LAYOUT}") from None  # fmt: skip
+        raise InputError(
+            f"dataset cifar100_c: {path} is not a readable .npy file ({one_line(err)}); expected {RELEASE_LAYOUT}"
+        ) from None
 
 
 def read_release(root: Path, corruption: str, severity: int, per_severity: int | None = None) -> ArrayImages:
@@ -49,8 +50,9 @@ def read_release(root: Path, corruption: str, severity: int, per_severity: int |
     images = _load(images_path, mmap=True)
     labels = _load(labels_path, mmap=False)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-        raise InputError(f"{images_path}: {images.dtype} of shape {images.shape}; expected uint8 of shape "
-                         "(5 * N, height, width, 3)")  # fmt: skip
+        raise InputError(
+            f"{images_path}: {images.dtype} of shape {images.shape}; expected uint8 of shape (5 * N, height, width, 3)"
+        )
     if labels.ndim != 1:
         raise InputError(f"{labels_path}: shape {labels.shape}; expected one label per image, (5 * N,)")
     n = per_severity or len(labels) // len(SEVERITIES)  # 10,000 in the release; fewer in test fixtures
@@ -86,15 +88,19 @@ class CIFAR100CData(CIFAR100Data):
             missing = [f"{c}.npy" for c in self.corruptions if not (root / f"{c}.npy").is_file()]
             missing += [] if (root / "labels.npy").is_file() else ["labels.npy"]
             if missing:
-                raise InputError(f"{self.what}: {self.key}.corrupted_root={self.corrupted_root} lacks {missing}; "
-                                 f"expected {RELEASE_LAYOUT}")  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {self.key}.corrupted_root={self.corrupted_root} lacks {missing}; "
+                    f"expected {RELEASE_LAYOUT}"
+                )
             for corruption in self.corruptions:
                 for severity in self.severities:
                     self.release_length = len(read_release(root, corruption, severity))
             labels = _load(root / "labels.npy", mmap=False)
             if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= self.num_classes:
-                raise InputError(f"{root / 'labels.npy'}: labels {labels.dtype} from {labels.min()} to {labels.max()}; "
-                                 f"expected integers in 0..{self.num_classes - 1}")  # fmt: skip
+                raise InputError(
+                    f"{root / 'labels.npy'}: labels {labels.dtype} from {labels.min()} to {labels.max()}; "
+                    f"expected integers in 0..{self.num_classes - 1}"
+                )
         super().check_parsed(parsed)
 
     def shifted_length(self, parsed) -> int:

@@ -30,11 +30,26 @@ Array = np.ndarray
 Rng = np.random.Generator
 
 CORRUPTIONS = (
-    "gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise",
-    "defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "gaussian_blur",
-    "snow", "frost", "fog", "brightness", "contrast", "saturate",
-    "elastic_transform", "pixelate", "jpeg_compression", "spatter",
-)  # fmt: skip
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "speckle_noise",
+    "defocus_blur",
+    "glass_blur",
+    "motion_blur",
+    "zoom_blur",
+    "gaussian_blur",
+    "snow",
+    "frost",
+    "fog",
+    "brightness",
+    "contrast",
+    "saturate",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",
+    "spatter",
+)
 SEVERITIES = (1, 2, 3, 4, 5)
 
 

@@ -95,13 +95,24 @@ class ImageFolderData(VisionData):
 
     name = "image_folder"
     downloadable = False
-    LAYOUT = ("train/<class>/<image> and test/<class>/<image>, and optionally val/<class>/<image> (torchvision's "
-              "ImageFolder layout; without val/, dataset.val_holdout training images are held out), or a datasets "
-              "save_to_disk directory; or set dataset.hub_name= a hub image dataset")  # fmt: skip
+    LAYOUT = (
+        "train/<class>/<image> and test/<class>/<image>, and optionally val/<class>/<image> (torchvision's "
+        "ImageFolder layout; without val/, dataset.val_holdout training images are held out), or a datasets "
+        "save_to_disk directory; or set dataset.hub_name= a hub image dataset"
+    )
 
-    def __init__(self, root: str | None = None, val_holdout: int | None = None, num_classes: int | None = None,
-                 hub_name: str | None = None, hub_config: str | None = None, test_split: str = "test",
-                 image_column: str = "image", label_column: str = "label", **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        root: str | None = None,
+        val_holdout: int | None = None,
+        num_classes: int | None = None,
+        hub_name: str | None = None,
+        hub_config: str | None = None,
+        test_split: str = "test",
+        image_column: str = "image",
+        label_column: str = "label",
+        **kwargs,
+    ):
         super().__init__(root=root, download=False, val_holdout=val_holdout, **kwargs)
         self.classes: list[str] | None = None
         self.declared_classes = declared(num_classes)
@@ -129,9 +140,14 @@ class ImageFolderData(VisionData):
             raise InputError(f"{self.what}: cannot read the image tree {folder} ({one_line(err)})") from None
         skipped = split.skipped
         if skipped:  # a warning: notes and thumbnails beside the images are common; an unread format is not
-            log.warning("%s: %d file(s) in %s are not read as images (%s); the readable extensions are %s",
-                        self.what, sum(skipped.values()), folder,
-                        ", ".join(f"{n} {ext}" for ext, n in sorted(skipped.items())), " ".join(IMAGE_EXTENSIONS))
+            log.warning(
+                "%s: %d file(s) in %s are not read as images (%s); the readable extensions are %s",
+                self.what,
+                sum(skipped.values()),
+                folder,
+                ", ".join(f"{n} {ext}" for ext, n in sorted(skipped.items())),
+                " ".join(IMAGE_EXTENSIONS),
+            )
         return split
 
     def read_raw(self, root):
@@ -139,8 +155,10 @@ class ImageFolderData(VisionData):
             return self.read_datasets(root)
         classes = class_folders(root / "train")
         if len(classes) < 2:
-            raise InputError(f"{self.what}: {root / 'train'} has {len(classes)} class folder(s) {classes}; "
-                             "a classification needs at least 2 (train/<class>/<image>)")  # fmt: skip
+            raise InputError(
+                f"{self.what}: {root / 'train'} has {len(classes)} class folder(s) {classes}; "
+                "a classification needs at least 2 (train/<class>/<image>)"
+            )
         check_declared(self.declared_classes, len(classes), f"{root / 'train'} has {len(classes)} class folders")
         self.classes = classes
         val = next((root / d for d in VAL_DIRS if (root / d).is_dir()), None)
@@ -150,8 +168,10 @@ class ImageFolderData(VisionData):
                 continue
             extra = [c for c in class_folders(folder) if c not in classes]
             if extra:
-                raise InputError(f"{self.what}: {folder} has class folders that {root / 'train'} lacks: {extra}; "
-                                 f"every class must have training images (the classes are {classes})")  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {folder} has class folders that {root / 'train'} lacks: {extra}; "
+                    f"every class must have training images (the classes are {classes})"
+                )
             splits[split] = self.read_split(folder, classes, allow_empty=True)
         if splits["val"] is None and self.val_holdout is None:
             self.val_holdout = default_holdout(len(splits["train"]))
@@ -168,17 +188,24 @@ class ImageFolderData(VisionData):
         val = next((name for name in TEXT_SPLITS["val"] if name in ds and name != self.test_split), None)
         for name in ("train", self.test_split):
             if name not in ds:
-                raise InputError(f"{self.what}: {source} has no split {name!r}; its splits are {list(ds)} "
-                                 "(dataset.test_split names the tested one)")  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {source} has no split {name!r}; its splits are {list(ds)} "
+                    "(dataset.test_split names the tested one)"
+                )
         for name in ("train", self.test_split, val):
             absent = [c for c in (self.image_column, self.label_column) if name and c not in ds[name].column_names]
             if absent:
-                raise InputError(f"{self.what}: {source} {name} has no column {absent}; its columns are "
-                                 f"{ds[name].column_names} (set dataset.image_column and dataset.label_column)")
+                raise InputError(
+                    f"{self.what}: {source} {name} has no column {absent}; its columns are "
+                    f"{ds[name].column_names} (set dataset.image_column and dataset.label_column)"
+                )
         names = getattr(ds["train"].features.get(self.label_column), "names", None)
         train_labels = [label_value(v) for v in ds["train"][self.label_column]]
-        values = (list(range(len(names))) if names else
-                  distinct_labels(train_labels, self.what, f"{source} train", self.label_column))  # fmt: skip
+        values = (
+            list(range(len(names)))
+            if names
+            else distinct_labels(train_labels, self.what, f"{source} train", self.label_column)
+        )
         check_declared(self.declared_classes, len(values), f"{source} train has {len(values)} labels")
         self.classes = [str(n) for n in names] if names else [str(v) for v in values]
         index = {v: i for i, v in enumerate(values)}
@@ -190,8 +217,9 @@ class ImageFolderData(VisionData):
             unknown = next(((i, v) for i, v in enumerate(labels) if v not in index), None)
             if unknown is not None:
                 raise unknown_label(f"{self.what}: {source} {name}, row {unknown[0] + 1}", unknown[1], values)
-            splits[split] = ImageRows(ds[name].select_columns([self.image_column]), self.image_column,
-                                      [index[v] for v in labels])
+            splits[split] = ImageRows(
+                ds[name].select_columns([self.image_column]), self.image_column, [index[v] for v in labels]
+            )
         if splits["val"] is None and self.val_holdout is None:
             self.val_holdout = default_holdout(len(splits["train"]))
         return splits

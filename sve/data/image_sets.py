@@ -28,12 +28,54 @@ from sve.errors import InputError
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 DTD_CLASSES = (
-    "banded", "blotchy", "braided", "bubbly", "bumpy", "chequered", "cobwebbed", "cracked", "crosshatched",
-    "crystalline", "dotted", "fibrous", "flecked", "freckled", "frilly", "gauzy", "grid", "grooved", "honeycombed",
-    "interlaced", "knitted", "lacelike", "lined", "marbled", "matted", "meshed", "paisley", "perforated", "pitted",
-    "pleated", "polka-dotted", "porous", "potholed", "scaly", "smeared", "spiralled", "sprinkled", "stained",
-    "stratified", "striped", "studded", "swirly", "veined", "waffled", "woven", "wrinkled", "zigzagged",
-)  # fmt: skip
+    "banded",
+    "blotchy",
+    "braided",
+    "bubbly",
+    "bumpy",
+    "chequered",
+    "cobwebbed",
+    "cracked",
+    "crosshatched",
+    "crystalline",
+    "dotted",
+    "fibrous",
+    "flecked",
+    "freckled",
+    "frilly",
+    "gauzy",
+    "grid",
+    "grooved",
+    "honeycombed",
+    "interlaced",
+    "knitted",
+    "lacelike",
+    "lined",
+    "marbled",
+    "matted",
+    "meshed",
+    "paisley",
+    "perforated",
+    "pitted",
+    "pleated",
+    "polka-dotted",
+    "porous",
+    "potholed",
+    "scaly",
+    "smeared",
+    "spiralled",
+    "sprinkled",
+    "stained",
+    "stratified",
+    "striped",
+    "studded",
+    "swirly",
+    "veined",
+    "waffled",
+    "woven",
+    "wrinkled",
+    "zigzagged",
+)
 SPLITS = ("train", "val", "test")
 
 
@@ -96,8 +138,10 @@ class Flowers102Data(VisionData):
         labels = _mat_vector(labels_path, "labels")  # 1-based class of image id i at position i - 1
         bad = np.flatnonzero((labels < 1) | (labels > self.num_classes))
         if bad.size:
-            raise InputError(f"{labels_path}: 'labels' entry {bad[0] + 1} is {labels[bad[0]]}; expected classes "
-                             f"1..{self.num_classes}")  # fmt: skip
+            raise InputError(
+                f"{labels_path}: 'labels' entry {bad[0] + 1} is {labels[bad[0]]}; expected classes "
+                f"1..{self.num_classes}"
+            )
         from scipy.io import loadmat
 
         try:
@@ -109,12 +153,16 @@ class Flowers102Data(VisionData):
             ids = _mat_vector(setid_path, key, setid)
             bad = np.flatnonzero((ids < 1) | (ids > len(labels)))
             if bad.size:
-                raise InputError(f"{setid_path}: {key!r} entry {bad[0] + 1} is image id {ids[bad[0]]}; "
-                                 f"{labels_path.name} labels ids 1..{len(labels)}")  # fmt: skip
+                raise InputError(
+                    f"{setid_path}: {key!r} entry {bad[0] + 1} is image id {ids[bad[0]]}; "
+                    f"{labels_path.name} labels ids 1..{len(labels)}"
+                )
             repeated = duplicates(ids.tolist(), range(1, len(ids) + 1))
             if repeated:
-                raise InputError(f"{setid_path}: {key!r} lists image id {repeated[0]} twice (entries {repeated[1]} "
-                                 f"and {repeated[2]}); each image once")  # fmt: skip
+                raise InputError(
+                    f"{setid_path}: {key!r} lists image id {repeated[0]} twice (entries {repeated[1]} "
+                    f"and {repeated[2]}); each image once"
+                )
             files = [base / "jpg" / f"image_{i:05d}.jpg" for i in ids.tolist()]
             splits[split] = ImageFiles(files, [int(labels[i - 1]) - 1 for i in ids.tolist()])
         return splits
@@ -154,8 +202,10 @@ class DTDData(VisionData):
                 if len(parts) != 2 or not all(parts):
                     raise InputError(f"{path}, line {n}: {entry!r} is not <class>/<image file>")
                 if parts[0] not in DTD_CLASSES:
-                    raise InputError(f"{path}, line {n}: class {parts[0]!r} is not one of the 47 DTD classes "
-                                     f"({', '.join(DTD_CLASSES)})")  # fmt: skip
+                    raise InputError(
+                        f"{path}, line {n}: class {parts[0]!r} is not one of the 47 DTD classes "
+                        f"({', '.join(DTD_CLASSES)})"
+                    )
                 files.append(data / "images" / parts[0] / parts[1])
                 labels.append(DTD_CLASSES.index(parts[0]))
                 numbers.append(n)
@@ -171,16 +221,17 @@ class OxfordPetsData(VisionData):
 
     name = "oxford_pets"
     num_classes = 37
-    LAYOUT = (
-        "oxford-iiit-pet/{images/<Breed>_<n>.jpg, annotations/{trainval,test}.txt} (torchvision OxfordIIITPet)"
-    )
+    LAYOUT = "oxford-iiit-pet/{images/<Breed>_<n>.jpg, annotations/{trainval,test}.txt} (torchvision OxfordIIITPet)"
 
     def __init__(self, val_holdout: int = 368, **kwargs):
         super().__init__(val_holdout=val_holdout, **kwargs)
 
     def required(self, root):
-        return ["oxford-iiit-pet/images/", "oxford-iiit-pet/annotations/trainval.txt",
-                "oxford-iiit-pet/annotations/test.txt"]  # fmt: skip
+        return [
+            "oxford-iiit-pet/images/",
+            "oxford-iiit-pet/annotations/trainval.txt",
+            "oxford-iiit-pet/annotations/test.txt",
+        ]
 
     def fetch(self, root):
         tvd.OxfordIIITPet(root, split="test", download=True)
@@ -196,15 +247,22 @@ class OxfordPetsData(VisionData):
                 if entry.startswith("#"):
                     continue
                 fields = entry.split()
-                if len(fields) < 2 or not (fields[1].isascii() and fields[1].isdigit()) \
-                        or not 1 <= int(fields[1]) <= self.num_classes:  # fmt: skip
-                    raise InputError(f"{path}, line {n}: {entry!r} is not valid; expected <image name> <class id "
-                                     f"1..{self.num_classes}> <species> <breed id>")  # fmt: skip
+                if (
+                    len(fields) < 2
+                    or not (fields[1].isascii() and fields[1].isdigit())
+                    or not 1 <= int(fields[1]) <= self.num_classes
+                ):
+                    raise InputError(
+                        f"{path}, line {n}: {entry!r} is not valid; expected <image name> <class id "
+                        f"1..{self.num_classes}> <species> <breed id>"
+                    )
                 label, breed = int(fields[1]) - 1, fields[0].rsplit("_", 1)[0]
                 first = breeds.setdefault(breed, (label, path, n))
                 if first[0] != label:
-                    raise InputError(f"{path}, line {n}: {fields[0]} has class id {label + 1}, but {breed} images "
-                                     f"have class id {first[0] + 1} ({first[1]}, line {first[2]})")  # fmt: skip
+                    raise InputError(
+                        f"{path}, line {n}: {fields[0]} has class id {label + 1}, but {breed} images "
+                        f"have class id {first[0] + 1} ({first[1]}, line {first[2]})"
+                    )
                 ids.append(fields[0])
                 labels.append(label)
                 numbers.append(n)
@@ -245,20 +303,27 @@ def read_cifar(folder: Path, files: list[str], meta: tuple[str, str], num_classe
         entry = _unpickle(path)
         key = "labels" if isinstance(entry, dict) and "labels" in entry else "fine_labels"
         if not isinstance(entry, dict) or "data" not in entry or key not in entry:
-            raise InputError(f"{path}: expected a dict with 'data' and '{key}' (the CIFAR python release), got "
-                             f"{sorted(entry) if isinstance(entry, dict) else type(entry).__name__}")  # fmt: skip
+            raise InputError(
+                f"{path}: expected a dict with 'data' and '{key}' (the CIFAR python release), got "
+                f"{sorted(entry) if isinstance(entry, dict) else type(entry).__name__}"
+            )
         images, labels = np.asarray(entry["data"]), np.asarray(entry[key])
         if images.dtype != np.uint8 or images.ndim != 2 or images.shape[1] != 3072:
-            raise InputError(f"{path}: 'data' is {images.dtype} of shape {images.shape}; expected uint8 of shape "
-                             "(N, 3072), one 32x32x3 image per row")  # fmt: skip
+            raise InputError(
+                f"{path}: 'data' is {images.dtype} of shape {images.shape}; expected uint8 of shape "
+                "(N, 3072), one 32x32x3 image per row"
+            )
         if labels.ndim != 1 or len(labels) != len(images):
             raise InputError(f"{path}: {len(images)} images but '{key}' has shape {labels.shape}; one label per image")
-        if len(labels) and (not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0
-                            or labels.max() >= num_classes):  # fmt: skip
+        if len(labels) and (
+            not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= num_classes
+        ):
             values = labels.tolist()
             bad = next(i for i, v in enumerate(values) if not is_int(v) or not 0 <= v < num_classes)
-            raise InputError(f"{path}: label {values[bad]!r} of image {bad} is not valid; expected an integer in "
-                             f"0..{num_classes - 1}")  # fmt: skip
+            raise InputError(
+                f"{path}: label {values[bad]!r} of image {bad} is not valid; expected an integer in "
+                f"0..{num_classes - 1}"
+            )
         data.append(images)
         targets.extend(labels.tolist())
     meta_path = folder / meta[0]
@@ -288,8 +353,11 @@ class CIFAR100Data(VisionData):
 
     def read_raw(self, root):
         folder, meta = root / "cifar-100-python", ("meta", "fine_label_names")
-        return {"train": read_cifar(folder, ["train"], meta, self.num_classes), "val": None,
-                "test": read_cifar(folder, ["test"], meta, self.num_classes)}  # fmt: skip
+        return {
+            "train": read_cifar(folder, ["train"], meta, self.num_classes),
+            "val": None,
+            "test": read_cifar(folder, ["test"], meta, self.num_classes),
+        }
 
 
 class CIFAR10Data(VisionData):
@@ -331,8 +399,11 @@ class CIFAR10Data(VisionData):
         if self.is_tree(root):
             return {"train": self.read_tree(root / "train"), "val": None, "test": self.read_tree(root / "test")}
         folder, meta = root / "cifar-10-batches-py", ("batches.meta", "label_names")
-        return {"train": read_cifar(folder, self.PICKLES, meta, self.num_classes), "val": None,
-                "test": read_cifar(folder, ["test_batch"], meta, self.num_classes)}  # fmt: skip
+        return {
+            "train": read_cifar(folder, self.PICKLES, meta, self.num_classes),
+            "val": None,
+            "test": read_cifar(folder, ["test_batch"], meta, self.num_classes),
+        }
 
     def read_tree(self, folder: Path) -> tvd.ImageFolder:
         """One split of the JPEG tree; its class folders must be exactly the 10 classes (ImageFolder numbers
@@ -341,8 +412,10 @@ class CIFAR10Data(VisionData):
         if tuple(found) != CIFAR10_CLASSES:
             lacks = [c for c in CIFAR10_CLASSES if c not in found]
             extra = [c for c in found if c not in CIFAR10_CLASSES]
-            raise InputError(f"{self.what}: {folder} has {len(found)} class folders where the 10 CIFAR-10 classes "
-                             f"{list(CIFAR10_CLASSES)} are expected: missing {lacks}, extra {extra}")  # fmt: skip
+            raise InputError(
+                f"{self.what}: {folder} has {len(found)} class folders where the 10 CIFAR-10 classes "
+                f"{list(CIFAR10_CLASSES)} are expected: missing {lacks}, extra {extra}"
+            )
         try:
             return tvd.ImageFolder(folder)
         except Exception as err:  # e.g. a class folder without image files
@@ -356,11 +429,15 @@ def read_idx(path: Path) -> np.ndarray:
         with opener(path, "rb") as f:
             data = f.read()
     except Exception as err:  # a bad or truncated gzip stream
-        raise InputError(f"{path}: cannot be read ({one_line(err)}); expected an IDX file"
-                         f"{', gzipped' if path.suffix == '.gz' else ''}") from None  # fmt: skip
+        raise InputError(
+            f"{path}: cannot be read ({one_line(err)}); expected an IDX file"
+            f"{', gzipped' if path.suffix == '.gz' else ''}"
+        ) from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise InputError(f"{path}: not an IDX file (it starts with bytes {data[:4].hex(' ') or 'none'}; expected "
-                         "00 00 08 <number of dimensions>)")  # fmt: skip
+        raise InputError(
+            f"{path}: not an IDX file (it starts with bytes {data[:4].hex(' ') or 'none'}; expected "
+            "00 00 08 <number of dimensions>)"
+        )
     ndim = data[3]  # magic: 0, 0, dtype code (0x08 = uint8), number of dimensions
     if data[2] != 0x08:
         raise InputError(f"{path}: only uint8 IDX files are supported (type code {data[2]:#x})")
@@ -369,8 +446,10 @@ def read_idx(path: Path) -> np.ndarray:
         raise InputError(f"{path}: truncated IDX header ({len(data)} bytes for {ndim} dimensions)")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     if len(data) - offset != int(np.prod(shape)):
-        raise InputError(f"{path}: the header declares shape {shape} ({int(np.prod(shape))} bytes of data) but "
-                         f"{len(data) - offset} bytes follow it; the file is truncated or corrupt")  # fmt: skip
+        raise InputError(
+            f"{path}: the header declares shape {shape} ({int(np.prod(shape))} bytes of data) but "
+            f"{len(data) - offset} bytes follow it; the file is truncated or corrupt"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
 
 
@@ -402,9 +481,12 @@ class FashionMNISTData(VisionData):
     STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
     def __init__(
-        self, root: str | None = "/usr/share/datasets/fashion-mnist", download: bool = False, val_holdout: int = 5000,
+        self,
+        root: str | None = "/usr/share/datasets/fashion-mnist",
+        download: bool = False,
+        val_holdout: int = 5000,
         **kwargs,
-    ):  # fmt: skip
+    ):
         super().__init__(root=root, download=download, val_holdout=val_holdout, **kwargs)  # nothing to download
 
     @staticmethod
@@ -425,12 +507,16 @@ class FashionMNISTData(VisionData):
             if images.ndim != 3:
                 raise InputError(f"{images_path}: images of shape {images.shape}; expected (N, height, width)")
             if labels.shape != (len(images),):
-                raise InputError(f"{labels_path}: labels of shape {labels.shape} for the {len(images)} images of "
-                                 f"{images_path.name}; expected ({len(images)},)")  # fmt: skip
+                raise InputError(
+                    f"{labels_path}: labels of shape {labels.shape} for the {len(images)} images of "
+                    f"{images_path.name}; expected ({len(images)},)"
+                )
             if labels.max() >= self.num_classes:
                 bad = int(np.flatnonzero(labels >= self.num_classes)[0])
-                raise InputError(f"{labels_path}: label {labels[bad]} of image {bad} is not valid; expected 0.."
-                                 f"{self.num_classes - 1}")  # fmt: skip
+                raise InputError(
+                    f"{labels_path}: label {labels[bad]} of image {bad} is not valid; expected 0.."
+                    f"{self.num_classes - 1}"
+                )
             return ArrayImages(images, labels)
 
         return {"train": split("train"), "val": None, "test": split("t10k")}

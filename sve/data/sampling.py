@@ -46,8 +46,16 @@ class TrainBatchSampler(Sampler):
         accumulate: micro-batches per rank and optimiser step (``trainer.accumulate_grad_batches``).
     """
 
-    def __init__(self, num_examples: int, batch_size: int, seed: int, world_size: int = 1, rank: int = 0,
-                 accumulate: int = 1, shuffle: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        seed: int,
+        world_size: int = 1,
+        rank: int = 0,
+        accumulate: int = 1,
+        shuffle: bool = True,
+    ):
         if num_examples < 1:
             raise ValueError("the training split is empty")
         self.n, self.batch_size, self.seed = num_examples, batch_size, seed

@@ -28,18 +28,23 @@ def read_tsv(path: Path, num_classes: int = 2) -> list[tuple[str, int]]:
     if rows.fieldnames is None:
         raise InputError(f"{path} is empty; expected a header row sentence<TAB>label, then one row per sentence")
     if not {"sentence", "label"} <= set(rows.fieldnames):
-        raise InputError(f"{path}, line 1: expected a header with 'sentence' and 'label' (tab separated), got "
-                         f"{rows.fieldnames}")  # fmt: skip
+        raise InputError(
+            f"{path}, line 1: expected a header with 'sentence' and 'label' (tab separated), got {rows.fieldnames}"
+        )
     examples = []
     for row in rows:
         extra = row.get(None)  # fields beyond the header's: a tab inside the sentence? (a trailing tab is harmless)
         if extra and any(field.strip() for field in extra):
-            raise InputError(f"{path}, line {rows.line_num}: {len(rows.fieldnames) + len(extra)} tab-separated fields "
-                             f"where the header has {len(rows.fieldnames)}; expected sentence<TAB>label")  # fmt: skip
+            raise InputError(
+                f"{path}, line {rows.line_num}: {len(rows.fieldnames) + len(extra)} tab-separated fields "
+                f"where the header has {len(rows.fieldnames)}; expected sentence<TAB>label"
+            )
         label = (row["label"] or "").strip()  # None when the row has fewer fields than the header
         if not (label.isascii() and label.isdigit()) or int(label) >= num_classes:
-            raise InputError(f"{path}, line {rows.line_num}: label {row['label']!r} is not valid; expected "
-                             f"an integer in 0..{num_classes - 1} in the 'label' column")  # fmt: skip
+            raise InputError(
+                f"{path}, line {rows.line_num}: label {row['label']!r} is not valid; expected "
+                f"an integer in 0..{num_classes - 1} in the 'label' column"
+            )
         examples.append((row["sentence"] or "", int(label)))
     if not examples:
         raise InputError(f"{path}: no rows after the header")
@@ -55,8 +60,14 @@ class SST2Data(TextClassificationData):
     name = "sst2"
     num_classes = 2
 
-    def __init__(self, root: str | None = None, val_holdout: int = 872, hub_name: str = "glue",
-                 hub_config: str = "sst2", **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        root: str | None = None,
+        val_holdout: int = 872,
+        hub_name: str = "glue",
+        hub_config: str = "sst2",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.root, self.hub_name, self.hub_config = root, hub_name, hub_config
         self.val_holdout = val_holdout
@@ -75,13 +86,15 @@ class SST2Data(TextClassificationData):
     def read_splits(self):
         train, dev, source = self._read()
         if not is_int(self.val_holdout) or not 0 < self.val_holdout < len(train):
-            raise InputError(f"{self.key}.val_holdout={self.val_holdout!r} is not valid: it must be an integer between "
-                             f"1 and {len(train) - 1} (the training file has {len(train)} sentences)")  # fmt: skip
+            raise InputError(
+                f"{self.key}.val_holdout={self.val_holdout!r} is not valid: it must be an integer between "
+                f"1 and {len(train) - 1} (the training file has {len(train)} sentences)"
+            )
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.subset_seed)).tolist()
         val_idx, train_idx = order[: self.val_holdout], order[self.val_holdout :]
         self.notes = {
             "train": f"the {len(train)} sentences of {source} less the {self.key}.val_holdout={self.val_holdout} held "
-                     "out for validation",
+            "out for validation",
             "val": f"the {self.key}.val_holdout={self.val_holdout} sentences held out of {source}",
             "test": "the dev set" if self.root is None else str(Path(self.root).expanduser() / "dev.tsv"),
         }

@@ -52,19 +52,24 @@ def read_table(path: Path, encoding: str = "utf-8"):
                     header = f.readline()
                 if ";" in header and "," not in header:
                     # Excel in many European locales writes "CSV" with semicolons (the comma is the decimal mark).
-                    log.info("%s: its header %r has ';' and no ',': read with ';' as the separator", path,
-                             header.strip())
+                    log.info(
+                        "%s: its header %r has ';' and no ',': read with ';' as the separator", path, header.strip()
+                    )
                     sep = ";"
             return pd.read_csv(path, sep=sep, quoting=quoting, keep_default_na=False, dtype=str, encoding=codec)
         if kind == "json":
             return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding=codec)
         return pd.read_parquet(path)
     except UnicodeDecodeError as err:
-        raise InputError(f"{path}: is not {encoding} text ({one_line(err)}); name its encoding with "
-                         "dataset.encoding=, e.g. latin-1 or cp1252") from None
+        raise InputError(
+            f"{path}: is not {encoding} text ({one_line(err)}); name its encoding with "
+            "dataset.encoding=, e.g. latin-1 or cp1252"
+        ) from None
     except LookupError as err:  # an unknown encoding name
-        raise InputError(f"dataset.encoding={encoding!r} is not an encoding Python knows ({one_line(err)}); "
-                         "e.g. utf-8, latin-1, cp1252") from None
+        raise InputError(
+            f"dataset.encoding={encoding!r} is not an encoding Python knows ({one_line(err)}); "
+            "e.g. utf-8, latin-1, cp1252"
+        ) from None
     except Exception as err:  # a malformed file: pandas' parser errors name the line
         raise InputError(f"{path}: cannot be read as {kind} ({one_line(err)})") from None
 
@@ -85,20 +90,33 @@ class TextTableData(TextClassificationData):
 
     name = "text_table"
 
-    def __init__(self, root: str | None = None, hub_name: str | None = None, hub_config: str | None = None,
-                 test_split: str = "test", text_column: str | list[str] = "text", label_column: str = "label",
-                 val_holdout: int | None = None, num_classes: int | None = None, encoding: str = "utf-8",
-                 **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        root: str | None = None,
+        hub_name: str | None = None,
+        hub_config: str | None = None,
+        test_split: str = "test",
+        text_column: str | list[str] = "text",
+        label_column: str = "label",
+        val_holdout: int | None = None,
+        num_classes: int | None = None,
+        encoding: str = "utf-8",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.declared_classes = declared(num_classes)
         self.encoding = encoding
         columns = [text_column] if isinstance(text_column, str) else list(text_column)
         if not 1 <= len(columns) <= 2 or not all(isinstance(c, str) and c for c in columns):
-            raise InputError(f"dataset.text_column={text_column!r} is not valid; expected a column name, or a list "
-                             "of two (a sentence pair)")  # fmt: skip
+            raise InputError(
+                f"dataset.text_column={text_column!r} is not valid; expected a column name, or a list "
+                "of two (a sentence pair)"
+            )
         if root is None and not hub_name:
-            raise InputError("dataset=text_table needs its data: set dataset.root=<a directory with train.csv and "
-                             "test.csv (or .tsv, .jsonl, .json, .parquet)> or dataset.hub_name=<a hub dataset>")
+            raise InputError(
+                "dataset=text_table needs its data: set dataset.root=<a directory with train.csv and "
+                "test.csv (or .tsv, .jsonl, .json, .parquet)> or dataset.hub_name=<a hub dataset>"
+            )
         self.root, self.hub_name, self.hub_config, self.test_split = root, hub_name, hub_config, test_split
         self.text_columns, self.label_column, self.val_holdout = columns, label_column, val_holdout
         self.label_names: list | None = None
@@ -125,14 +143,18 @@ class TextTableData(TextClassificationData):
             candidates = [root / f"{stem}{ext}" for stem in stems for ext in TEXT_FORMATS]
             files = [path for path in candidates if path.is_file()]
             if len(files) > 1:
-                raise InputError(f"{self.what}: {root} holds {len(files)} files for the {split} split "
-                                 f"({[f.name for f in files]}); keep one")  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {root} holds {len(files)} files for the {split} split "
+                    f"({[f.name for f in files]}); keep one"
+                )
             if files:
                 found[split] = files[0]
         lacking = [s for s in ("train", "test") if s not in found]
         if lacking:
-            raise InputError(f"{self.what}: dataset.root={self.root} lacks a {' and a '.join(lacking)} file; expected "
-                             f"train.<ext> and test.<ext> with ext one of {', '.join(e[1:] for e in TEXT_FORMATS)}")
+            raise InputError(
+                f"{self.what}: dataset.root={self.root} lacks a {' and a '.join(lacking)} file; expected "
+                f"train.<ext> and test.<ext> with ext one of {', '.join(e[1:] for e in TEXT_FORMATS)}"
+            )
         return found
 
     def tables(self) -> dict[str, tuple[list[dict], str]]:
@@ -147,8 +169,10 @@ class TextTableData(TextClassificationData):
                 frame = read_table(path, self.encoding)
                 absent = [c for c in used if c not in frame.columns]
                 if absent:
-                    raise InputError(f"{path}: no column {absent}; its columns are {list(frame.columns)} (set "
-                                     "dataset.text_column and dataset.label_column)")  # fmt: skip
+                    raise InputError(
+                        f"{path}: no column {absent}; its columns are {list(frame.columns)} (set "
+                        "dataset.text_column and dataset.label_column)"
+                    )
                 out[split] = (frame[used].to_dict("records"), str(path))
             return out
         instead = "set dataset.root to a directory with train.csv and test.csv"
@@ -169,8 +193,9 @@ class TextTableData(TextClassificationData):
                 raise InputError(f"{self.what}: {source} has no split {name!r}; its splits are {list(ds)}")
             absent = [c for c in used if c not in ds[name].column_names]
             if absent:
-                raise InputError(f"{self.what}: {source} {name} has no column {absent}; its columns are "
-                                 f"{ds[name].column_names}")  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {source} {name} has no column {absent}; its columns are {ds[name].column_names}"
+                )
             out[split] = (ds[name].select_columns(used).to_list(), f"{source} {name}")
         return out
 
@@ -179,8 +204,10 @@ class TextTableData(TextClassificationData):
         for i, row in enumerate(rows):
             label = row[self.label_column]
             if missing(label):  # not a class of its own: a row someone forgot to label
-                raise InputError(f"{source}, row {i + 1}: the label (column {self.label_column!r}) is empty; label "
-                                 "the row or remove it")  # fmt: skip
+                raise InputError(
+                    f"{source}, row {i + 1}: the label (column {self.label_column!r}) is empty; label "
+                    "the row or remove it"
+                )
             if any(missing(row[c]) for c in self.text_columns):
                 empty.append(i + 1)
             if label not in index:
@@ -188,8 +215,14 @@ class TextTableData(TextClassificationData):
             texts = tuple("" if missing(row[c]) else str(row[c]) for c in self.text_columns)
             out.append((texts[0] if len(texts) == 1 else texts, index[label]))
         if empty:  # a warning, not an error: hub datasets have the odd empty text, and it still tokenises
-            log.warning("%s: %d row(s) with an empty text (column %s), rows %s%s; they train as empty strings",
-                        source, len(empty), self.text_columns, empty[:5], " ..." if len(empty) > 5 else "")
+            log.warning(
+                "%s: %d row(s) with an empty text (column %s), rows %s%s; they train as empty strings",
+                source,
+                len(empty),
+                self.text_columns,
+                empty[:5],
+                " ..." if len(empty) > 5 else "",
+            )
         return out
 
     def read_splits(self):
@@ -198,18 +231,22 @@ class TextTableData(TextClassificationData):
             for row in rows:
                 row[self.label_column] = label_value(row[self.label_column])
         train_rows, train_source = tables["train"]
-        self.label_names = distinct_labels([row[self.label_column] for row in train_rows], self.what, train_source,
-                                           self.label_column)  # fmt: skip
-        check_declared(self.declared_classes, len(self.label_names),
-                       f"{train_source} has {len(self.label_names)} distinct labels")  # fmt: skip
+        self.label_names = distinct_labels(
+            [row[self.label_column] for row in train_rows], self.what, train_source, self.label_column
+        )
+        check_declared(
+            self.declared_classes, len(self.label_names), f"{train_source} has {len(self.label_names)} distinct labels"
+        )
         index = {label: i for i, label in enumerate(self.label_names)}
         splits = {name: self.examples(rows, source, index) for name, (rows, source) in tables.items()}
         if "val" not in splits:
             train = splits["train"]
             held = default_holdout(len(train)) if self.val_holdout is None else self.val_holdout
             splits["train"], splits["val"] = hold_out(train, held, self.subset_seed, f"{self.key}.val_holdout")
-            self.notes.update(train=f"{train_source} less the {held} rows held out for validation",
-                              val=f"{held} rows held out of {train_source}")  # fmt: skip
+            self.notes.update(
+                train=f"{train_source} less the {held} rows held out for validation",
+                val=f"{held} rows held out of {train_source}",
+            )
         return splits
 
     def collate(self, examples: list[tuple]) -> dict:
@@ -217,7 +254,11 @@ class TextTableData(TextClassificationData):
             return super().collate(examples)
         pairs, labels = zip(*examples)  # sentence pairs: the tokenizer joins them with its own separator
         first, second = zip(*pairs)
-        enc = self.backbone.tokenizer(list(first), list(second), padding=True, truncation=True,
-                                      max_length=self.max_length, return_tensors="pt")  # fmt: skip
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                "labels": torch.tensor(labels, dtype=torch.long)}  # fmt: skip
+        enc = self.backbone.tokenizer(
+            list(first), list(second), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        return {
+            "input_ids": enc["input_ids"],
+            "attention_mask": enc["attention_mask"],
+            "labels": torch.tensor(labels, dtype=torch.long),
+        }

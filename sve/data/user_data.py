@@ -36,27 +36,33 @@ def distinct_labels(labels, what: str, source: str, column: str) -> list:
     """The training split's distinct labels in sorted order (empty cells left out): at least 2, of one type."""
     distinct = {label for label in labels if not missing(label)}
     if len(distinct) < 2:
-        raise InputError(f"{what}: {source} has {len(distinct)} distinct label(s) in column {column!r}; a "
-                         "classification needs at least 2")  # fmt: skip
+        raise InputError(
+            f"{what}: {source} has {len(distinct)} distinct label(s) in column {column!r}; a "
+            "classification needs at least 2"
+        )
     try:
         return sorted(distinct)
     except TypeError:  # integers and strings mixed
-        raise InputError(f"{what}: {source}: column {column!r} mixes label types "
-                         f"({sorted({type(v).__name__ for v in distinct})})") from None  # fmt: skip
+        raise InputError(
+            f"{what}: {source}: column {column!r} mixes label types ({sorted({type(v).__name__ for v in distinct})})"
+        ) from None
 
 
 def unknown_label(where: str, label, known: list) -> InputError:
     """The error for a validation or test label that the training split lacks; ``where`` names the row."""
-    return InputError(f"{where}: label {label!r} is not one of the training split's labels {known[:10]}"
-                      f"{unlabelled(label)}")
+    return InputError(
+        f"{where}: label {label!r} is not one of the training split's labels {known[:10]}{unlabelled(label)}"
+    )
 
 
 def unlabelled(label) -> str:
     """The hint for label -1: how the hub marks an example without a label (GLUE's and others' test splits)."""
     if label != -1:
         return ""
-    return ("; -1 marks an unlabelled example (the test splits of GLUE and other benchmarks hide their labels): "
-            "test on a labelled split instead, e.g. dataset.test_split=validation")
+    return (
+        "; -1 marks an unlabelled example (the test splits of GLUE and other benchmarks hide their labels): "
+        "test on a labelled split instead, e.g. dataset.test_split=validation"
+    )
 
 
 def saved_datasets(root: Path | None) -> bool:
@@ -85,5 +91,8 @@ def label_value(value):
 
 def missing(value) -> bool:
     """An empty cell: None (JSON null), NaN (parquet, pandas) or a blank string (CSV, read without NA parsing)."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str)
-                                                                               and not value.strip())
+    return (
+        value is None
+        or (isinstance(value, float) and math.isnan(value))
+        or (isinstance(value, str) and not value.strip())
+    )

@@ -38,6 +38,7 @@ from sve.paths import cache_root
 
 log = logging.getLogger(__name__)
 
+
 def image_transforms(backbone, crop_pct: float | None = None) -> tuple[T.Compose, T.Compose]:
     """(train, test) transforms from the backbone's resolution and normalisation; ``crop_pct`` overrides
     the backbone's test crop fraction."""
@@ -129,8 +130,10 @@ def image_files(dataset: Dataset, indices: list[int] | None = None) -> list[Path
 def hold_out(dataset: Dataset, size: int, seed: int, key: str = "dataset.val_holdout") -> tuple[Subset, Subset]:
     """Splits ``dataset`` into (rest, ``size`` held-out examples), seeded."""
     if not is_int(size) or not 0 < size < len(dataset):
-        raise InputError(f"{key}={size!r} is not valid: it must be an integer between 1 and {len(dataset) - 1}, the "
-                         f"number of the {len(dataset)} training examples held out for validation")
+        raise InputError(
+            f"{key}={size!r} is not valid: it must be an integer between 1 and {len(dataset) - 1}, the "
+            f"number of the {len(dataset)} training examples held out for validation"
+        )
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     return Subset(dataset, order[size:]), Subset(dataset, order[:size])
 
@@ -168,8 +171,9 @@ class VisionData(ImageClassificationData):
     ):
         super().__init__(**kwargs)
         if test_corruption is not None and test_corruption not in CORRUPTIONS:
-            raise InputError(f"dataset.test_corruption={test_corruption!r} is not valid; choose one of "
-                             f"{list(CORRUPTIONS)} or null")  # fmt: skip
+            raise InputError(
+                f"dataset.test_corruption={test_corruption!r} is not valid; choose one of {list(CORRUPTIONS)} or null"
+            )
         if test_corruption is not None and test_severity not in SEVERITIES:
             raise InputError(f"dataset.test_severity={test_severity!r} is not valid; choose one of {list(SEVERITIES)}")
         if not isinstance(download, bool):
@@ -218,8 +222,10 @@ class VisionData(ImageClassificationData):
             try:
                 self.fetch(root)
             except Exception as err:  # torchvision raises RuntimeError, URLError, OSError, ... when offline
-                raise InputError(f"{self.what}: {configured} lacks {missing} and downloading them there failed "
-                                 f"({one_line(err)}); without network {provide}") from None  # fmt: skip
+                raise InputError(
+                    f"{self.what}: {configured} lacks {missing} and downloading them there failed "
+                    f"({one_line(err)}); without network {provide}"
+                ) from None
             missing = self.missing(root)
         if missing:
             if self.downloadable and not self.download:
@@ -233,11 +239,14 @@ class VisionData(ImageClassificationData):
     def read_splits(self) -> dict[str, Dataset]:
         raw = self.load_raw()
         if raw.get("val") is None:
-            raw["train"], raw["val"] = hold_out(raw["train"], self.val_holdout, self.subset_seed,
-                                                f"{self.key}.val_holdout")  # fmt: skip
+            raw["train"], raw["val"] = hold_out(
+                raw["train"], self.val_holdout, self.subset_seed, f"{self.key}.val_holdout"
+            )
             held = f"{self.key}.val_holdout={self.val_holdout}"
-            self.notes.update(train=f"the training images less the {held} held out for validation",
-                              val=f"the {held} images held out of the training images")
+            self.notes.update(
+                train=f"the training images less the {held} held out for validation",
+                val=f"the {held} images held out of the training images",
+            )
         self.raw_test = raw["test"]
         return raw
 

@@ -8,6 +8,16 @@ from sve.layers.sv_conv import SVConv, SVConv2d
 from sve.layers.sv_linear import SVLinear
 
 __all__ = [
-    "MemberLayer", "MemberLayoutError", "member_layers", "SVLinear", "SVConv", "SVConv2d", "weight_matrix", "LoRALayer",
-    "BatchEnsembleLayer", "BLoBLayer", "ADAPTABLE_TYPES", "CONV_TYPES",
+    "MemberLayer",
+    "MemberLayoutError",
+    "member_layers",
+    "SVLinear",
+    "SVConv",
+    "SVConv2d",
+    "weight_matrix",
+    "LoRALayer",
+    "BatchEnsembleLayer",
+    "BLoBLayer",
+    "ADAPTABLE_TYPES",
+    "CONV_TYPES",
 ]

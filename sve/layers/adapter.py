@@ -34,7 +34,7 @@ def member_conv(x: Tensor, weight: Tensor, conv: nn.Module | None = None) -> Ten
     kwargs = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation) if conv is not None else {}
     if K == 1:
         return convolve(x, weight[0], **kwargs)
-    xs = x.reshape(K, -1, *x.shape[-(dims + 1):])  # (K, B, in, *spatial)
+    xs = x.reshape(K, -1, *x.shape[-(dims + 1) :])  # (K, B, in, *spatial)
     B = xs.shape[1]
     grouped = xs.transpose(0, 1).reshape(B, -1, *xs.shape[-dims:])  # (B, K*in, *spatial): groups are members
     y = convolve(grouped, weight.reshape(K * out, *weight.shape[2:]), groups=K, **kwargs)  # (B, K*out, *spatial')

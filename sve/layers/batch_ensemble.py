@@ -57,10 +57,10 @@ class BatchEnsembleLayer(MemberLayer):
         b = self.pick("biases", members).to(x.dtype) if self.biases is not None else None  # (K, out)
         if self.kind == "conv":
             d = self.conv_dims
-            kernels = (s[:, :, None] * W.unsqueeze(0) * r[:, None, :])  # (K, out, in')
+            kernels = s[:, :, None] * W.unsqueeze(0) * r[:, None, :]  # (K, out, in')
             y = member_conv(x, kernels.reshape(K, *self.base.weight.shape), self.base)  # (K*B, out, *S')
             if b is not None:
-                y = (y.reshape(K, -1, *y.shape[-(d + 1):]) + b.reshape(K, 1, -1, *([1] * d))).reshape(y.shape)
+                y = (y.reshape(K, -1, *y.shape[-(d + 1) :]) + b.reshape(K, 1, -1, *([1] * d))).reshape(y.shape)
             return y
         lead = x.shape[:-1]
         xs = x.reshape(K, -1, self.in_features)  # (K, N*T, in)

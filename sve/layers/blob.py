@@ -31,8 +31,9 @@ class BLoBLayer(LoRALayer):
     prior_std: std of the zero-mean Gaussian prior on A.
     """
 
-    def __init__(self, base: nn.Module, rank: int = 8, alpha: float = 8.0, init_std: float = 0.05,
-                 prior_std: float = 0.2):
+    def __init__(
+        self, base: nn.Module, rank: int = 8, alpha: float = 8.0, init_std: float = 0.05, prior_std: float = 0.2
+    ):
         super().__init__(base, ensemble_size=1, rank=rank, alpha=alpha)
         self.prior_std = prior_std
         self.lora_G = nn.Parameter(torch.empty_like(self.lora_A).uniform_(init_std / math.sqrt(2), init_std))

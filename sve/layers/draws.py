@@ -56,8 +56,11 @@ def _global_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplac
     if input.dim() == 0 or input.shape[0] % local:
         if tuple(input.shape) not in _warned:
             _warned.add(tuple(input.shape))
-            warnings.warn(f"a dropout input of shape {tuple(input.shape)} is not batch-first for this micro-batch of "
-                          f"{local}: its mask is drawn per process (exact_draws)", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"a dropout input of shape {tuple(input.shape)} is not batch-first for this micro-batch of "
+                f"{local}: its mask is drawn per process (exact_draws)",
+                stacklevel=2,
+            )
         return _plain_dropout(input, p, training, inplace)
     K = input.shape[0] // local  # members stacked member-major: row k * local + j
     chunk, drawn = (_members[0], _members[1]) if _members is not None and len(_members[0]) == K else (None, K)
@@ -72,8 +75,9 @@ def _global_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplac
 
 
 @contextmanager
-def seeded_draws(seed: int, rows: tuple[int, int] | None = None, local: int = 0,
-                 members: tuple[list[int], int] | None = None) -> Iterator[None]:
+def seeded_draws(
+    seed: int, rows: tuple[int, int] | None = None, local: int = 0, members: tuple[list[int], int] | None = None
+) -> Iterator[None]:
     """Inside: draws seeded by ``seed`` and, with ``rows = (offset, total)`` (training), dropout drawn for
     the global batch of which this micro-batch of ``local`` examples holds those rows; with ``members =
     (chunk, M)``, drawn for all M members, of which the running chunk keeps its own. The global random
@@ -121,11 +125,13 @@ def unfuse_attention_dropout(model: nn.Module) -> list[str]:
         if getattr(module, "fused_attn", False) and isinstance(drop, nn.Dropout) and drop.p > 0:
             module.fused_attn = False  # timm: the unfused path calls attn_drop, i.e. F.dropout
             changed.append(name)
-    configs = {id(m.config): m.config for m in model.modules()
-               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    configs = {
+        id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "_attn_implementation")
+    }
     attention_dropout = any(getattr(m, "attention_dropout", 0) or 0 for m in model.modules()) or any(
         (getattr(c, "attention_probs_dropout_prob", 0) or 0) > 0 or (getattr(c, "attention_dropout", 0) or 0) > 0
-        for c in configs.values())  # fmt: skip
+        for c in configs.values()
+    )
     for config in configs.values():
         if attention_dropout and config._attn_implementation not in (None, "eager"):
             config._attn_implementation = "eager"  # Hugging Face: eager attention calls F.dropout

@@ -61,12 +61,15 @@ def adaptable(module: nn.Module) -> bool:
 def every_layer(model: nn.Module, types: tuple[type, ...], outside: Collection[str] | None) -> list[str]:
     """``target_modules: all`` resolved: an exact pattern (``^name``) for every layer of ``types`` that a member
     layer can stand in for, heads and layers outside the feature path excluded (``is_head``)."""
-    names = [n for n, m in model.named_modules()
-             if n and isinstance(m, types) and adaptable(m) and not is_head(n, outside)]  # fmt: skip
+    names = [
+        n for n, m in model.named_modules() if n and isinstance(m, types) and adaptable(m) and not is_head(n, outside)
+    ]
     if not names:
-        raise InputError(f"{type(model).__name__} has no layer of the types this method adapts "
-                         f"({[t.__name__ for t in types]}) on the way to its features (target_modules=all, or "
-                         "sve.wrap's default targets); choose a method that adapts the layers it has")  # fmt: skip
+        raise InputError(
+            f"{type(model).__name__} has no layer of the types this method adapts "
+            f"({[t.__name__ for t in types]}) on the way to its features (target_modules=all, or "
+            "sve.wrap's default targets); choose a method that adapts the layers it has"
+        )
     return [f"^{re.escape(n)}" for n in names]
 
 
@@ -78,8 +81,9 @@ def _compile(patterns: Sequence[str] | str) -> list[tuple[str, re.Pattern]]:
     compiled = []
     for p in patterns:
         if not isinstance(p, str):
-            raise InputError(f"target pattern {p!r} is a {type(p).__name__}; patterns are strings (regular "
-                             "expressions)")
+            raise InputError(
+                f"target pattern {p!r} is a {type(p).__name__}; patterns are strings (regular expressions)"
+            )
         try:
             compiled.append((p, re.compile(rf"(?:^|\.)(?:{p})$")))
         except re.error as err:
@@ -120,23 +124,31 @@ def find_targets(
         listing = ", ".join(shown[:12]) + (f" ... ({len(shown)} in all)" if len(shown) > 12 else "")
         # A pattern that names a layer of another type (a convolution, for a method that adapts linears only)
         # says so: "matched no module" would send the user looking for a typo.
-        others = {n: type(m).__name__ for n, m in model.named_modules()
-                  if n and not isinstance(m, types) and isinstance(getattr(m, "weight", None), nn.Parameter)}
+        others = {
+            n: type(m).__name__
+            for n, m in model.named_modules()
+            if n and not isinstance(m, types) and isinstance(getattr(m, "weight", None), nn.Parameter)
+        }
         regexes = dict(compiled)
 
         def problem(pattern: str, hits: list[str]) -> str:
             if hits:
-                return (f"{pattern!r} matched only heads or layers outside the feature path ({', '.join(hits[:4])}), "
-                        "which are never adapted")  # fmt: skip
+                return (
+                    f"{pattern!r} matched only heads or layers outside the feature path ({', '.join(hits[:4])}), "
+                    "which are never adapted"
+                )
             typed = [f"{n} ({t})" for n, t in others.items() if regexes[pattern].search(n)]
             if typed:
                 return f"{pattern!r} matched {', '.join(typed[:2])}, not a type this method adapts"
-            inside = [c for c in candidates if any(regexes[pattern].search(c[:i]) for i in range(len(c))
-                                                   if c[i] == ".")]  # fmt: skip
+            inside = [
+                c for c in candidates if any(regexes[pattern].search(c[:i]) for i in range(len(c)) if c[i] == ".")
+            ]
             if inside:  # a block's name: the pattern must reach the layers themselves (module docstring)
-                return (f"{pattern!r} matched only blocks that hold layers ({', '.join(inside[:2])}, ...); a pattern "
-                        f"matches the end of a layer's own name: '{pattern}\\..*' takes every layer in "
-                        "them")  # fmt: skip
+                return (
+                    f"{pattern!r} matched only blocks that hold layers ({', '.join(inside[:2])}, ...); a pattern "
+                    f"matches the end of a layer's own name: '{pattern}\\..*' takes every layer in "
+                    "them"
+                )
             return f"{pattern!r} matched no module"
 
         problems = [problem(p, hits) for p, hits in unmatched]
@@ -172,8 +184,9 @@ def inject(
         for parent, child in places:
             setattr(parent, child, layer)
         if len(places) > 1:
-            log.info("layer %s is registered at %d places; one member layer stands in at all of them", name,
-                     len(places))
+            log.info(
+                "layer %s is registered at %d places; one member layer stands in at all of them", name, len(places)
+            )
     log.debug("wrapped %d modules: %s", len(names), ", ".join(names))
     return names
 

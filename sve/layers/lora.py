@@ -41,8 +41,9 @@ class LoRALayer(MemberLayer):
     dropout: rate of the dropout on the low-rank path's input (peft's ``lora_dropout``; module docstring).
     """
 
-    def __init__(self, base: nn.Module, ensemble_size: int = 1, rank: int = 8, alpha: float = 8.0,
-                 dropout: float = 0.0):
+    def __init__(
+        self, base: nn.Module, ensemble_size: int = 1, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0
+    ):
         super().__init__(base, ensemble_size)
         if rank < 1:
             raise InputError(f"rank must be a positive integer, got {rank}")

@@ -111,8 +111,9 @@ class MemberLayer(nn.Module):
         self.out_features, self.in_features = weight_matrix(base).shape
         # "conv": nn.Conv1d/2d/3d (``conv_dims`` spatial axes); "transposed": Hugging Face's Conv1D, a linear
         # stored (in, out).
-        self.kind = ("conv" if isinstance(base, CONV_TYPES) else
-                     "transposed" if not isinstance(base, nn.Linear) else "linear")
+        self.kind = (
+            "conv" if isinstance(base, CONV_TYPES) else "transposed" if not isinstance(base, nn.Linear) else "linear"
+        )
         if self.kind == "conv":
             self.in_channels, self.kernel_size = base.in_channels, base.kernel_size
             self.stride, self.padding, self.dilation = base.stride, member_padding(base), base.dilation
@@ -183,8 +184,10 @@ class MemberLayer(nn.Module):
         for name, t in tensors.items():
             own = getattr(self, name)
             if t.shape[1:] != own.shape[1:]:
-                raise ValueError(f"{self.module_name}: bank '{name}' has shape {tuple(t.shape)}, members of "
-                                 f"'{name}' have {tuple(own.shape[1:])}")
+                raise ValueError(
+                    f"{self.module_name}: bank '{name}' has shape {tuple(t.shape)}, members of "
+                    f"'{name}' have {tuple(own.shape[1:])}"
+                )
         previous = self._bank
         self._run_as(self._selected, dict(tensors))
         try:
@@ -263,8 +266,15 @@ class MemberLayer(nn.Module):
             raise IndexError(f"member {member} out of range for {self.num_members()} members")
         W, b = self.member_weight(member), self.member_bias(member)
         if self.kind == "conv":
-            layer = CONV_TYPES[self.conv_dims - 1](self.in_channels, self.out_features, self.kernel_size, self.stride,
-                                                   self.padding, self.dilation, bias=b is not None)
+            layer = CONV_TYPES[self.conv_dims - 1](
+                self.in_channels,
+                self.out_features,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                bias=b is not None,
+            )
             layer.weight.copy_(W.reshape_as(layer.weight))
         else:
             layer = nn.Linear(self.in_features, self.out_features, bias=b is not None)
@@ -278,5 +288,12 @@ def member_layers(module: nn.Module) -> list[MemberLayer]:
     return [m for m in module.modules() if isinstance(m, MemberLayer)]
 
 
-__all__ = ["MemberLayer", "MemberLayoutError", "member_layers", "weight_matrix", "check_layer", "ADAPTABLE_TYPES",
-           "CONV_TYPES"]
+__all__ = [
+    "MemberLayer",
+    "MemberLayoutError",
+    "member_layers",
+    "weight_matrix",
+    "check_layer",
+    "ADAPTABLE_TYPES",
+    "CONV_TYPES",
+]

@@ -43,8 +43,9 @@ def _as_noted(noted) -> Iterator[None]:
 
 def enable_checkpointing(model: nn.Module, **kwargs) -> None:
     """Hugging Face gradient checkpointing, non-reentrant, with each block recomputed as it ran."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-        "use_reentrant": False, "context_fn": recompute_context, **kwargs})
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": recompute_context, **kwargs}
+    )
 
 
 __all__ = ["enable_checkpointing", "recompute_context"]

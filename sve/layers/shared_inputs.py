@@ -90,8 +90,11 @@ def _sharing_forward(module, forward, batch_tensors: set[int], memo: dict):
         leaves = tree_leaves((args, kwargs))
         if not any(isinstance(t, Tensor) and id(t) in batch_tensors for t in leaves):
             return forward(*args, **kwargs)
-        key = (id(module), tuple((id(v), version(v)) if isinstance(v, Tensor) else repr(v) for v in leaves),
-               state(module))
+        key = (
+            id(module),
+            tuple((id(v), version(v)) if isinstance(v, Tensor) else repr(v) for v in leaves),
+            state(module),
+        )
         if key not in memo:  # ids stay valid: the memo keeps the inputs alive
             memo[key] = (leaves, forward(*args, **kwargs))
         return copy_of(memo[key][1])

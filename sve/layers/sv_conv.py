@@ -53,11 +53,11 @@ class SVConv(SVLinear):
         K, d = len(members), self.conv_dims
         kernel = self.Vh.reshape(self.rank, self.in_channels, *self.kernel_size).to(x.dtype)
         h = CONVOLVE[d](x, kernel, None, self.stride, self.padding, self.dilation)  # (K*B, r, *S')
-        h = h.reshape(K, -1, *h.shape[-(d + 1):])  # (K, B, r, *S')
+        h = h.reshape(K, -1, *h.shape[-(d + 1) :])  # (K, B, r, *S')
         h = h * pointwise(self.pick("singular_values", members).to(h.dtype)[:, None, :], d)  # scale by s_k
         y = CONVOLVE[d](h.flatten(0, 1), pointwise(self.U.to(x.dtype), d))  # (K*B, out, *S')
-        y = self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1):]), members, channel_dim=-(d + 1))
-        return y.reshape(*x.shape[:-(d + 1)], *y.shape[-(d + 1):])  # unbatched (C, *S) inputs keep their shape
+        y = self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1) :]), members, channel_dim=-(d + 1))
+        return y.reshape(*x.shape[: -(d + 1)], *y.shape[-(d + 1) :])  # unbatched (C, *S) inputs keep their shape
 
     def apply_merged(self, x: Tensor, W: Tensor, members: list[int]) -> Tensor:
         """Block k of x convolved with member k's merged kernel; W (K, out, in*k1*...*kd)."""
@@ -67,11 +67,11 @@ class SVConv(SVLinear):
             b = self.bias_rows(members, x.dtype)
             return CONVOLVE[d](x, kernels[0], None if b is None else b[0], self.stride, self.padding, self.dilation)
         y = member_conv(x, kernels, self)  # (K*B, out, *S'), one grouped convolution
-        return self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1):]), members, channel_dim=-(d + 1)).reshape(y.shape)
+        return self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1) :]), members, channel_dim=-(d + 1)).reshape(y.shape)
 
     def tokens_per_member(self, x: Tensor, K: int) -> float:
         """Output positions per member: the rows each member's (out x in*k1*...*kd) matrix is applied to."""
-        positions, sizes = 1, x.shape[-self.conv_dims:]
+        positions, sizes = 1, x.shape[-self.conv_dims :]
         if isinstance(self.padding, str):  # uneven "same" (stride 1): the output has the input's positions
             positions = math.prod(sizes)
         else:

@@ -87,7 +87,7 @@ def member_slice(W: Tensor, members: list[int]) -> Tensor:
     """Rows ``members`` of W (M, ...): a view for consecutive members (the usual chunks), else a copy."""
     first = members[0]
     if members == list(range(first, first + len(members))):
-        return W[first:first + len(members)]
+        return W[first : first + len(members)]
     return W[members]
 
 
@@ -99,5 +99,13 @@ def merge_members(U: Tensor, s: Tensor, Vh: Tensor, dtype: torch.dtype) -> Tenso
     return torch.matmul(U.to(compute) * s.to(compute)[:, None, :], Vh.to(compute)).to(dtype)
 
 
-__all__ = ["INFERENCE", "CACHED_SAVED_TOKENS", "MERGE_FACTOR", "check_inference", "merged_is_faster",
-           "tensor_key", "member_slice", "merge_members"]
+__all__ = [
+    "INFERENCE",
+    "CACHED_SAVED_TOKENS",
+    "MERGE_FACTOR",
+    "check_inference",
+    "merged_is_faster",
+    "tensor_key",
+    "member_slice",
+    "merge_members",
+]

@@ -36,7 +36,9 @@ from sve.layers.svd_cache import SVDCache, has_bytes, weight_key
 
 
 def decompose(
-    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None,
+    layer: nn.Module,
+    svd_dtype: torch.dtype = torch.float64,
+    factor_dtype: torch.dtype | None = None,
     cache: SVDCache | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Thin SVD of ``weight_matrix(layer)`` computed in ``svd_dtype``: U (out, r) and Vh (r, in') cast to
@@ -46,7 +48,9 @@ def decompose(
 
 
 def decompose_with_source(
-    layer: nn.Module, svd_dtype: torch.dtype = torch.float64, factor_dtype: torch.dtype | None = None,
+    layer: nn.Module,
+    svd_dtype: torch.dtype = torch.float64,
+    factor_dtype: torch.dtype | None = None,
     cache: SVDCache | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, str | None]:
     """``decompose`` and the factors' source: the SVD cache's key of the weight and settings
@@ -116,8 +120,17 @@ class SVLinear(MemberLayer):
             merged per call for the running members only (False). The method sets it from its memory.
     """
 
-    def __init__(self, base: nn.Module, U: Tensor, s: Tensor, Vh: Tensor, ensemble_size: int,
-                 sigma_init: float = 0.0, member_bias: bool = True, source: str | None = None):
+    def __init__(
+        self,
+        base: nn.Module,
+        U: Tensor,
+        s: Tensor,
+        Vh: Tensor,
+        ensemble_size: int,
+        sigma_init: float = 0.0,
+        member_bias: bool = True,
+        source: str | None = None,
+    ):
         super().__init__(base, ensemble_size)
         if sigma_init < 0:
             raise InputError(f"sigma_init must be >= 0, got {sigma_init}")
@@ -205,8 +218,9 @@ class SVLinear(MemberLayer):
             return "factored"
         if self.inference != "auto":
             return self.inference
-        faster = merged_is_faster(self.tokens_per_member(x, K), self.in_features, self.out_features, self.rank,
-                                  cached=self.auto_cache)
+        faster = merged_is_faster(
+            self.tokens_per_member(x, K), self.in_features, self.out_features, self.rank, cached=self.auto_cache
+        )
         return ("cached" if self.auto_cache else "merged") if faster else "factored"
 
     def merged_weights(self, members: list[int], dtype: torch.dtype, cache: bool) -> Tensor:

@@ -79,8 +79,10 @@ class LoRATerm:
         return (self.U.to(compute) @ core @ self.Vh.to(compute)).to(dtype)
 
     def lora_repr(self) -> str:
-        return (f", lora_rank={self.lora_rank}, lora_space={self.lora_space}, lora_members={self.lora_owners}, "
-                f"lora_scaling={self.lora_scaling}")  # fmt: skip
+        return (
+            f", lora_rank={self.lora_rank}, lora_space={self.lora_space}, lora_members={self.lora_owners}, "
+            f"lora_scaling={self.lora_scaling}"
+        )
 
 
 class SVLoRALinear(LoRATerm, SVLinear):
@@ -113,7 +115,7 @@ class SVLoRAConv(LoRATerm, SVConv):
         axes = {1: "l", 2: "hw", 3: "dhw"}[d]  # the spatial axes, by letter, for the einsums
         kernel = self.Vh.reshape(self.rank, self.in_channels, *self.kernel_size).to(x.dtype)
         h = CONVOLVE[d](x, kernel, None, self.stride, self.padding, self.dilation)  # (K*B, r, *S')
-        h = h.reshape(K, -1, *h.shape[-(d + 1):])  # (K, B, r, *S')
+        h = h.reshape(K, -1, *h.shape[-(d + 1) :])  # (K, B, r, *S')
         core = h * pointwise(self.pick("singular_values", members).to(h.dtype)[:, None, :], d)
         if self.lora_space == "basis":
             low = torch.einsum(f"kbr{axes},kqr->kbq{axes}", h, A.to(h.dtype))
@@ -123,8 +125,8 @@ class SVLoRAConv(LoRATerm, SVConv):
             filters = A.to(x.dtype).reshape(K, self.lora_rank, self.in_channels, *self.kernel_size)
             low = member_conv(x if x.dim() == d + 2 else x.unsqueeze(0), filters, self)  # (K*B, q, *S')
             y = y + self.lora_scaling * member_conv(low, pointwise(B.to(x.dtype), d)).reshape(y.shape)
-        y = self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1):]), members, channel_dim=-(d + 1))
-        return y.reshape(*x.shape[:-(d + 1)], *y.shape[-(d + 1):])  # unbatched (C, *S) inputs keep their shape
+        y = self.add_bias(y.reshape(K, -1, *y.shape[-(d + 1) :]), members, channel_dim=-(d + 1))
+        return y.reshape(*x.shape[: -(d + 1)], *y.shape[-(d + 1) :])  # unbatched (C, *S) inputs keep their shape
 
     def extra_repr(self) -> str:
         return super().extra_repr() + self.lora_repr()

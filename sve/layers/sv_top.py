@@ -27,8 +27,9 @@ from sve.layers.sv_linear import SVLinear, decompose_with_source
 from sve.layers.svd_cache import SVDCache
 
 
-def split_top(layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype: torch.dtype | None,
-              cache: SVDCache | None) -> tuple[Tensor, Tensor, Tensor, Tensor, str | None]:  # fmt: skip
+def split_top(
+    layer: nn.Module, rank: int, svd_dtype: torch.dtype, factor_dtype: torch.dtype | None, cache: SVDCache | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, str | None]:
     """(U_r, s_r, Vh_r, W_res, source) of ``layer``'s weight matrix; W_res computed in ``svd_dtype``, stored in
     the weight's dtype; source: the factors' (``decompose_with_source``) with the rank."""
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -63,9 +64,17 @@ class SVTopLinear(TopRankTerm, SVLinear):
     """``SVLinear`` on the top r directions plus the frozen residual; build with ``from_linear_top``."""
 
     @classmethod
-    def from_linear_top(cls, layer: nn.Module, rank: int, ensemble_size: int, sigma_init: float = 0.0,
-                        member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
-                        factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopLinear:
+    def from_linear_top(
+        cls,
+        layer: nn.Module,
+        rank: int,
+        ensemble_size: int,
+        sigma_init: float = 0.0,
+        member_bias: bool = True,
+        svd_dtype: torch.dtype = torch.float64,
+        factor_dtype: torch.dtype | None = None,
+        cache: SVDCache | None = None,
+    ) -> SVTopLinear:
         U, s, Vh, residual, source = split_top(layer, rank, svd_dtype, factor_dtype, cache)
         sv = cls(layer, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)
         sv.set_residual(residual)
@@ -80,9 +89,17 @@ class SVTopConv(TopRankTerm, SVConv):
     """``SVConv`` on the top r directions plus the frozen residual kernel; build with ``from_conv_top``."""
 
     @classmethod
-    def from_conv_top(cls, conv: nn.Module, rank: int, ensemble_size: int, sigma_init: float = 0.0,
-                      member_bias: bool = True, svd_dtype: torch.dtype = torch.float64,
-                      factor_dtype: torch.dtype | None = None, cache: SVDCache | None = None) -> SVTopConv:
+    def from_conv_top(
+        cls,
+        conv: nn.Module,
+        rank: int,
+        ensemble_size: int,
+        sigma_init: float = 0.0,
+        member_bias: bool = True,
+        svd_dtype: torch.dtype = torch.float64,
+        factor_dtype: torch.dtype | None = None,
+        cache: SVDCache | None = None,
+    ) -> SVTopConv:
         check_layer(conv)  # groups=1, zero padding
         U, s, Vh, residual, source = split_top(conv, rank, svd_dtype, factor_dtype, cache)
         sv = cls(conv, U, s, Vh, ensemble_size, sigma_init=sigma_init, member_bias=member_bias, source=source)

@@ -69,16 +69,27 @@ class SVDCache:
 
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory).expanduser() if directory is not None else default_dir()
-        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "compute_seconds": 0.0, "read_seconds": 0.0,
-                      "bytes_written": 0}
+        self.stats = {
+            "hits": 0,
+            "misses": 0,
+            "corrupt": 0,
+            "compute_seconds": 0.0,
+            "read_seconds": 0.0,
+            "bytes_written": 0,
+        }
         self._write_failed = False
 
     def path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.pt"
 
-    def factors(self, W: Tensor, svd_dtype: torch.dtype, factor_dtype: torch.dtype,
-                compute: Callable[[], tuple[Tensor, Tensor, Tensor]], key: str | None = None,
-                ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    def factors(
+        self,
+        W: Tensor,
+        svd_dtype: torch.dtype,
+        factor_dtype: torch.dtype,
+        compute: Callable[[], tuple[Tensor, Tensor, Tensor]],
+        key: str | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(U, s, Vh) of W from the cache, or ``compute()``d and stored; ``key``: ``weight_key`` of these
         arguments when the caller has it already (hashing a large weight takes a while)."""
         key = key or weight_key(W, svd_dtype, factor_dtype)
@@ -104,9 +115,12 @@ class SVDCache:
             entry = torch.load(path, map_location=W.device, weights_only=True)
             U, s, Vh = entry["U"], entry["s"], entry["Vh"]
             problem = (
-                "it was stored under another key" if entry.get("key") != key
-                else "its checksum does not match its contents" if entry.get("checksum") != checksum([U, s, Vh])
-                else "its shapes do not fit the weight" if (U.shape[0], Vh.shape[1]) != tuple(W.shape)
+                "it was stored under another key"
+                if entry.get("key") != key
+                else "its checksum does not match its contents"
+                if entry.get("checksum") != checksum([U, s, Vh])
+                else "its shapes do not fit the weight"
+                if (U.shape[0], Vh.shape[1]) != tuple(W.shape)
                 else None
             )
         except Exception as err:  # truncated or foreign file: torch.load raises many kinds
@@ -119,8 +133,13 @@ class SVDCache:
 
     def write(self, path: Path, key: str, U: Tensor, s: Tensor, Vh: Tensor) -> None:
         """Atomically stores an entry; a cache that cannot be written only costs the next run the SVD."""
-        entry = {"key": key, "checksum": checksum([U, s, Vh]), "U": U.detach().cpu(), "s": s.detach().cpu(),
-                 "Vh": Vh.detach().cpu()}
+        entry = {
+            "key": key,
+            "checksum": checksum([U, s, Vh]),
+            "U": U.detach().cpu(),
+            "s": s.detach().cpu(),
+            "Vh": Vh.detach().cpu(),
+        }
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,13 +153,16 @@ class SVDCache:
                 pass
             if not self._write_failed:
                 self._write_failed = True
-                warnings.warn(f"SVD cache {self.directory} cannot be written ({err}); factors are not kept",
-                              stacklevel=3)
+                warnings.warn(
+                    f"SVD cache {self.directory} cannot be written ({err}); factors are not kept", stacklevel=3
+                )
 
     def summary(self) -> dict:
         """What results.json records: the directory and the counts and seconds of this run."""
-        return {"dir": str(self.directory), **{k: round(v, 3) if isinstance(v, float) else v
-                                               for k, v in self.stats.items()}}
+        return {
+            "dir": str(self.directory),
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.stats.items()},
+        }
 
 
 __all__ = ["SVDCache", "default_dir", "weight_key"]

@@ -10,12 +10,27 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "EnsembleMethod": "base", "MemberHeads": "heads", "BatchEnsemble": "batch_ensemble", "BayesLoRA": "bayes_lora",
-    "BayesLoRALA": "bayes_lora", "BayesLoRALLLA": "bayes_lora", "BLoB": "blob", "CheckpointEnsemble": "checkpoint",
-    "DeepEnsemble": "deep_ensemble", "DeepEnsembleLoRA": "deep_ensemble", "LastLayerEnsemble": "last_layer",
-    "LoRAEnsemble": "lora", "SingleLoRA": "lora", "MCDropout": "mc_dropout", "MCDropoutLoRA": "mc_dropout",
-    "Single": "single", "SVE": "sve", "SVF": "sve", "SVELoRA": "sve_lora", "SVETop": "sve_top",
-}  # fmt: skip
+    "EnsembleMethod": "base",
+    "MemberHeads": "heads",
+    "BatchEnsemble": "batch_ensemble",
+    "BayesLoRA": "bayes_lora",
+    "BayesLoRALA": "bayes_lora",
+    "BayesLoRALLLA": "bayes_lora",
+    "BLoB": "blob",
+    "CheckpointEnsemble": "checkpoint",
+    "DeepEnsemble": "deep_ensemble",
+    "DeepEnsembleLoRA": "deep_ensemble",
+    "LastLayerEnsemble": "last_layer",
+    "LoRAEnsemble": "lora",
+    "SingleLoRA": "lora",
+    "MCDropout": "mc_dropout",
+    "MCDropoutLoRA": "mc_dropout",
+    "Single": "single",
+    "SVE": "sve",
+    "SVF": "sve",
+    "SVELoRA": "sve_lora",
+    "SVETop": "sve_top",
+}
 __all__ = list(_EXPORTS)
 
 

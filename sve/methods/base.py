@@ -130,9 +130,16 @@ class EnsembleMethod(nn.Module):
         super().__init_subclass__(**kwargs)
         register(cls)  # where the class is defined, as timm registers its models
 
-    def __init__(self, backbone: Backbone, ensemble_size: int, num_classes: int, lr: float | None = None,
-                 members_at_once: int | str = "all", target_modules: list[str] | None = None,
-                 task: str | None = None):
+    def __init__(
+        self,
+        backbone: Backbone,
+        ensemble_size: int,
+        num_classes: int,
+        lr: float | None = None,
+        members_at_once: int | str = "all",
+        target_modules: list[str] | None = None,
+        task: str | None = None,
+    ):
         super().__init__()
         if isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int) or ensemble_size < 1:
             raise InputError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
@@ -144,8 +151,10 @@ class EnsembleMethod(nn.Module):
             )
             ensemble_size = self.fixed_ensemble_size
         if isinstance(num_classes, bool) or not hasattr(type(num_classes), "__index__") or num_classes < 2:
-            raise InputError(f"num_classes={num_classes!r} is not valid: the members are classifiers with a softmax "
-                             "over at least 2 classes")  # fmt: skip
+            raise InputError(
+                f"num_classes={num_classes!r} is not valid: the members are classifiers with a softmax "
+                "over at least 2 classes"
+            )
         self.backbone = backbone
         self.ensemble_size = ensemble_size
         self.num_classes = num_classes
@@ -174,9 +183,12 @@ class EnsembleMethod(nn.Module):
         """Members with pretrained heads and no init noise start as one model, see the same batches and stay
         identical (disagreement 0): say so, naming the key that makes them differ."""
         if noise == 0 and self.head_pretrained and self.ensemble_size > 1 and not self.shared_head:
-            warnings.warn(f"{type(self).__name__}: the head is {self.head_init} and {noise_key}=0, so the "
-                          f"{self.ensemble_size} members start as one model, see the same batches and stay "
-                          f"identical; set {noise_key} > 0 (e.g. 0.01) for members that differ", stacklevel=3)
+            warnings.warn(
+                f"{type(self).__name__}: the head is {self.head_init} and {noise_key}=0, so the "
+                f"{self.ensemble_size} members start as one model, see the same batches and stay "
+                f"identical; set {noise_key} > 0 (e.g. 0.01) for members that differ",
+                stacklevel=3,
+            )
 
     def check_training(self, epochs: int) -> None:
         """Refuses, before training, a schedule of ``epochs`` on which this method cannot build its members."""
@@ -198,18 +210,29 @@ class EnsembleMethod(nn.Module):
             # A model wrapped without target patterns (sve.wrap) has the backbone's defaults: every adaptable layer
             # on the feature path, of any type. They are resolved as ``all`` is, for this method's layer types, so
             # a method that adapts linears only (Bayes-LoRA (LA)) takes the linears of a CNN, not its convolutions.
-            default = (getattr(self.backbone, "targets_by_default", False)
-                       and self.target_modules == list(self.backbone.target_modules))  # fmt: skip
+            default = getattr(self.backbone, "targets_by_default", False) and self.target_modules == list(
+                self.backbone.target_modules
+            )
             every = self.target_modules == [ALL] or default
             if every:  # every layer this method adapts, as exact names
-                self.target_modules = every_layer(self.backbone.model, self.layer_types,
-                                                  usage.unused_modules if usage is not None else None)
-            self.wrapped = inject(self.backbone.model, self.target_modules, self.make_layer, types=self.layer_types,
-                                  outside=usage.unused_modules if usage is not None else None)
+                self.target_modules = every_layer(
+                    self.backbone.model, self.layer_types, usage.unused_modules if usage is not None else None
+                )
+            self.wrapped = inject(
+                self.backbone.model,
+                self.target_modules,
+                self.make_layer,
+                types=self.layer_types,
+                outside=usage.unused_modules if usage is not None else None,
+            )
             if every:
-                log.info("%s: %s takes %d layers: %s", type(self).__name__,
-                         "the default target_modules" if default else "target_modules=all", len(self.wrapped),
-                         ", ".join(self.wrapped))  # fmt: skip
+                log.info(
+                    "%s: %s takes %d layers: %s",
+                    type(self).__name__,
+                    "the default target_modules" if default else "target_modules=all",
+                    len(self.wrapped),
+                    ", ".join(self.wrapped),
+                )
             self.probe_member_layout()
         self.log_summary()
 
@@ -249,8 +272,14 @@ class EnsembleMethod(nn.Module):
     def fall_back(self, err: MemberLayoutError) -> None:
         """From now on the members run one at a time, where a layer's input may have any layout; said once."""
         self.fallback = err.module or "a member layer"
-        log.warning("%s runs its members one at a time (%d backbone passes per batch, about %d times less "
-                    "activation memory): %s", type(self).__name__, self.ensemble_size, self.ensemble_size, err)
+        log.warning(
+            "%s runs its members one at a time (%d backbone passes per batch, about %d times less "
+            "activation memory): %s",
+            type(self).__name__,
+            self.ensemble_size,
+            self.ensemble_size,
+            err,
+        )
 
     # ----- members --------------------------------------------------------------------------------------------
     def num_members(self) -> int:
@@ -330,7 +359,7 @@ class EnsembleMethod(nn.Module):
         # One member per pass: the member-free layers that read the batch (a stem, embeddings) run once.
         shared = share_inputs(self.backbone, batch) if chunk == 1 and len(members) > 1 else nullcontext()
         with shared:
-            return torch.cat([self.member_logits(batch, members[i:i + chunk]) for i in range(0, len(members), chunk)])
+            return torch.cat([self.member_logits(batch, members[i : i + chunk]) for i in range(0, len(members), chunk)])
 
     @torch.no_grad()
     def predict(self, batch: dict, aggregate: str = "probs"):
@@ -360,9 +389,12 @@ class EnsembleMethod(nn.Module):
 
     def report(self) -> dict:
         """Facts for results.json; subclasses add their own to this."""
-        return {"wrapped_modules": len(self.wrapped), "members_at_once": "all" if self.members_at_once is None
-                else self.members_at_once, "fell_back_to_one_member_at_a_time": self.fallback,
-                "head_init": self.head_init}
+        return {
+            "wrapped_modules": len(self.wrapped),
+            "members_at_once": "all" if self.members_at_once is None else self.members_at_once,
+            "fell_back_to_one_member_at_a_time": self.fallback,
+            "head_init": self.head_init,
+        }
 
     def loss(self, member_logits: Tensor, labels: Tensor, ensemble_size: int | None = None) -> Tensor:
         """Eq. 6: the mean over members of each member's cross-entropy. With ``ensemble_size`` (training in
@@ -405,8 +437,13 @@ class EnsembleMethod(nn.Module):
             # Grouped by block index: a 7B model's 224 names on one line read as noise (the full list is at debug).
             log.info("%s wrapped %d modules: %s", type(self).__name__, len(self.wrapped), grouped_names(self.wrapped))
             log.debug("wrapped modules: %s", ", ".join(self.wrapped))
-        log.info("%s: %s trainable parameters (%.2f%% of the backbone's %s)", type(self).__name__,
-                 f"{counts['trainable']:,}", 100 * counts["trainable"] / max(base, 1), f"{base:,}")
+        log.info(
+            "%s: %s trainable parameters (%.2f%% of the backbone's %s)",
+            type(self).__name__,
+            f"{counts['trainable']:,}",
+            100 * counts["trainable"] / max(base, 1),
+            f"{base:,}",
+        )
 
 
 def batch_size(batch: dict) -> int:

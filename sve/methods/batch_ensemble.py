@@ -32,8 +32,15 @@ class BatchEnsemble(EnsembleMethod):
     display_name = "Batch Ensemble"
     trains = "each member's fast weights, biases and head, and (train_backbone) the shared weights"
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, train_backbone: bool = True,
-                 init_std: float = 0.0, **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        train_backbone: bool = True,
+        init_std: float = 0.0,
+        **common,
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.train_backbone = train_backbone
         self.init_std = init_std

@@ -79,8 +79,16 @@ class BayesLoRA(SingleLoRA):
 
     shared_head = True
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, num_samples: int = 10,
-                 prior_precision: float = 1.0, marglik_steps: int = 100, **kwargs):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        num_samples: int = 10,
+        prior_precision: float = 1.0,
+        marglik_steps: int = 100,
+        **kwargs,
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **kwargs)
         self.num_samples = num_samples
         self.init_prior_precision = prior_precision
@@ -106,8 +114,9 @@ class BayesLoRA(SingleLoRA):
             return
         self.eval()  # on the device the module trains on (the heads' device)
         self.laplace = self.fit_laplace(datamodule.train_dataloader(), datamodule.batch_size)
-        log.info("%s: prior precision %.4g (marginal likelihood)", type(self).__name__,
-                 float(self.laplace.prior_precision))
+        log.info(
+            "%s: prior precision %.4g (marginal likelihood)", type(self).__name__, float(self.laplace.prior_precision)
+        )
 
     # The posterior is part of the method's state, so a checkpoint written after the fit carries it: a resumed
     # or re-evaluated run samples from the same posterior instead of fitting a new one.
@@ -129,8 +138,9 @@ class BayesLoRA(SingleLoRA):
     def report(self) -> dict:
         facts = {**super().report(), "num_samples": self.num_samples}
         if self.laplace is not None:
-            facts.update(prior_precision=float(self.laplace.prior_precision),
-                         laplace_parameters=int(self.laplace.n_params))
+            facts.update(
+                prior_precision=float(self.laplace.prior_precision), laplace_parameters=int(self.laplace.n_params)
+            )
         return facts
 
     def fit_laplace(self, loader: DataLoader, batch_size: int):  # pragma: no cover - abstract
@@ -245,8 +255,9 @@ class BayesLoRALA(BayesLoRA):
 
             # randomness="same": a random operator in the forward (none in evaluation; a hook building a layer)
             # draws once for all samples instead of failing.
-            at_map, offsets = vmap(lambda *t: jvp(logits, tuple(primals), t), out_dims=(None, 0),
-                                   randomness="same")(*tangents)
+            at_map, offsets = vmap(lambda *t: jvp(logits, tuple(primals), t), out_dims=(None, 0), randomness="same")(
+                *tangents
+            )
         return at_map + offsets  # (S, B, C)
 
     @contextmanager
@@ -263,8 +274,9 @@ class BayesLoRALA(BayesLoRA):
 
     def empty_laplace(self) -> LoRAKronLaplace:
         with self.lora_only():
-            return LoRAKronLaplace(_MAPLogits(self), "classification", backend=LoRAKFAC,
-                                   prior_precision=self.init_prior_precision)  # fmt: skip
+            return LoRAKronLaplace(
+                _MAPLogits(self), "classification", backend=LoRAKFAC, prior_precision=self.init_prior_precision
+            )
 
     def fit_laplace(self, loader: DataLoader, batch_size: int):
         la = self.empty_laplace()

@@ -41,9 +41,19 @@ class BLoB(EnsembleMethod):
     fixed_ensemble_size = 1
     shared_head = True
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
-                 init_std: float = 0.05, prior_std: float = 0.2, kl_weight: float = 1e-4, num_samples: int = 10,
-                 **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        rank: int = 8,
+        alpha: float = 8.0,
+        init_std: float = 0.05,
+        prior_std: float = 0.2,
+        kl_weight: float = 1e-4,
+        num_samples: int = 10,
+        **common,
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.rank, self.alpha, self.init_std, self.prior_std = rank, alpha, init_std, prior_std
         self.kl_weight = kl_weight

@@ -43,14 +43,16 @@ class CheckpointEnsemble(LoRAEnsemble):
     def snapshot(self) -> None:
         """Copies the trainable tensors; keeps the last ``ensemble_size`` copies."""
         self.checkpoints.append({n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad})
-        self.checkpoints = self.checkpoints[-self.ensemble_size:]
+        self.checkpoints = self.checkpoints[-self.ensemble_size :]
 
     def check_training(self, epochs: int) -> None:
         if epochs < self.ensemble_size:
-            raise InputError(f"method=checkpoint_ensemble keeps the last ensemble_size epoch-end checkpoints: "
-                             f"ensemble_size={self.ensemble_size} needs at least {self.ensemble_size} epochs, and "
-                             f"this schedule trains {epochs} (trainer.max_epochs / trainer.max_steps); train longer "
-                             "or lower ensemble_size")
+            raise InputError(
+                f"method=checkpoint_ensemble keeps the last ensemble_size epoch-end checkpoints: "
+                f"ensemble_size={self.ensemble_size} needs at least {self.ensemble_size} epochs, and "
+                f"this schedule trains {epochs} (trainer.max_epochs / trainer.max_steps); train longer "
+                "or lower ensemble_size"
+            )
 
     def on_train_epoch_end(self, module) -> None:
         self.snapshot()
@@ -75,8 +77,9 @@ class CheckpointEnsemble(LoRAEnsemble):
             for name, layer in self.backbone.model.named_modules():
                 if name in self.wrapped:
                     key = f"backbone.model.{name}"
-                    stack.enter_context(layer.use_bank(lora_A=self.stacked(key + ".lora_A"),
-                                                       lora_B=self.stacked(key + ".lora_B")))
+                    stack.enter_context(
+                        layer.use_bank(lora_A=self.stacked(key + ".lora_A"), lora_B=self.stacked(key + ".lora_B"))
+                    )
             return super().forward(batch)
 
     def member_logits(self, batch: dict, members: list[int]) -> Tensor:

@@ -89,8 +89,9 @@ class DeepEnsemble(EnsembleMethod):
     train_backbone = True
     chunked_training = False  # its memory lever is the sequential mode's rounds (chunk_size)
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, mode: str = "auto", chunk_size: int = 1,
-                 **common):
+    def __init__(
+        self, backbone, ensemble_size: int, num_classes: int, mode: str = "auto", chunk_size: int = 1, **common
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if mode not in MODES:
             raise InputError(f"mode={mode!r} is not valid; choose one of {list(MODES)}")
@@ -115,11 +116,13 @@ class DeepEnsemble(EnsembleMethod):
             chunk_size = 1 if same_start else chunk_size
         chunk_size = M if mode == "in_memory" else max(1, min(chunk_size, M))
         if same_start and chunk_size > 1:
-            warnings.warn(f"DeepEnsemble: the head is {self.head_init}, so every member starts from the same "
-                          f"weights, and the {chunk_size} members trained together (mode={mode}, "
-                          f"chunk_size={chunk_size}) see the same batches: they stay identical. Use "
-                          f"mode=sequential with chunk_size=1 (or mode=auto) for members of their own.",
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"DeepEnsemble: the head is {self.head_init}, so every member starts from the same "
+                f"weights, and the {chunk_size} members trained together (mode={mode}, "
+                f"chunk_size={chunk_size}) see the same batches: they stay identical. Use "
+                f"mode=sequential with chunk_size=1 (or mode=auto) for members of their own.",
+                stacklevel=3,
+            )
         if mode == "sequential":  # evaluation loads one chunk of stored members per pass
             k = self.members_at_once if isinstance(self.members_at_once, int) else chunk_size
             self.members_at_once = min(k, chunk_size)
@@ -154,8 +157,9 @@ class DeepEnsemble(EnsembleMethod):
         self.round += 1
         torch.manual_seed(self.seed + self.round)  # each round its own seed (data order, dropout, fresh draws)
         self.start_round()
-        log.info("%s: training members %s (round %d of %d)", type(self).__name__, self.active(), self.round + 1,
-                 self.rounds)
+        log.info(
+            "%s: training members %s (round %d of %d)", type(self).__name__, self.active(), self.round + 1, self.rounds
+        )
         return True
 
     def member_state(self, slot: int, member: int) -> dict[str, Tensor]:
@@ -230,8 +234,13 @@ class DeepEnsemble(EnsembleMethod):
 
     def get_extra_state(self) -> dict:
         """Round state and finished members (sequential mode), so a checkpoint resumes the right round."""
-        return {"round": self.round, "finished": self.finished, "loaded": self.loaded, "store": self.store,
-                "head_rows": self.head_rows}
+        return {
+            "round": self.round,
+            "finished": self.finished,
+            "loaded": self.loaded,
+            "store": self.store,
+            "head_rows": self.head_rows,
+        }
 
     def set_extra_state(self, state: dict) -> None:
         self.round, self.finished = int(state["round"]), bool(state["finished"])
@@ -265,8 +274,18 @@ class DeepEnsembleLoRA(DeepEnsemble):
     # backbone, so trainer=gpu or ddp holds them; sharding is for full fine-tunes.
     shardable = False
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
-                 dropout: float = 0.1, mode: str = "auto", chunk_size: int = 1, **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.1,
+        mode: str = "auto",
+        chunk_size: int = 1,
+        **common,
+    ):
         if not 0 <= dropout < 1:
             raise InputError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
         self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)  # read by make_layer, in adapt()
@@ -288,8 +307,9 @@ class DeepEnsembleLoRA(DeepEnsemble):
         adapter: ``member_state``)."""
         self.initial_heads = None
         with torch.no_grad():  # the pretrained head (if any), which every round's members start from
-            self.head_start = (self.heads.weight[0].clone(), self.heads.bias[0].clone()) if self.head_pretrained \
-                else None
+            self.head_start = (
+                (self.heads.weight[0].clone(), self.heads.bias[0].clone()) if self.head_pretrained else None
+            )
 
     def trained(self) -> dict[str, nn.Parameter]:
         """The trainable tensors, each (M, ...): row m is member m's."""

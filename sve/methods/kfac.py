@@ -89,8 +89,10 @@ class LoRAKronLaplace(KronLaplace):
     def _init_H(self) -> None:
         self.H = Kron(
             [
-                [torch.zeros(p.shape[-2], p.shape[-2], device=self._device, dtype=self._dtype),
-                 torch.zeros(p.shape[-1], p.shape[-1], device=self._device, dtype=self._dtype)]
+                [
+                    torch.zeros(p.shape[-2], p.shape[-2], device=self._device, dtype=self._dtype),
+                    torch.zeros(p.shape[-1], p.shape[-1], device=self._device, dtype=self._dtype),
+                ]
                 for p in self.params
             ]
         )

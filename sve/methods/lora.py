@@ -30,8 +30,16 @@ class LoRAEnsemble(EnsembleMethod):
 
     adapters_per_member = True  # False: one adapter shared by all members (last-layer, checkpoint ensembles)
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 8.0,
-                 dropout: float = 0.0, **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        rank: int = 8,
+        alpha: float = 8.0,
+        dropout: float = 0.0,
+        **common,
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1:
             raise InputError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")

@@ -56,8 +56,12 @@ def set_dropout(model: nn.Module, rate: float) -> int:
                 setattr(module, key, rate)
                 sites += 1
     if before - {rate}:
-        log.info("MC dropout: %d dropout site(s) set to method.dropout=%s (the model had %s)", sites, rate,
-                 ", ".join(str(r) for r in sorted(before)))
+        log.info(
+            "MC dropout: %d dropout site(s) set to method.dropout=%s (the model had %s)",
+            sites,
+            rate,
+            ", ".join(str(r) for r in sorted(before)),
+        )
     return sites
 
 
@@ -86,8 +90,11 @@ def training_only_regularisers(model: nn.Module) -> list[tuple[object, str, obje
             if owner is None or id(owner) in seen:
                 continue
             seen.add(id(owner))
-            found += [(owner, key, 0.0) for key in LAYERDROP_KEYS
-                      if isinstance(getattr(owner, key, None), float) and getattr(owner, key) > 0]
+            found += [
+                (owner, key, 0.0)
+                for key in LAYERDROP_KEYS
+                if isinstance(getattr(owner, key, None), float) and getattr(owner, key) > 0
+            ]
             if owner is not module and getattr(owner, "apply_spec_augment", False) is True:
                 found.append((owner, "apply_spec_augment", False))
     return found
@@ -108,8 +115,9 @@ class MCDropout(EnsembleMethod):
     shared_head = True
     stochastic = True
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, dropout: float = 0.05,
-                 num_samples: int = 10, **common):
+    def __init__(
+        self, backbone, ensemble_size: int, num_classes: int, dropout: float = 0.05, num_samples: int = 10, **common
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1 or num_samples < 1:
             raise InputError(f"need 0 <= dropout < 1 and num_samples >= 1, got {dropout} and {num_samples}")
@@ -144,8 +152,12 @@ class MCDropout(EnsembleMethod):
         return 1 if self.training else self.num_samples  # each pass draws its own dropout masks
 
     def report(self) -> dict:
-        return {**super().report(), "num_samples": self.num_samples, "dropout": self.dropout,
-                "dropout_sites": self.sites}
+        return {
+            **super().report(),
+            "num_samples": self.num_samples,
+            "dropout": self.dropout,
+            "dropout_sites": self.sites,
+        }
 
 
 class MCDropoutLoRA(SingleLoRA):
@@ -162,8 +174,17 @@ class MCDropoutLoRA(SingleLoRA):
     shared_head = True  # one adapter and one head: the members are its passes
     stochastic = True
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, rank: int = 8, alpha: float = 16.0,
-                 dropout: float = 0.1, num_samples: int = 10, **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.1,
+        num_samples: int = 10,
+        **common,
+    ):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"method.num_samples={num_samples!r} is not valid: passes are a positive integer")
         self.num_samples = num_samples

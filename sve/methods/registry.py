@@ -77,8 +77,9 @@ def method_class(option: str) -> type:
     target = option_config(option)._target_
     cls = get_class(target)
     if CLASSES.get(f"{cls.__module__}.{cls.__qualname__}") is not cls:
-        raise TypeError(f"method={option}: _target_ {target} is not a method class (a subclass of "
-                        "sve.methods.EnsembleMethod)")  # fmt: skip
+        raise TypeError(
+            f"method={option}: _target_ {target} is not a method class (a subclass of sve.methods.EnsembleMethod)"
+        )
     return cls
 
 
@@ -112,9 +113,16 @@ def info(option: str) -> MethodInfo:
     cls = method_class(option)
     name = vars(cls).get("option_display_names", {}).get(option, cls.display_name)
     samples = int(option_config(option).num_samples) if cls.sampled else None
-    return MethodInfo(option=option, cls=cls, display_name=name, sampled=cls.sampled, num_samples=samples,
-                      fits_after_training=cls.fits_after_training, epoch_snapshots=cls.epoch_snapshots,
-                      trains=cls.trains)
+    return MethodInfo(
+        option=option,
+        cls=cls,
+        display_name=name,
+        sampled=cls.sampled,
+        num_samples=samples,
+        fits_after_training=cls.fits_after_training,
+        epoch_snapshots=cls.epoch_snapshots,
+        trains=cls.trains,
+    )
 
 
 def display_name(option: str) -> str:

@@ -54,9 +54,19 @@ class SVE(EnsembleMethod):
     display_name = "SV-Ensemble"
     trains = "each member's singular values (and biases) and its head"
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, sigma_init: float = 0.01,
-                 member_bias: bool = True, svd_dtype: str = "float64", factor_dtype: str | None = None,
-                 inference: str = "auto", svd_cache: str | None = None, **common):
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        sigma_init: float = 0.01,
+        member_bias: bool = True,
+        svd_dtype: str = "float64",
+        factor_dtype: str | None = None,
+        inference: str = "auto",
+        svd_cache: str | None = None,
+        **common,
+    ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.sigma_init = sigma_init
         if self.fixed_ensemble_size is None:  # SVF has one member by design
@@ -79,15 +89,28 @@ class SVE(EnsembleMethod):
             log.info("SVD of %d layers took %.1f s", len(self.wrapped), self.svd_seconds)
         else:
             st = self.svd_cache.stats
-            log.info("SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)",
-                     len(self.wrapped), self.svd_seconds, st["hits"], self.svd_cache.directory,
-                     st["read_seconds"], st["misses"], st["compute_seconds"])
+            log.info(
+                "SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)",
+                len(self.wrapped),
+                self.svd_seconds,
+                st["hits"],
+                self.svd_cache.directory,
+                st["read_seconds"],
+                st["misses"],
+                st["compute_seconds"],
+            )
 
     def make_layer(self, layer: nn.Module) -> SVLinear:
         convert = SVConv.from_conv if isinstance(layer, CONV_TYPES) else SVLinear.from_linear
-        return convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
-                       member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
-                       cache=self.svd_cache)
+        return convert(
+            layer,
+            ensemble_size=self.ensemble_size,
+            sigma_init=self.sigma_init,
+            member_bias=self.member_bias,
+            svd_dtype=self.svd_dtype,
+            factor_dtype=self.factor_dtype,
+            cache=self.svd_cache,
+        )
 
     def merged_bytes(self) -> int:
         """Memory that cached merged weights of all members take, in the backbone's compute dtype."""
@@ -97,8 +120,10 @@ class SVE(EnsembleMethod):
     def compute_dtype(self) -> torch.dtype:
         """The dtype activations have: that of the backbone's first floating weight outside the SV layers."""
         factors = {id(p) for layer in self.sv_layers() for p in layer.parameters()}
-        return next((p.dtype for p in self.backbone.parameters() if id(p) not in factors and p.is_floating_point()),
-                    torch.float32)
+        return next(
+            (p.dtype for p in self.backbone.parameters() if id(p) not in factors and p.is_floating_point()),
+            torch.float32,
+        )
 
     def plan_inference(self) -> None:
         """``auto``: cache the merged weights of all members only when they take at most half of the free
@@ -110,8 +135,12 @@ class SVE(EnsembleMethod):
         free = free_memory(device) if self.planned_free_memory is None else self.planned_free_memory
         cache = need <= free / 2
         if cache != self.merged_cache:
-            log.info("%s inference: merged weights %s (%.0f MB for all members)", type(self).__name__,
-                     "cached for all members" if cache else "merged per chunk of members", need / 2**20)
+            log.info(
+                "%s inference: merged weights %s (%.0f MB for all members)",
+                type(self).__name__,
+                "cached for all members" if cache else "merged per chunk of members",
+                need / 2**20,
+            )
         self.merged_cache = cache
         for layer in self.sv_layers():
             layer.auto_cache = cache
@@ -123,8 +152,13 @@ class SVE(EnsembleMethod):
         return self
 
     def report(self) -> dict:
-        facts = {**super().report(), "svd_seconds": self.svd_seconds, "inference": self.inference,
-                 "merged_cache": self.merged_cache, "merged_cache_bytes": self.merged_bytes()}
+        facts = {
+            **super().report(),
+            "svd_seconds": self.svd_seconds,
+            "inference": self.inference,
+            "merged_cache": self.merged_cache,
+            "merged_cache_bytes": self.merged_bytes(),
+        }
         if self.svd_cache is not None:
             facts["svd_cache"] = self.svd_cache.summary()
         # Whether the singular values trained at all, or the members still differ by their init noise only

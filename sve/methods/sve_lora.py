@@ -28,16 +28,29 @@ class SVELoRA(SVE):
     """
 
     display_name = "SVE + LoRA"  # beyond the paper (its Sec. 6 future work)
-    option_display_names = {"sve_lora_shared": "SVE + shared LoRA",
-                            "sve_lora_rates": "SVE + LoRA (own SV rate)"}  # sv_lr tuned apart from the adapters' rate
+    option_display_names = {
+        "sve_lora_shared": "SVE + shared LoRA",
+        "sve_lora_rates": "SVE + LoRA (own SV rate)",
+    }  # sv_lr tuned apart from the adapters' rate
     trains = "each member's singular values (and biases), the LoRA updates and the heads"
 
-    def __init__(self, backbone, ensemble_size: int, num_classes: int, lora_rank: int = 8, lora_alpha: float = 8.0,
-                 lora_space: str = "weight", lora_members: str = "per_member", sv_lr: float | None = None,
-                 **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        backbone,
+        ensemble_size: int,
+        num_classes: int,
+        lora_rank: int = 8,
+        lora_alpha: float = 8.0,
+        lora_space: str = "weight",
+        lora_members: str = "per_member",
+        sv_lr: float | None = None,
+        **kwargs,
+    ):
         if sv_lr is not None and (isinstance(sv_lr, bool) or not isinstance(sv_lr, (int, float)) or not sv_lr > 0):
-            raise InputError(f"method.sv_lr={sv_lr!r}: the singular values' learning rate must be a positive number, "
-                             "or null to train them at the method's learning rate")  # fmt: skip
+            raise InputError(
+                f"method.sv_lr={sv_lr!r}: the singular values' learning rate must be a positive number, "
+                "or null to train them at the method's learning rate"
+            )
         self.lora_options = dict(rank=lora_rank, alpha=lora_alpha, space=lora_space, members=lora_members)
         self.sv_lr = None if sv_lr is None else float(sv_lr)
         super().__init__(backbone, ensemble_size, num_classes, **kwargs)
@@ -52,8 +65,14 @@ class SVELoRA(SVE):
 
     def make_layer(self, layer: nn.Module) -> SVLoRALinear:
         convert = SVLoRAConv.from_conv if isinstance(layer, CONV_TYPES) else SVLoRALinear.from_linear
-        sv = convert(layer, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
-                     member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
-                     cache=self.svd_cache)  # fmt: skip
+        sv = convert(
+            layer,
+            ensemble_size=self.ensemble_size,
+            sigma_init=self.sigma_init,
+            member_bias=self.member_bias,
+            svd_dtype=self.svd_dtype,
+            factor_dtype=self.factor_dtype,
+            cache=self.svd_cache,
+        )
         sv.add_lora(**self.lora_options)
         return sv

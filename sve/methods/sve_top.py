@@ -26,6 +26,13 @@ class SVETop(SVE):
 
     def make_layer(self, layer: nn.Module) -> SVTopLinear:
         convert = SVTopConv.from_conv_top if isinstance(layer, CONV_TYPES) else SVTopLinear.from_linear_top
-        return convert(layer, self.top_rank, ensemble_size=self.ensemble_size, sigma_init=self.sigma_init,
-                       member_bias=self.member_bias, svd_dtype=self.svd_dtype, factor_dtype=self.factor_dtype,
-                       cache=self.svd_cache)  # fmt: skip
+        return convert(
+            layer,
+            self.top_rank,
+            ensemble_size=self.ensemble_size,
+            sigma_init=self.sigma_init,
+            member_bias=self.member_bias,
+            svd_dtype=self.svd_dtype,
+            factor_dtype=self.factor_dtype,
+            cache=self.svd_cache,
+        )

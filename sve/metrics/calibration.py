@@ -38,8 +38,12 @@ def fit_temperature(log_probs: Tensor, labels: Tensor) -> float:
     log_probs, labels = log_probs.double(), labels.long()
     if not len(labels):
         raise ValueError("temperature scaling needs at least one validation example")
-    found = minimize_scalar(lambda log_t: nll(log_probs, labels, math.exp(log_t)), bounds=LOG_T_BOUNDS,
-                            method="bounded", options={"xatol": 1e-7})  # fmt: skip
+    found = minimize_scalar(
+        lambda log_t: nll(log_probs, labels, math.exp(log_t)),
+        bounds=LOG_T_BOUNDS,
+        method="bounded",
+        options={"xatol": 1e-7},
+    )
     return math.exp(found.x)
 
 

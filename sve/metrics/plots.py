@@ -47,11 +47,28 @@ def draw_reliability(fig, cell, bins: dict[str, np.ndarray], title: str) -> None
     edges = np.linspace(0, 1, N_BINS + 1)
     width = 1 / N_BINS
     filled = bins["count"] > 0
-    top.bar(edges[:-1][filled], bins["accuracy"][filled], width=width, align="edge", color="tab:blue",
-            edgecolor="black", lw=0.4, label="accuracy")
+    top.bar(
+        edges[:-1][filled],
+        bins["accuracy"][filled],
+        width=width,
+        align="edge",
+        color="tab:blue",
+        edgecolor="black",
+        lw=0.4,
+        label="accuracy",
+    )
     gap = bins["confidence"][filled] - bins["accuracy"][filled]
-    top.bar(edges[:-1][filled], gap, bottom=bins["accuracy"][filled], width=width, align="edge", color="tab:red",
-            alpha=0.3, lw=0, label="gap to confidence")
+    top.bar(
+        edges[:-1][filled],
+        gap,
+        bottom=bins["accuracy"][filled],
+        width=width,
+        align="edge",
+        color="tab:red",
+        alpha=0.3,
+        lw=0,
+        label="gap to confidence",
+    )
     top.plot([0, 1], [0, 1], "--", color="grey", lw=0.8)
     top.set(xlim=(0, 1), ylim=(0, 1))
     top.set_title(title, fontsize=8)
@@ -62,8 +79,15 @@ def draw_reliability(fig, cell, bins: dict[str, np.ndarray], title: str) -> None
     top_share = max(float(share.max()), 1e-9)
     for left, count, height in zip(edges[:-1], bins["count"], share):
         if count:
-            bottom.text(left + width / 2, height + 0.04 * top_share, f"{int(count)}", rotation=90, ha="center",
-                        va="bottom", fontsize=4.5)
+            bottom.text(
+                left + width / 2,
+                height + 0.04 * top_share,
+                f"{int(count)}",
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=4.5,
+            )
     bottom.set(xlim=(0, 1), ylim=(0, 1.6 * top_share))
     bottom.set_xlabel("confidence", fontsize=7)
     bottom.set_ylabel("share", fontsize=7)

@@ -180,10 +180,15 @@ def uncertainty(member_logits: Tensor, aggregate: str = "probs") -> Prediction:
     confidence, label = probs.max(-1)
     expected = entropy(member_probs).mean(0)
     return Prediction(
-        probs=probs, label=label, confidence=confidence, entropy=entropy(probs), expected_entropy=expected,
+        probs=probs,
+        label=label,
+        confidence=confidence,
+        entropy=entropy(probs),
+        expected_entropy=expected,
         mutual_information=entropy(member_probs.mean(0)) - expected,
-        disagreement=(member_logits.argmax(-1) != label).double().mean(0), member_probs=member_probs,
-    )  # fmt: skip
+        disagreement=(member_logits.argmax(-1) != label).double().mean(0),
+        member_probs=member_probs,
+    )
 
 
 def mutual_information(member_logits: Tensor) -> float:
@@ -264,9 +269,11 @@ class OODDetection(Metric):
         # other metric reads) would have reached results.json as plausible numbers.
         nan = torch.isnan(scores)
         if nan.any():
-            raise FloatingPointError(f"OOD detection got NaN scores ({int((nan & (target == 1)).sum())} "
-                                     f"in-distribution, {int((nan & (target == 0)).sum())} OOD); the member "
-                                     "logits hold NaN")  # fmt: skip
+            raise FloatingPointError(
+                f"OOD detection got NaN scores ({int((nan & (target == 1)).sum())} "
+                f"in-distribution, {int((nan & (target == 0)).sum())} OOD); the member "
+                "logits hold NaN"
+            )
         # torchmetrics passes scores outside [0, 1] through a sigmoid, which in float64 rounds every score above
         # ~37 to 1.0 and ties them (an energy score, say). The curves depend only on the order and the ties of
         # the scores, so they are fed dense ranks scaled into [0, 1], which keep both exactly.

@@ -163,14 +163,18 @@ def check_paired(a: Statistic, b: Statistic) -> None:
     """Refuses (``InputError``) two runs' statistics whose sets are not the same examples (index and labels)."""
     names = [[s.name for s in stat.sets] for stat in (a, b)]
     if names[0] != names[1]:
-        raise InputError(f"a paired bootstrap needs both runs' {a.key} on the same evaluation sets; one has "
-                         f"{names[0]}, the other {names[1]} (evaluate both with the same corruptions and severities)")
+        raise InputError(
+            f"a paired bootstrap needs both runs' {a.key} on the same evaluation sets; one has "
+            f"{names[0]}, the other {names[1]} (evaluate both with the same corruptions and severities)"
+        )
     for x, y in zip(a.sets, b.sets):
         if x.fingerprint != y.fingerprint:
-            raise InputError(f"a paired bootstrap needs both runs evaluated on the same examples, but {x.where} "
-                             f"({x.n} examples) and {y.where} ({y.n} examples) differ in their index or labels; "
-                             "evaluate both on the same set (the same dataset.test_size, shift_size and "
-                             "subset_seed)")  # fmt: skip
+            raise InputError(
+                f"a paired bootstrap needs both runs evaluated on the same examples, but {x.where} "
+                f"({x.n} examples) and {y.where} ({y.n} examples) differ in their index or labels; "
+                "evaluate both on the same set (the same dataset.test_size, shift_size and "
+                "subset_seed)"
+            )
 
 
 # --- intervals -----------------------------------------------------------------------------------------------
@@ -256,8 +260,9 @@ def draw(terms: Sequence[Term], replicates: int = REPLICATES, seed: int = SEED, 
         r = min(CHUNK, replicates - start)
         weights = {k: resample_counts(rng, sizes[k], r) for k in sorted(sizes)}
         for t in terms:
-            out[start:start + r, where[t.unit, t.seed]] += t.coef * t.statistic.evaluate(
-                [weights[stratum(t, s, joint)] for s in t.statistic.sets])
+            out[start : start + r, where[t.unit, t.seed]] += t.coef * t.statistic.evaluate(
+                [weights[stratum(t, s, joint)] for s in t.statistic.sets]
+            )
     return Draws(tuple(columns), points, out)
 
 
@@ -334,8 +339,9 @@ def interval(terms: Sequence[Term], replicates: int = REPLICATES, level: float =
     return as_interval(draws, combined(draws, level), covers_training(draws))
 
 
-def per_seed_bootstrap(terms: Sequence[Term], replicates: int = REPLICATES, level: float = LEVEL,
-                       seed: int = SEED) -> Interval:
+def per_seed_bootstrap(
+    terms: Sequence[Term], replicates: int = REPLICATES, level: float = LEVEL, seed: int = SEED
+) -> Interval:
     """The procedure before the joint design, kept to show what changed (the README's list of changed verdicts)
     and its coverage: every seed's examples resampled apart, the percentile interval of the sum, the runs fixed.
     It draws the resamples it drew then (same generator, strata and order)."""
@@ -344,5 +350,19 @@ def per_seed_bootstrap(terms: Sequence[Term], replicates: int = REPLICATES, leve
     return as_interval(draws, percentile(draws, level), training=False)
 
 
-__all__ = ["KEYS", "Statistic", "Term", "Interval", "ece_bins", "statistic", "check_paired", "Draws", "draw", "percentile", "hierarchical",
-           "combined", "interval", "per_seed_bootstrap"]
+__all__ = [
+    "KEYS",
+    "Statistic",
+    "Term",
+    "Interval",
+    "ece_bins",
+    "statistic",
+    "check_paired",
+    "Draws",
+    "draw",
+    "percentile",
+    "hierarchical",
+    "combined",
+    "interval",
+    "per_seed_bootstrap",
+]

@@ -41,11 +41,19 @@ def convergence(points: list[dict], key: str = "val/nll", tolerance: float = TOL
     best = min(points, key=lambda p: p[key])
     last, before = points[-1], points[-2]
     falling = before[key] - last[key] > tolerance
-    return {"start": points[0][key], "best": best[key], "best_step": best["step"], "final": last[key],
-            "final_step": last["step"], "still_falling": falling,
-            "verdict": "still falling at the end" if falling else
-                       "converged (best at the end)" if best is last else
-                       f"converged (best at step {best['step']} of {last['step']}, then {last[key] - best[key]:+.3f})"}
+    return {
+        "start": points[0][key],
+        "best": best[key],
+        "best_step": best["step"],
+        "final": last[key],
+        "final_step": last["step"],
+        "still_falling": falling,
+        "verdict": "still falling at the end"
+        if falling
+        else "converged (best at the end)"
+        if best is last
+        else f"converged (best at step {best['step']} of {last['step']}, then {last[key] - best[key]:+.3f})",
+    }
 
 
 def mean_curve(curves: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -91,15 +99,21 @@ def all_runs(root: Path) -> list[tuple[Path, dict]]:
     """(results.json path, results) of every finished run under ``root/runs``: tuning runs included, copies
     of a tuning run left out (their time is the tuning run's). A file that is not valid JSON is an error
     naming it (``sve.runs.results.read_results``)."""
-    return [(path, read_results(path)) for path in sorted(Path(root, "runs").rglob("results.json"))
-            if not (path.parent / "REUSED.txt").exists()]
+    return [
+        (path, read_results(path))
+        for path in sorted(Path(root, "runs").rglob("results.json"))
+        if not (path.parent / "REUSED.txt").exists()
+    ]
 
 
 def mini_tables() -> list[str]:
     """The miniature's table definitions (``mini_*``) whose runs the sweep trains (not those written by another
     entry point, ``written_by``: the distillation table's students)."""
-    return [n for n in table_names() if n.startswith("mini_") and load_spec(n).kind in ("metrics", "figure2")
-            and not load_spec(n).get("written_by")]  # fmt: skip
+    return [
+        n
+        for n in table_names()
+        if n.startswith("mini_") and load_spec(n).kind in ("metrics", "figure2") and not load_spec(n).get("written_by")
+    ]
 
 
 def report(root: Path, tables: list[str] | None, workers: int = 2) -> tuple[str, dict]:
@@ -141,8 +155,11 @@ def measure(root: Path, tables: list[str] | None, workers: int = 2) -> dict:
                 row_dir = run_dir(root, experiment, row.method, members, 0).parent
                 tuned = row_dir / "tuned.json"
                 choice = json.loads(tuned.read_text()) if tuned.exists() else None
-                seeds = [loaded[d] for s in spec.seeds
-                         if (d := run_dir(root, experiment, row.method, members, int(s))) in loaded]
+                seeds = [
+                    loaded[d]
+                    for s in spec.seeds
+                    if (d := run_dir(root, experiment, row.method, members, int(s))) in loaded
+                ]
                 curves = [(r.get("curve") or {}).get("points", []) for r in seeds]
                 directories = [d for d in trained if d.is_relative_to(row_dir)]
                 fresh = [d for d in directories if d not in seen_runs]
@@ -156,14 +173,27 @@ def measure(root: Path, tables: list[str] | None, workers: int = 2) -> dict:
                 if fresh and per_run is not None:
                     seeds_only_minutes += len(spec.seeds) * per_run
                 state = convergence(mean_points(curves))
-                rows.append({"experiment": experiment, "row": key[1], "runs": len(directories),
-                             "minutes_per_run": per_run, "minutes": sum(spent.values()),
-                             "curve_share": statistics.fmean(shares[key]) if shares[key] else None,
-                             "lr": choice and choice.get("value"), "edge": choice and choice.get("edge"),
-                             "seeds": len(curves), "convergence": state})  # fmt: skip
+                rows.append(
+                    {
+                        "experiment": experiment,
+                        "row": key[1],
+                        "runs": len(directories),
+                        "minutes_per_run": per_run,
+                        "minutes": sum(spent.values()),
+                        "curve_share": statistics.fmean(shares[key]) if shares[key] else None,
+                        "lr": choice and choice.get("value"),
+                        "edge": choice and choice.get("edge"),
+                        "seeds": len(curves),
+                        "convergence": state,
+                    }
+                )
         record["tables"][name] = rows
-    record.update(core_hours=total_minutes / 60, tuning_core_hours=tuning_minutes / 60,
-                  seeds_only_core_hours=seeds_only_minutes / 60, evaluation_core_hours=evaluation_minutes / 60)
+    record.update(
+        core_hours=total_minutes / 60,
+        tuning_core_hours=tuning_minutes / 60,
+        seeds_only_core_hours=seeds_only_minutes / 60,
+        evaluation_core_hours=evaluation_minutes / 60,
+    )
     return record
 
 
@@ -171,14 +201,22 @@ def to_markdown(record: dict) -> str:
     """``budget.md``: the rule, each table's rows (``measure``'s record) with their convergence, and what the runs
     took."""
     workers = record["workers"]
-    lines = ["# The miniature's budget, measured for every method", "",
-             "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
-             "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
-             "method ran; no method chooses it. The end of this file says what the runs took.", ""]  # fmt: skip
+    lines = [
+        "# The miniature's budget, measured for every method",
+        "",
+        "Written by `make mini-budget` (`sve/paper/budget.py`) from the runs under `runs/`. The rule: every "
+        "experiment trains for the paper's epoch count (Table 7) on one training subset, fixed before any "
+        "method ran; no method chooses it. The end of this file says what the runs took.",
+        "",
+    ]
     for name, rows in record["tables"].items():
-        lines += [f"## {load_spec(name).title}", "",
-                  "| experiment | method | runs | min/run | curve share | lr | val NLL: start → best (step) → final | "
-                  "verdict |", "|:--|:--|--:|--:|--:|--:|:--|:--|"]  # fmt: skip
+        lines += [
+            f"## {load_spec(name).title}",
+            "",
+            "| experiment | method | runs | min/run | curve share | lr | val NLL: start → best (step) → final | "
+            "verdict |",
+            "|:--|:--|--:|--:|--:|--:|:--|:--|",
+        ]
         for r in rows:
             c = r["convergence"]
             name_ = METHOD_NAMES.get(r["row"].split(":")[0], r["row"])
@@ -188,23 +226,33 @@ def to_markdown(record: dict) -> str:
                 f"{fmt(r['minutes_per_run'], '.1f')} | "
                 f"{fmt(r['curve_share'] and 100 * r['curve_share'], '.0f', '%')} | "
                 f"{r['lr'] or '–'}{' (edge: ' + r['edge'] + ')' if r['edge'] else ''} | "
-                + (f"{c['start']:.3f} → {c['best']:.3f} ({c['best_step']}) → {c['final']:.3f} | {c['verdict']} |"
-                   if c else "– | no curve yet |"))
+                + (
+                    f"{c['start']:.3f} → {c['best']:.3f} ({c['best_step']}) → {c['final']:.3f} | {c['verdict']} |"
+                    if c
+                    else "– | no curve yet |"
+                )
+            )
         lines.append("")
     hours, tuning, seeds_only = record["core_hours"], record["tuning_core_hours"], record["seeds_only_core_hours"]
-    lines += [f"Measured: {hours:.2f} h of runs (one CPU thread each), {hours / workers:.2f} h of wall time at "
-              f"{workers} runs at a time. Curves are means over the seeds found at the tuned learning rate; a change "
-              f"under {TOLERANCE} nats between the last two points is not called falling.", ""]  # fmt: skip
+    lines += [
+        f"Measured: {hours:.2f} h of runs (one CPU thread each), {hours / workers:.2f} h of wall time at "
+        f"{workers} runs at a time. Curves are means over the seeds found at the tuned learning rate; a change "
+        f"under {TOLERANCE} nats between the last two points is not called falling.",
+        "",
+    ]
     # Where the time goes: the tuning grids (seed 0 at the chosen rate is one of their runs) against the seeds,
     # and the seeds alone at the measured minutes per run, as if every learning rate were given.
-    lines += [f"Of these, {tuning:.2f} h trained the tuning grids (seed 0 at the chosen rate is one of their "
-              f"runs) and {hours - tuning:.2f} h the other seeds. With every learning rate given instead of "
-              f"tuned, the seeds alone would take about {seeds_only:.1f} h of runs ({seeds_only / workers:.1f} h "
-              f"of wall time; the tables' seeds times each row's measured minutes per run). Evaluation (the test "
-              f"split and the curves, timed; validation, OOD and corruption passes are not timed apart) took at "
-              f"least {record['evaluation_core_hours']:.2f} h of these runs. The times are the runs' own, measured "
-              f"while they ran, at times beside other work on the same cores: on an otherwise idle machine a run "
-              f"takes less.", ""]  # fmt: skip
+    lines += [
+        f"Of these, {tuning:.2f} h trained the tuning grids (seed 0 at the chosen rate is one of their "
+        f"runs) and {hours - tuning:.2f} h the other seeds. With every learning rate given instead of "
+        f"tuned, the seeds alone would take about {seeds_only:.1f} h of runs ({seeds_only / workers:.1f} h "
+        f"of wall time; the tables' seeds times each row's measured minutes per run). Evaluation (the test "
+        f"split and the curves, timed; validation, OOD and corruption passes are not timed apart) took at "
+        f"least {record['evaluation_core_hours']:.2f} h of these runs. The times are the runs' own, measured "
+        f"while they ran, at times beside other work on the same cores: on an otherwise idle machine a run "
+        f"takes less.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -32,8 +32,10 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     elif spec.kind == "figureB":
         written += figures.figure_b(spec, runs, root / "figures")
     else:
-        raise InputError(f"{definition_path(name)}: kind={spec.kind!r} is not a kind of table; choose one of "
-                         "metrics, cost, figure2, figure3, figureB")
+        raise InputError(
+            f"{definition_path(name)}: kind={spec.kind!r} is not a kind of table; choose one of "
+            "metrics, cost, figure2, figure3, figureB"
+        )
     return written
 
 

@@ -131,6 +131,7 @@ def row_label(text: str) -> str:
     name = METHOD_NAMES.get(method, method)
     return f"{name} (M={members})" if members > 1 else name
 
+
 def label(key: str) -> str:
     metric, severity = metric_of(key)
     text = f"{metric.label} {metric.arrow}".strip()
@@ -139,6 +140,7 @@ def label(key: str) -> str:
 
 def show(value: Cell | None, key: str) -> str:
     return "–" if value is None else value.text(metric_of(key)[0])
+
 
 def decide(kind: str, differences: list[Difference], margin: float = 0.0) -> tuple[str, bool]:
     """The three-way verdict of the intervals (module docstring) and whether one contains its threshold.
@@ -171,8 +173,13 @@ def decide_previous(kind: str, differences: list[Difference], tolerance: float =
     return HELD if claimed else REVERSED if wrong else UNRESOLVED
 
 
-def verdict_from(kind: str, found: list[tuple[Difference, Difference]] | str, fallback: tuple[bool, bool, list[float]],
-                 margin: float = 0.0, previous: tuple[str, float, bool] | None = None) -> dict:
+def verdict_from(
+    kind: str,
+    found: list[tuple[Difference, Difference]] | str,
+    fallback: tuple[bool, bool, list[float]],
+    margin: float = 0.0,
+    previous: tuple[str, float, bool] | None = None,
+) -> dict:
     """Verdict fields: from the intervals (each a pair: the verdicts', the replaced procedure's), or (``found`` a
     reason) from the std rule's (held, noise, point differences). ``previous``: the replaced procedure's kind,
     tolerance and std-rule verdict (None: the same as ``kind``'s)."""
@@ -180,13 +187,23 @@ def verdict_from(kind: str, found: list[tuple[Difference, Difference]] | str, fa
     if isinstance(found, str):
         held, noise, points = fallback
         differences = [Difference(p) for p in points]
-        return {"held": held, "noise": noise, "verdict": HELD if held else NOT_HELD, "differences": differences,
-                "no_interval": found,
-                "previous": Previous(HELD if old_held else NOT_HELD, tuple(differences))}  # fmt: skip
+        return {
+            "held": held,
+            "noise": noise,
+            "verdict": HELD if held else NOT_HELD,
+            "differences": differences,
+            "no_interval": found,
+            "previous": Previous(HELD if old_held else NOT_HELD, tuple(differences)),
+        }
     differences, before = [d for d, _ in found], [b for _, b in found]
     verdict, noise = decide(kind, differences, margin)
-    return {"held": verdict == HELD, "noise": noise, "verdict": verdict, "differences": differences,
-            "previous": Previous(decide_previous(old_kind, before, tolerance), tuple(before))}
+    return {
+        "held": verdict == HELD,
+        "noise": noise,
+        "verdict": verdict,
+        "differences": differences,
+        "previous": Previous(decide_previous(old_kind, before, tolerance), tuple(before)),
+    }
 
 
 def margin_of(key: str, b: Cell, margins: dict) -> float:
@@ -202,8 +219,9 @@ def margin_text(margin: float, metric: Metric) -> str:
     return f"{margin:.{metric.digits + (metric.scale != 100)}f}"
 
 
-def compare(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None,
-            margins: dict | None = None) -> list[Verdict]:
+def compare(
+    check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None, margins: dict | None = None
+) -> list[Verdict]:
     evidence = evidence or Evidence(runs)
     margins = {**MARGINS, **(margins or {})}
     expect = check.get("expect", "better")
@@ -226,24 +244,45 @@ def compare(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence
             # The replaced procedure: "at least as good" allowed a worse mean inside a known spread, "similar" a
             # mean behind by up to its tolerance.
             tie = noise and not one_seed(a, b)
-            previous = (("similar", margin, gain >= -margin) if key in similar else
-                        ("at_least", 0.0, gain > 0 or tie) if lenient else None)  # fmt: skip
+            previous = (
+                ("similar", margin, gain >= -margin)
+                if key in similar
+                else ("at_least", 0.0, gain > 0 or tie)
+                if lenient
+                else None
+            )
             terms = evidence.advantage(check.experiment, check.a, other, key)
             found = terms if isinstance(terms, str) else [evidence.difference(terms)]
-            fields = verdict_from("not_worse" if lenient else expect, found, (held, noise, [gain]), margin or 0.0,
-                                  previous)  # fmt: skip
-            note = (f" (not worse within {margin_text(margin, metric)})" if lenient else
-                    " (expected worse)" if expect == "worse" else "")  # fmt: skip
-            out.append(Verdict(titles.get(check.experiment, check.experiment),
-                               f"{row_label(check.a)} vs {row_label(other)}{note}", label(key),
-                               f"{show(a, key)} vs {show(b, key)}", digits=metric.digits, partial=seeds_note(terms),
-                               one_seed=one_seed(a, b), kind=LENIENT if lenient else STRICT, margin=margin,
-                               **fields))  # fmt: skip
+            fields = verdict_from(
+                "not_worse" if lenient else expect, found, (held, noise, [gain]), margin or 0.0, previous
+            )
+            note = (
+                f" (not worse within {margin_text(margin, metric)})"
+                if lenient
+                else " (expected worse)"
+                if expect == "worse"
+                else ""
+            )
+            out.append(
+                Verdict(
+                    titles.get(check.experiment, check.experiment),
+                    f"{row_label(check.a)} vs {row_label(other)}{note}",
+                    label(key),
+                    f"{show(a, key)} vs {show(b, key)}",
+                    digits=metric.digits,
+                    partial=seeds_note(terms),
+                    one_seed=one_seed(a, b),
+                    kind=LENIENT if lenient else STRICT,
+                    margin=margin,
+                    **fields,
+                )
+            )
     return out
 
 
-def gain(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None,
-         margins: dict | None = None) -> list[Verdict]:
+def gain(
+    check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None, margins: dict | None = None
+) -> list[Verdict]:
     evidence = evidence or Evidence(runs)
     first, second = check.experiments
     out = []
@@ -258,19 +297,31 @@ def gain(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | 
             noise = one_seed(*flat) or abs(gains[0] - gains[1]) <= max(v.std or 0.0 for v in flat)
             terms = [evidence.advantage(e, check.a, other, key) for e in (first, second)]
             reason = next((t for t in terms if isinstance(t, str)), None)
-            found = reason or [evidence.difference(
-                list(terms[0]) + [bootstrap.Term(-t.coef, t.seed, t.statistic, t.unit) for t in terms[1]])]
+            found = reason or [
+                evidence.difference(
+                    list(terms[0]) + [bootstrap.Term(-t.coef, t.seed, t.statistic, t.unit) for t in terms[1]]
+                )
+            ]
             digits = metric.digits
             fields = verdict_from("gain", found, (gains[0] > gains[1], noise, [gains[0] - gains[1]]))
-            out.append(Verdict(f"{titles.get(first, first)} vs {titles.get(second, second)}",
-                               f"gain of {row_label(check.a)} over {row_label(other)}", label(key),
-                               f"{gains[0]:+.{digits}f} vs {gains[1]:+.{digits}f}", digits=digits,
-                               partial=seeds_note(*terms), one_seed=one_seed(*flat), **fields))  # fmt: skip
+            out.append(
+                Verdict(
+                    f"{titles.get(first, first)} vs {titles.get(second, second)}",
+                    f"gain of {row_label(check.a)} over {row_label(other)}",
+                    label(key),
+                    f"{gains[0]:+.{digits}f} vs {gains[1]:+.{digits}f}",
+                    digits=digits,
+                    partial=seeds_note(*terms),
+                    one_seed=one_seed(*flat),
+                    **fields,
+                )
+            )
     return out
 
 
-def trend(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None,
-          margins: dict | None = None) -> list[Verdict]:
+def trend(
+    check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None, margins: dict | None = None
+) -> list[Verdict]:
     evidence = evidence or Evidence(runs)
     out = []
     for key in check.metrics:
@@ -280,15 +331,24 @@ def trend(check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence |
             continue
         steps = [improvement(b, a, metric) for a, b in zip(values, values[1:])]
         noise = any(within_noise(a, b, s) for a, b, s in zip(values, values[1:], steps))
-        terms = [evidence.advantage(check.experiment, later, earlier, key)
-                 for earlier, later in zip(check.rows, check.rows[1:])]  # fmt: skip
+        terms = [
+            evidence.advantage(check.experiment, later, earlier, key)
+            for earlier, later in zip(check.rows, check.rows[1:])
+        ]
         reason = next((t for t in terms if isinstance(t, str)), None)
         found = reason or [evidence.difference(t) for t in terms]
-        out.append(Verdict(titles.get(check.experiment, check.experiment),
-                           " → ".join(row_label(r) for r in check.rows), label(key),
-                           " → ".join(show(v, key) for v in values), digits=metric.digits, partial=seeds_note(*terms),
-                           one_seed=one_seed(*values),
-                           **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps))))  # fmt: skip
+        out.append(
+            Verdict(
+                titles.get(check.experiment, check.experiment),
+                " → ".join(row_label(r) for r in check.rows),
+                label(key),
+                " → ".join(show(v, key) for v in values),
+                digits=metric.digits,
+                partial=seeds_note(*terms),
+                one_seed=one_seed(*values),
+                **verdict_from("trend", found, (all(s > 0 for s in steps), noise, steps)),
+            )
+        )
     return out
 
 
@@ -323,13 +383,30 @@ def margins_of(claims: DictConfig | None) -> dict:
 
 def counts(verdicts: list[Verdict]) -> dict[str, dict[str, int]]:
     """{kind: {held, reversed, unresolved: count}} over the verdicts with an interval."""
-    return {kind: {w: sum(v.verdict == w for v in verdicts if v.no_interval is None and v.kind == kind)
-                   for w in (HELD, REVERSED, UNRESOLVED)} for kind in (STRICT, LENIENT)}  # fmt: skip
+    return {
+        kind: {
+            w: sum(v.verdict == w for v in verdicts if v.no_interval is None and v.kind == kind)
+            for w in (HELD, REVERSED, UNRESOLVED)
+        }
+        for kind in (STRICT, LENIENT)
+    }
+
 
 def changed(judged: list[tuple[DictConfig, list[Verdict]]]) -> list[Verdict]:
     """The verdicts that differ from the replaced procedure's."""
     return [v for _, verdicts in judged for v in verdicts if v.previous is not None and v.previous.verdict != v.verdict]
 
 
-__all__ = ["Verdict", "Previous", "load_claims", "judge", "decide", "decide_previous", "changed", "counts",
-           "margins_of", "STRICT", "LENIENT"]
+__all__ = [
+    "Verdict",
+    "Previous",
+    "load_claims",
+    "judge",
+    "decide",
+    "decide_previous",
+    "changed",
+    "counts",
+    "margins_of",
+    "STRICT",
+    "LENIENT",
+]

@@ -25,7 +25,7 @@ from sve.paper.claims import (
 from sve.paper.evidence import BOOTSTRAP
 from sve.paper.store import Run
 
-KIND_NAMES = {STRICT: "Strict (\"better\")", LENIENT: "Lenient (\"not worse\" within a margin)"}
+KIND_NAMES = {STRICT: 'Strict ("better")', LENIENT: 'Lenient ("not worse" within a margin)'}
 
 
 def summary(verdicts: list[Verdict]) -> str:
@@ -35,16 +35,20 @@ def summary(verdicts: list[Verdict]) -> str:
     for kind, n in counts(verdicts).items():
         total = sum(n.values())
         if total:
-            parts.append(f"{KIND_NAMES[kind]}: of {total} with a 95% interval, held in {n[HELD]}, reversed in "
-                         f"{n[REVERSED]}, unresolved in {n[UNRESOLVED]}.")  # fmt: skip
+            parts.append(
+                f"{KIND_NAMES[kind]}: of {total} with a 95% interval, held in {n[HELD]}, reversed in "
+                f"{n[REVERSED]}, unresolved in {n[UNRESOLVED]}."
+            )
     rest = [v for v in verdicts if v.no_interval is not None]
     if rest:
         clear = [v for v in rest if not v.noise]
         reasons = "; ".join(sorted({v.no_interval for v in rest}))
         held, clear_held = sum(v.held for v in rest), sum(v.held for v in clear)
-        parts.append(f"{'Another' if parts else 'These'} {len(rest)} comparisons have no interval ({reasons}): by "
-                     f"the direction of the means the paper's held in {held}; of the {len(clear)} whose difference "
-                     f"exceeds the seeds' spread, it held in {clear_held}.")  # fmt: skip
+        parts.append(
+            f"{'Another' if parts else 'These'} {len(rest)} comparisons have no interval ({reasons}): by "
+            f"the direction of the means the paper's held in {held}; of the {len(clear)} whose difference "
+            f"exceeds the seeds' spread, it held in {clear_held}."
+        )
     return " ".join(parts)
 
 
@@ -71,15 +75,24 @@ def to_markdown(judged: list[tuple[DictConfig, list[Verdict]]], members: dict | 
     SVE-family rows moved apart} (``movement_sentences``), printed after its table."""
     lines = []
     for claim, verdicts in judged:
-        lines += [f"### {claim.title}", "", f"**The paper:** {claim.paper}", "",
-                  f"**Our miniature:** {summary(verdicts)}", ""]  # fmt: skip
+        lines += [
+            f"### {claim.title}",
+            "",
+            f"**The paper:** {claim.paper}",
+            "",
+            f"**Our miniature:** {summary(verdicts)}",
+            "",
+        ]
         if verdicts:
-            lines += ["| setting | comparison | metric | ours | difference [95% CI] | verdict |",
-                      "|:--|:--|:--|:--|:--|:--|"]  # fmt: skip
+            lines += [
+                "| setting | comparison | metric | ours | difference [95% CI] | verdict |",
+                "|:--|:--|:--|:--|:--|:--|",
+            ]
             for v in verdicts:
                 difference = "; ".join(d.text(v.digits) for d in v.differences)
-                lines.append(f"| {v.setting} | {v.comparison} | {v.metric} | {v.ours} | {difference} | "
-                             f"{verdict_text(v)} |")  # fmt: skip
+                lines.append(
+                    f"| {v.setting} | {v.comparison} | {v.metric} | {v.ours} | {difference} | {verdict_text(v)} |"
+                )
             lines.append("")
         if (members or {}).get(claim.title):
             lines += [members_text(members[claim.title]), ""]
@@ -87,20 +100,26 @@ def to_markdown(judged: list[tuple[DictConfig, list[Verdict]]], members: dict | 
             lines += [f"**Why:** {claim.note.strip()}", ""]
     return "\n".join(lines)
 
+
 def changes_markdown(judged: list[tuple[DictConfig, list[Verdict]]]) -> str:
     """A table of every verdict that changed from the replaced procedure, with both intervals."""
     found = changed(judged)
     total = sum(len(verdicts) for _, verdicts in judged)
     if not found:
         return f"None of the {total} verdicts changed."
-    lines = [f"{len(found)} of the {total} verdicts changed:", "",
-             "| setting | comparison | metric | before: difference [95% CI] | verdict | now: difference [95% CI] | "
-             "verdict |", "|:--|:--|:--|:--|:--|:--|:--|"]  # fmt: skip
+    lines = [
+        f"{len(found)} of the {total} verdicts changed:",
+        "",
+        "| setting | comparison | metric | before: difference [95% CI] | verdict | now: difference [95% CI] | "
+        "verdict |",
+        "|:--|:--|:--|:--|:--|:--|:--|",
+    ]
     for v in found:
         before = "; ".join(d.text(v.digits) for d in v.previous.differences)
         now = "; ".join(d.text(v.digits) for d in v.differences)
-        lines.append(f"| {v.setting} | {v.comparison} | {v.metric} | {before} | {v.previous.verdict} | {now} | "
-                     f"{v.verdict} |")  # fmt: skip
+        lines.append(
+            f"| {v.setting} | {v.comparison} | {v.metric} | {before} | {v.previous.verdict} | {now} | {v.verdict} |"
+        )
     return "\n".join(lines)
 
 
@@ -117,8 +136,9 @@ def movement_sentences(claims: DictConfig, root: Path, runs: list[Run]) -> dict[
         rows = []
         for check in claim.checks:
             experiments = check.get("experiments") or [check.experiment]
-            named = list(check.get("rows") or []) + ([check.a] if check.get("a") else []) + list(
-                check.get("against") or [])
+            named = (
+                list(check.get("rows") or []) + ([check.a] if check.get("a") else []) + list(check.get("against") or [])
+            )
             rows += [(e, r) for e in experiments for r in named if (e, r) not in rows]
         for experiment, row in rows:
             moved = movement.row_movement(root, runs, experiment, row)
@@ -126,11 +146,15 @@ def movement_sentences(claims: DictConfig, root: Path, runs: list[Run]) -> dict[
                 continue
             where = f"{row_label(row)}, {titles.get(experiment, experiment)}"
             if moved.ratio is None:
-                out.setdefault(claim.title, []).append(f"{where}: no record of its members' spread (see \"Did the "
-                                                       "singular values train?\").")  # fmt: skip
+                out.setdefault(claim.title, []).append(
+                    f'{where}: no record of its members\' spread (see "Did the singular values train?").'
+                )
                 continue
-            said = (f"{moved.ratio:.2f} times its initial value: the members did not separate (below {threshold:g})"
-                    if moved.ratio < threshold else f"{moved.ratio:.2f} times its initial value")  # fmt: skip
+            said = (
+                f"{moved.ratio:.2f} times its initial value: the members did not separate (below {threshold:g})"
+                if moved.ratio < threshold
+                else f"{moved.ratio:.2f} times its initial value"
+            )
             out.setdefault(claim.title, []).append(f"{where}: the members' spread is {said}.")
     return out
 
@@ -150,45 +174,48 @@ def procedure(claims: DictConfig | None = None) -> str:
     def percent(pair: tuple[float, float]) -> str:
         return f"{100 * pair[0]:.1f}-{100 * pair[1]:.1f}%"
 
-    return (f"Each comparison's difference is the first row's advantage over the second in the table's units "
-            f"(positive: better in the metric's direction), the difference of the two cells' means over the seeds. "
-            f"Its {100 * level:g}% interval covers two sources of chance. The test set: every seed of both rows was "
-            f"scored on the same test examples, so each of {int(options['replicates'])} replicates draws one "
-            f"resample of those examples with replacement (numpy seed {int(options['seed'])}), shared by every seed "
-            f"and both rows (and by a severity's corruption sets, which are the same images; in-distribution and "
-            f"OOD examples apart); the difference's variance over the replicates is the test set's part. Training: "
-            f"each seed's own difference scatters around their mean by the training variance plus the part of the "
-            f"test set's noise that differs between seeds (each training gets other examples right); the replicates "
-            f"measure that part, and what the seeds' spread holds beyond it is the training variance, which the "
-            f"test-set part does not already contain. The interval is the difference ± the square root of (z² × "
-            f"the test-set variance + t² × the training variance / S), with z the normal quantile and t Student's "
-            f"with S − 1 degrees of freedom for S seeds. Three seeds measure the training variance with two degrees "
-            f"of freedom, so t is {bootstrap.quantile(level, 2):.2f} instead of {bootstrap.quantile(level):.2f} and "
-            f"intervals are wide wherever training varies more than the test set; resampling the three seeds "
-            f"instead (a two-level bootstrap) spreads their variance by a third too little and has no t, and "
-            f"covers too rarely. On simulated predictions at the miniature's sizes ({coverage.SEEDS} seeds; {sizes} "
-            f"test examples; training variance from none to several times the test set's; accuracy and NLL; "
-            f"{coverage.DATASETS} data sets each, `sve/paper/coverage.py`), these intervals contained the true "
-            f"difference in {percent(now)} of the data sets, the two-level bootstrap in {percent(pooled)}, and the "
-            f"procedure used before (each seed's examples resampled apart, the runs fixed) in {percent(before)}. More "
-            f"seeds narrow the training part twice, by 1/√S and through t ({bootstrap.quantile(level, 3):.2f} at "
-            f"4 seeds, {bootstrap.quantile(level, 9):.2f} at 10). A row with one seed (the MPNet rows) has no "
-            f"training variance to measure: its interval covers the test set only, and its verdict says so. Two "
-            f"kinds of verdict are counted apart. *Strict* (\"better\"): *held* when the interval lies entirely on "
-            f"the claimed side of 0, *reversed* when entirely on the other, else *unresolved*. *Lenient* (\"not "
-            f"worse\" within a margin): held when the interval lies entirely above minus the margin and the "
-            f"difference itself is not below 0, reversed when the interval lies entirely below minus the margin, "
-            f"else unresolved; a check's margin is stated in the claim, or else set by one rule fixed in the claims "
-            f"file before the verdicts were computed: {margins['points']:g} point for a metric in percent, "
-            f"{100 * margins['relative']:g}% of the second row's value for any other (NLL). A difference below 0 "
-            f"is never held. A gain compares two experiments' differences, a trend requires every step to hold. A "
-            f"seed whose run lacks the per-example files (`predictive/`, written by every evaluation since they "
-            f"were introduced) is left out of the difference and its interval, and the verdict names it; a "
-            f"comparison where no seed has them is judged by the sign of the means and marked \"no interval\".")
+    return (
+        f"Each comparison's difference is the first row's advantage over the second in the table's units "
+        f"(positive: better in the metric's direction), the difference of the two cells' means over the seeds. "
+        f"Its {100 * level:g}% interval covers two sources of chance. The test set: every seed of both rows was "
+        f"scored on the same test examples, so each of {int(options['replicates'])} replicates draws one "
+        f"resample of those examples with replacement (numpy seed {int(options['seed'])}), shared by every seed "
+        f"and both rows (and by a severity's corruption sets, which are the same images; in-distribution and "
+        f"OOD examples apart); the difference's variance over the replicates is the test set's part. Training: "
+        f"each seed's own difference scatters around their mean by the training variance plus the part of the "
+        f"test set's noise that differs between seeds (each training gets other examples right); the replicates "
+        f"measure that part, and what the seeds' spread holds beyond it is the training variance, which the "
+        f"test-set part does not already contain. The interval is the difference ± the square root of (z² × "
+        f"the test-set variance + t² × the training variance / S), with z the normal quantile and t Student's "
+        f"with S − 1 degrees of freedom for S seeds. Three seeds measure the training variance with two degrees "
+        f"of freedom, so t is {bootstrap.quantile(level, 2):.2f} instead of {bootstrap.quantile(level):.2f} and "
+        f"intervals are wide wherever training varies more than the test set; resampling the three seeds "
+        f"instead (a two-level bootstrap) spreads their variance by a third too little and has no t, and "
+        f"covers too rarely. On simulated predictions at the miniature's sizes ({coverage.SEEDS} seeds; {sizes} "
+        f"test examples; training variance from none to several times the test set's; accuracy and NLL; "
+        f"{coverage.DATASETS} data sets each, `sve/paper/coverage.py`), these intervals contained the true "
+        f"difference in {percent(now)} of the data sets, the two-level bootstrap in {percent(pooled)}, and the "
+        f"procedure used before (each seed's examples resampled apart, the runs fixed) in {percent(before)}. More "
+        f"seeds narrow the training part twice, by 1/√S and through t ({bootstrap.quantile(level, 3):.2f} at "
+        f"4 seeds, {bootstrap.quantile(level, 9):.2f} at 10). A row with one seed (the MPNet rows) has no "
+        f"training variance to measure: its interval covers the test set only, and its verdict says so. Two "
+        f'kinds of verdict are counted apart. *Strict* ("better"): *held* when the interval lies entirely on '
+        f'the claimed side of 0, *reversed* when entirely on the other, else *unresolved*. *Lenient* ("not '
+        f'worse" within a margin): held when the interval lies entirely above minus the margin and the '
+        f"difference itself is not below 0, reversed when the interval lies entirely below minus the margin, "
+        f"else unresolved; a check's margin is stated in the claim, or else set by one rule fixed in the claims "
+        f"file before the verdicts were computed: {margins['points']:g} point for a metric in percent, "
+        f"{100 * margins['relative']:g}% of the second row's value for any other (NLL). A difference below 0 "
+        f"is never held. A gain compares two experiments' differences, a trend requires every step to hold. A "
+        f"seed whose run lacks the per-example files (`predictive/`, written by every evaluation since they "
+        f"were introduced) is left out of the difference and its interval, and the verdict names it; a "
+        f'comparison where no seed has them is judged by the sign of the means and marked "no interval".'
+    )
 
 
-def claims_markdown(name: str, root: Path, runs: list[Run] | None = None,
-                    judged: list[tuple[DictConfig, list[Verdict]]] | None = None) -> str:
+def claims_markdown(
+    name: str, root: Path, runs: list[Run] | None = None, judged: list[tuple[DictConfig, list[Verdict]]] | None = None
+) -> str:
     """The claims of ``name`` judged on the runs of ``root`` (or the ``judged`` of them), with the sentences on
     their SVE-family rows' members."""
     from sve.paper.store import load_runs

@@ -39,10 +39,12 @@ REPLICATES = 400
 # Seed-to-seed sd of a run's logit margin. At 872 examples a seed's accuracy difference then varies by training
 # 0, 1.1 and 3.4 times as much as by the test set (NLL: 0, 1.8 and 5.4 times; at 120 examples 0 to 1.3 times).
 TAUS = (0.0, 0.1, 0.3)
-PROCEDURES = {"per_seed": "every seed resampled apart (the procedure before)",
-              "joint": "one resample for every seed, runs fixed",
-              "hierarchical": "one resample, seeds resampled too",
-              "combined": "one resample, and the seeds' spread at Student's t (the verdicts')"}  # fmt: skip
+PROCEDURES = {
+    "per_seed": "every seed resampled apart (the procedure before)",
+    "joint": "one resample for every seed, runs fixed",
+    "hierarchical": "one resample, seeds resampled too",
+    "combined": "one resample, and the seeds' spread at Student's t (the verdicts')",
+}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Scenario:
 
     def draw(self, rng: np.random.Generator, datasets: int) -> dict[str, np.ndarray]:
         """Per-example advantages of A over B, (datasets, seeds, n) per metric."""
+
         def normal(mean: float, sd: float, shape: tuple) -> np.ndarray:  # float32: half the time of float64
             return rng.standard_normal(shape, dtype=np.float32) * np.float32(sd) + np.float32(mean)
 
@@ -90,12 +93,15 @@ class Scenario:
             e = normal(m, self.sd_e, (datasets, self.seeds, self.n))
             margins.append(z + v + u + e)
         a, b = margins
-        return {"acc": (a > 0).astype(np.float32) - (b > 0).astype(np.float32),
-                "nll": (np.logaddexp(0.0, -b) - np.logaddexp(0.0, -a)).astype(np.float32)}  # fmt: skip
+        return {
+            "acc": (a > 0).astype(np.float32) - (b > 0).astype(np.float32),
+            "nll": (np.logaddexp(0.0, -b) - np.logaddexp(0.0, -a)).astype(np.float32),
+        }
 
 
-def study(scenario: Scenario, datasets: int = DATASETS, replicates: int = REPLICATES, level: float = 0.95,
-          seed: int = 0) -> dict[str, dict[str, float]]:
+def study(
+    scenario: Scenario, datasets: int = DATASETS, replicates: int = REPLICATES, level: float = 0.95, seed: int = 0
+) -> dict[str, dict[str, float]]:
     """{metric: {procedure: coverage}} over ``datasets`` simulated data sets of ``scenario``."""
     rng = np.random.default_rng(seed)
     values = scenario.draw(rng, datasets)
@@ -111,19 +117,26 @@ def study(scenario: Scenario, datasets: int = DATASETS, replicates: int = REPLIC
         shared = (joint @ per_example.reshape(-1, n).T).reshape(replicates, datasets, s) / s  # (R, D, S)
         separate = np.matmul(apart, per_example.transpose(1, 2, 0)).transpose(1, 2, 0) / s  # (R, D, S)
         draws = bootstrap.Draws(columns, points, shared.astype(np.float64))
-        bounds = {"per_seed": bootstrap.percentile(bootstrap.Draws(columns, points, separate.astype(np.float64)),
-                                                   level),
-                  "joint": bootstrap.percentile(draws, level),
-                  "hierarchical": bootstrap.hierarchical(draws, level),
-                  "combined": bootstrap.combined(draws, level)}  # fmt: skip
-        out[metric] = {name: float(np.mean((low <= truth[metric]) & (truth[metric] <= high)))
-                       for name, (low, high) in bounds.items()}  # fmt: skip
+        bounds = {
+            "per_seed": bootstrap.percentile(bootstrap.Draws(columns, points, separate.astype(np.float64)), level),
+            "joint": bootstrap.percentile(draws, level),
+            "hierarchical": bootstrap.hierarchical(draws, level),
+            "combined": bootstrap.combined(draws, level),
+        }
+        out[metric] = {
+            name: float(np.mean((low <= truth[metric]) & (truth[metric] <= high)))
+            for name, (low, high) in bounds.items()
+        }
     return out
 
 
 @functools.lru_cache(maxsize=4)
-def coverage_table(sizes: tuple[int, ...] = SIZES, taus: tuple[float, ...] = TAUS, datasets: int = DATASETS,
-                   replicates: int = REPLICATES) -> dict[tuple[int, float, str], dict[str, float]]:
+def coverage_table(
+    sizes: tuple[int, ...] = SIZES,
+    taus: tuple[float, ...] = TAUS,
+    datasets: int = DATASETS,
+    replicates: int = REPLICATES,
+) -> dict[tuple[int, float, str], dict[str, float]]:
     """{(n, tau, metric): {procedure: coverage}} for every scenario (each from its own generator seed)."""
     table = {}
     for i, n in enumerate(sizes):

@@ -51,6 +51,7 @@ def seeds_note(*terms) -> str | None:
         return None
     return f"difference and interval without seed{'s' * (len(left_out) > 1)} {', '.join(map(str, left_out))}: {MISSING}"
 
+
 def metric_of(key: str) -> tuple[Metric, str | None]:
     """The metric (direction, scale, digits) of ``key`` and the shift severity it is read at, if any."""
     severity = None
@@ -74,8 +75,11 @@ def cell(runs: list[Run], experiment: str, row: str, key: str) -> Cell | None:
     runs."""
     metric, severity = metric_of(key)
     method, members = parse_row(row)
-    values = [v for r in select(runs, experiment, method, members).values()
-              if (v := run_value(r, metric, severity)) is not None]  # fmt: skip
+    values = [
+        v
+        for r in select(runs, experiment, method, members).values()
+        if (v := run_value(r, metric, severity)) is not None
+    ]
     return aggregate(values, metric, expected=0)
 
 
@@ -93,13 +97,17 @@ def one_seed(*cells: Cell) -> bool:
     """A cell has a single seed, so the seeds' spread is unknown: no difference is clear of it."""
     return min(c.seeds for c in cells) < 2
 
+
 # --- intervals from the per-example files ----------------------------------------------------------------
+
 
 def set_names(run: Run, severity: str | None, key: str) -> list[str]:
     """The evaluation sets a metric reads: test (and ood for the OOD metrics), or a severity's corruption sets
     as results.json lists them (severity 0 is the clean test set)."""
     if severity is None:
-        return [prediction_files.TEST, prediction_files.OOD] if key in bootstrap.OOD_METRICS else [prediction_files.TEST]
+        return (
+            [prediction_files.TEST, prediction_files.OOD] if key in bootstrap.OOD_METRICS else [prediction_files.TEST]
+        )
     if severity == "0":
         return [prediction_files.TEST]
     by_corruption = (run.results.get("shift") or {}).get("by_corruption") or {}
@@ -144,8 +152,13 @@ class Evidence:
         found = bootstrap.statistic(metric.key, sets)
         expected = run_value(run, metric, severity)
         if expected is None or not abs(found.value() - expected) <= AGREE:
-            log.warning("%s: %s from the per-example files is %r, results.json has %r; no interval", run.path.parent,
-                        key, found.value(), expected)  # fmt: skip
+            log.warning(
+                "%s: %s from the per-example files is %r, results.json has %r; no interval",
+                run.path.parent,
+                key,
+                found.value(),
+                expected,
+            )
             return f"{run.path.parent}/{prediction_files.PREDICTIVE} disagrees with results.json on {key}"
         return found
 
@@ -176,8 +189,10 @@ class Evidence:
         """The difference with the verdicts' interval, and with the interval of the procedure it replaced."""
         found = bootstrap.interval(terms, self.replicates, self.level, self.seed)
         before = bootstrap.per_seed_bootstrap(terms, self.replicates, self.level, self.seed)
-        return (Difference(found.point, found.low, found.high, found.training),
-                Difference(before.point, before.low, before.high, False))
+        return (
+            Difference(found.point, found.low, found.high, found.training),
+            Difference(before.point, before.low, before.high, False),
+        )
 
 
 __all__ = ["Difference", "Evidence", "cell"]

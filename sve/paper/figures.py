@@ -51,8 +51,9 @@ def _line(ax, xs, cells: list[Cell | None], label: str, index: int = 0, count: i
     xs = np.asarray(xs, dtype=float)
     step = (np.min(np.diff(xs)) if len(xs) > 1 else 1.0) * 0.12 / max(count - 1, 1)
     shifted = xs + (index - (count - 1) / 2) * step
-    (line,) = ax.plot(shifted, mean, marker=MARKERS[index % len(MARKERS)], ms=4, ls=STYLES[index % len(STYLES)],
-                      lw=1.2, label=label)
+    (line,) = ax.plot(
+        shifted, mean, marker=MARKERS[index % len(MARKERS)], ms=4, ls=STYLES[index % len(STYLES)], lw=1.2, label=label
+    )
     ax.fill_between(shifted, mean - std, mean + std, color=line.get_color(), alpha=0.12)
 
 
@@ -98,11 +99,19 @@ def shift_series(spec, runs: list[Run]) -> tuple[dict, list[str]]:
         by_seed = {s: r.results.get("shift", {}).get("by_severity", {}) for s, r in found.items()}
         lacking = [s for s in spec.seeds if not by_seed.get(s)]
         if lacking:
-            missing.append(f"{experiment} · {METHOD_NAMES.get(row.method, row.method)} (M={row.members}): seeds "
-                           f"{', '.join(map(str, lacking))} without a per-severity record")  # fmt: skip
+            missing.append(
+                f"{experiment} · {METHOD_NAMES.get(row.method, row.method)} (M={row.members}): seeds "
+                f"{', '.join(map(str, lacking))} without a per-severity record"
+            )
         series[(row.method, int(row.members))] = {
-            key: [aggregate([float(rec[str(sev)][key]) for rec in by_seed.values() if str(sev) in rec],
-                            METRICS[key], len(spec.seeds)) for sev in spec.severities]  # fmt: skip
+            key: [
+                aggregate(
+                    [float(rec[str(sev)][key]) for rec in by_seed.values() if str(sev) in rec],
+                    METRICS[key],
+                    len(spec.seeds),
+                )
+                for sev in spec.severities
+            ]
             for key in spec.metrics
         }
     return series, missing
@@ -115,19 +124,29 @@ def figure3(spec, runs: list[Run], root: Path) -> list[Path]:
     lines, rows = [f"## {spec.title}", ""], []
     for key in spec.metrics:
         metric = METRICS[key]
-        lines += [f"### {metric.label}", "", "| Method | M | " + " | ".join(f"sev. {s}" for s in severities) + " |",
-                  "|:--|--:|" + "--:|" * len(severities)]  # fmt: skip
+        lines += [
+            f"### {metric.label}",
+            "",
+            "| Method | M | " + " | ".join(f"sev. {s}" for s in severities) + " |",
+            "|:--|--:|" + "--:|" * len(severities),
+        ]
         for (method, members), by_metric in series.items():
             cells = by_metric[key]
-            lines.append(f"| {METHOD_NAMES.get(method, method)} | {members} | "
-                         + " | ".join(c.text(metric) if c else "–" for c in cells) + " |")  # fmt: skip
+            lines.append(
+                f"| {METHOD_NAMES.get(method, method)} | {members} | "
+                + " | ".join(c.text(metric) if c else "–" for c in cells)
+                + " |"
+            )
             for sev, cell in zip(severities, cells):
                 std = "" if cell is None or cell.std is None else repr(cell.std)
-                rows.append([method, members, key, sev, "" if cell is None else repr(cell.mean), std,
-                             cell.seeds if cell else 0])  # fmt: skip
+                rows.append(
+                    [method, members, key, sev, "" if cell is None else repr(cell.mean), std, cell.seeds if cell else 0]
+                )
         lines.append("")
-    lines.append("Mean ± sample standard deviation over seeds; severity 0 is the clean test set; each severity "
-                 "averages the corruptions. Acc and ECE in %.")  # fmt: skip
+    lines.append(
+        "Mean ± sample standard deviation over seeds; severity 0 is the clean test set; each severity "
+        "averages the corruptions. Acc and ECE in %."
+    )
     lines += ["", "Missing runs (–):", *[f"- {m}" for m in missing]] if missing else ["", "Missing runs: none."]
     tables = root / "tables"
     tables.mkdir(parents=True, exist_ok=True)
@@ -190,7 +209,7 @@ def figure_b(spec, runs: list[Run], out_dir: Path) -> list[Path]:
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_title(layer, fontsize=7)
             ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(chosen):]:
+        for ax in list(axes.flat)[len(chosen) :]:
             ax.axis("off")
         axes[0, 0].set_ylabel("relative change (%)")
         axes[-1, 0].set_xlabel("singular value index (largest first)")
@@ -243,8 +262,9 @@ def reliability_diagrams(spec, runs: list[Run], out_dir: Path) -> list[Path]:
                 panels.append((_label(row.method, int(row.members)), bins))
         if not panels:
             continue
-        fig = reliability_grid(panels, f"Reliability: {title} (lowest seed; below: share of test examples per bin, "
-                                       "with counts)")
+        fig = reliability_grid(
+            panels, f"Reliability: {title} (lowest seed; below: share of test examples per bin, with counts)"
+        )
         written += save_figure(fig, out_dir, f"{spec.name}_reliability_{experiment}")
     return written
 
@@ -278,8 +298,14 @@ def learning_curves(spec, runs: list[Run], out_dir: Path) -> list[Path]:
             for ax, key in zip(axes.flat, CURVE_METRICS):
                 steps, mean, std = curves[key]
                 scale = METRICS[key].scale
-                (line,) = ax.plot(steps, mean * scale, marker=markers[i % len(markers)], ms=3.5, lw=1.2,
-                                  label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")  # fmt: skip
+                (line,) = ax.plot(
+                    steps,
+                    mean * scale,
+                    marker=markers[i % len(markers)],
+                    ms=3.5,
+                    lw=1.2,
+                    label=f"{label} ({seeds} seed{'s' * (seeds > 1)})",
+                )
                 ax.fill_between(steps, (mean - std) * scale, (mean + std) * scale, color=line.get_color(), alpha=0.12)
         for ax, key in zip(axes.flat, CURVE_METRICS):
             metric = METRICS[key]

@@ -22,9 +22,19 @@ def table_runs(name: str, smoke: bool = False, extra: list[str] = ()) -> list[tu
             for row in spec.rows:
                 M = int(row.members)
                 members = registry.info(row.method).member_overrides(M)  # samples, for a sampled method
-                out.append((f"{name} {experiment} {row.method} M={M}",
-                            [f"experiment={experiment}", f"method={row.method}", "trainer=gpu",
-                             "dataset.batch_size=1", *members, *extra]))  # fmt: skip
+                out.append(
+                    (
+                        f"{name} {experiment} {row.method} M={M}",
+                        [
+                            f"experiment={experiment}",
+                            f"method={row.method}",
+                            "trainer=gpu",
+                            "dataset.batch_size=1",
+                            *members,
+                            *extra,
+                        ],
+                    )
+                )
         return out
     seen, out = set(), []
     for job in jobs(spec, results_root(smoke, None), smoke, list(extra)):
@@ -47,8 +57,9 @@ def plan_tables(names: list[str], smoke: bool = False, extra: list[str] = ()) ->
     for name in names:
         for label, overrides in table_runs(name, smoke, extra):
             for _ in (1, 2):  # a second try only after a signal (the docstring)
-                out = subprocess.run([sys.executable, "-m", "sve.cli.plan", json.dumps(overrides)],
-                                     capture_output=True, text=True)  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, "-m", "sve.cli.plan", json.dumps(overrides)], capture_output=True, text=True
+                )
                 if out.returncode >= 0:
                     break
             lines = out.stdout.strip().splitlines()

@@ -53,6 +53,7 @@ METRICS = {
     )
 }
 
+
 class MethodNames(Mapping):
     """The row label of every method option, read from the registry of methods (``sve.methods.registry``: each
     class's ``display_name``), and of the students ``sve-distill`` writes. Read-only and lazy: a label costs the

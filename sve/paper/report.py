@@ -151,14 +151,17 @@ def paper_path(spec: DictConfig, name: str) -> Path:
     candidates = ([Path(source).parent / name] if source else []) + [CONFIGS / name]
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
-        raise InputError(f"{source or spec.name}: paper: {name} is not a file (looked for "
-                         f"{', '.join(str(p) for p in candidates)}); fix the path or remove the key, or pass "
-                         "sve-tables --no-paper")
+        raise InputError(
+            f"{source or spec.name}: paper: {name} is not a file (looked for "
+            f"{', '.join(str(p) for p in candidates)}); fix the path or remove the key, or pass "
+            "sve-tables --no-paper"
+        )
     return found
 
 
-def paper_cells(paper: dict, experiment: str, method: str, members: int, metrics: list[Metric],
-                any_members: bool = False) -> dict:
+def paper_cells(
+    paper: dict, experiment: str, method: str, members: int, metrics: list[Metric], any_members: bool = False
+) -> dict:
     """The paper's cells of one row; ``any_members``: failing an exact match, the paper's row of the method
     whatever its member count (a miniature compared with the paper's setting, e.g. M = 4 against M = 8)."""
     row = paper.get((experiment, method, str(members))) or paper.get((experiment, method, ""))
@@ -188,8 +191,10 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
             absent = [s for s in seeds if s not in found]
             if absent:
                 where = run_dir(root, experiment, method, members, absent[0]).parent
-                missing.append(f"{experiment} · {METHOD_NAMES.get(method, method)} (M={members}): seed"
-                               f"{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} ({where})")  # fmt: skip
+                missing.append(
+                    f"{experiment} · {METHOD_NAMES.get(method, method)} (M={members}): seed"
+                    f"{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} ({where})"
+                )
             used = [found[s] for s in sorted(found)]
             cells = {}
             for m in metrics:
@@ -197,18 +202,27 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
                 cells[m.key] = aggregate(values, m, len(seeds))
             # A miniature names the paper's experiment it stands for (paper_as: {ours: the paper's}).
             paper_experiment = (spec.get("paper_as") or {}).get(experiment)
-            shown = paper_cells(paper, paper_experiment or experiment, method, members, metrics,
-                                any_members=paper_experiment is not None)  # fmt: skip
+            shown = paper_cells(
+                paper,
+                paper_experiment or experiment,
+                method,
+                members,
+                metrics,
+                any_members=paper_experiment is not None,
+            )
             edge = tuned_edge(run_dir(root, experiment, method, members, seeds[0] if seeds else 0).parent)
             if edge:
-                edges.append(f"{EDGE_MARK} {experiment} · {METHOD_NAMES.get(method, method)} (M={members}): "
-                             f"{edge[0]} chosen on the {edge[1]} edge of its searched grid, which could not grow "
-                             "further (tuned.json): not an interior optimum")  # fmt: skip
+                edges.append(
+                    f"{EDGE_MARK} {experiment} · {METHOD_NAMES.get(method, method)} (M={members}): "
+                    f"{edge[0]} chosen on the {edge[1]} edge of its searched grid, which could not grow "
+                    "further (tuned.json): not an interior optimum"
+                )
             rows.append(Row(method, members, cells, shown, edge=edge and edge[1]))
         mark_best(rows, metrics)
         blocks.append(Block(experiment, title, rows))
-    return Table(spec.name, spec.title, metrics, blocks, seeds, missing, [*edges, *(spec.get("notes") or [])],
-                 paper_source)
+    return Table(
+        spec.name, spec.title, metrics, blocks, seeds, missing, [*edges, *(spec.get("notes") or [])], paper_source
+    )
 
 
 # --- Table 5: cost from results/bench/table5.json ----------------------------------------------------------
@@ -234,8 +248,11 @@ def cost_runs(bench: dict) -> dict[str, dict[str, float]]:
             continue
         out[name] = {
             "param_overhead_pct": pct("parameters", m),
-            **({"trainable_param_pct": 100.0 * m["trainable_parameters"] / base["parameters"]}
-               if "trainable_parameters" in m else {}),  # fmt: skip
+            **(
+                {"trainable_param_pct": 100.0 * m["trainable_parameters"] / base["parameters"]}
+                if "trainable_parameters" in m
+                else {}
+            ),
             "train_memory_overhead_pct": pct("train_memory_bytes", m),
             "infer_memory_overhead_pct": pct("infer_memory_bytes", m),
             "infer_gflops": float(m["infer_gflops"]),
@@ -252,9 +269,11 @@ def read_bench(path: Path, table: str) -> dict[str, dict[str, float]]:
     try:
         return cost_runs(bench)
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
-        raise InputError(f"{path} is not a benchmark file of this framework ({type(err).__name__}: {err}); expected "
-                         '{"setting": {...}, "methods": {"single": {...}, ...}} with parameters, train_memory_bytes, '
-                         f"infer_memory_bytes, infer_gflops and infer_ms for each method; {fix}") from None
+        raise InputError(
+            f"{path} is not a benchmark file of this framework ({type(err).__name__}: {err}); expected "
+            '{"setting": {...}, "methods": {"single": {...}, ...}} with parameters, train_memory_bytes, '
+            f"infer_memory_bytes, infer_gflops and infer_ms for each method; {fix}"
+        ) from None
 
 
 def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
@@ -263,7 +282,7 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
     measured = read_bench(bench_path, spec.name) if bench_path.exists() else {}
     metrics = [METRICS[k] for k in spec.metrics]
     paper, paper_source = paper_numbers(spec, with_paper)
-    (experiment, title), = spec.experiments.items()
+    ((experiment, title),) = spec.experiments.items()
     rows, missing = [], []
     for row_spec in spec.rows:
         method, members = row_spec.method, int(row_spec.members)
@@ -273,5 +292,13 @@ def cost_table(spec: DictConfig, root: Path, with_paper: bool = True) -> Table:
             missing.append(f"{METHOD_NAMES.get(method, method)} (M={members}): not in {bench_path}")
         rows.append(Row(method, members, cells, paper_cells(paper, experiment, method, members, metrics)))
     mark_best(rows, metrics)
-    return Table(spec.name, spec.title, metrics, [Block(experiment, title, rows)], [], missing,
-                 list(spec.get("notes") or []), paper_source)
+    return Table(
+        spec.name,
+        spec.title,
+        metrics,
+        [Block(experiment, title, rows)],
+        [],
+        missing,
+        list(spec.get("notes") or []),
+        paper_source,
+    )

@@ -24,8 +24,13 @@ def record_run(root: Path, job: Job, started: float) -> None:
     except UnreadableFile:  # a failed run has none; the clone's commit is the best record left
         commit = None
     run = str(job.dir.relative_to(root)) if job.dir.is_relative_to(root) else str(job.dir)
-    line = {"run": run, "started": started, "finished": time.time(), "pid": os.getpid(),
-            "commit": commit or git_commit()}  # fmt: skip
+    line = {
+        "run": run,
+        "started": started,
+        "finished": time.time(),
+        "pid": os.getpid(),
+        "commit": commit or git_commit(),
+    }
     try:
         with (root / SITTINGS).open("a") as f:
             f.write(json.dumps(line) + "\n")
@@ -47,10 +52,12 @@ def recorded_runs(root: Path) -> list[dict]:
             record = json.loads(line)
             float(record["started"]), float(record["finished"])
         except (ValueError, KeyError, TypeError) as err:
-            raise InputError(f"{path}:{number} is not a record of a sitting ({type(err).__name__}: {err}; expected "
-                             'one JSON object a line with "started" and "finished" times): delete or repair that '
-                             "line (a sweep killed while appending it leaves such a line; the store's wall time "
-                             "then lacks that one run)") from None  # fmt: skip
+            raise InputError(
+                f"{path}:{number} is not a record of a sitting ({type(err).__name__}: {err}; expected "
+                'one JSON object a line with "started" and "finished" times): delete or repair that '
+                "line (a sweep killed while appending it leaves such a line; the store's wall time "
+                "then lacks that one run)"
+            ) from None
         records.append(record)
     return records
 

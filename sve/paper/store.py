@@ -49,10 +49,14 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
     path = definition_path(name)
     if not path.is_file():
         if is_definition_path(name):
-            raise InputError(f"no table definition {path} (resolved from {Path.cwd()}): name an existing .yaml "
-                             f"file, or one of the shipped tables {table_names()}")
-        raise InputError(f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
-                         "or name your own definition file (<path>.yaml)")
+            raise InputError(
+                f"no table definition {path} (resolved from {Path.cwd()}): name an existing .yaml "
+                f"file, or one of the shipped tables {table_names()}"
+            )
+        raise InputError(
+            f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
+            "or name your own definition file (<path>.yaml)"
+        )
     spec = load_yaml(path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
@@ -73,11 +77,14 @@ def load_yaml(path: Path) -> DictConfig:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = " ".join(str(getattr(err, "problem", None) or err).split())
-        raise InputError(f"{where}: not valid YAML ({problem}); fix the file (the format of "
-                         "sve/configs/tables/*.yaml, docs/extending.md)") from None  # fmt: skip
+        raise InputError(
+            f"{where}: not valid YAML ({problem}); fix the file (the format of "
+            "sve/configs/tables/*.yaml, docs/extending.md)"
+        ) from None
     if not isinstance(loaded, DictConfig):
-        raise InputError(f"{path}: expected a mapping of keys (kind:, experiments:, rows: ...), found a "
-                         f"{type(loaded).__name__}")  # fmt: skip
+        raise InputError(
+            f"{path}: expected a mapping of keys (kind:, experiments:, rows: ...), found a {type(loaded).__name__}"
+        )
     return loaded
 
 
@@ -91,8 +98,10 @@ def check_spec(spec: DictConfig, path: Path) -> None:
     from sve.paper.registry import METRICS
 
     def bad(key: str, value, valid: str) -> InputError:
-        return InputError(f"{path}: {key}: {value!r} is not valid; {valid} (the format of sve/configs/tables/*.yaml, "
-                          "docs/extending.md)")
+        return InputError(
+            f"{path}: {key}: {value!r} is not valid; {valid} (the format of sve/configs/tables/*.yaml, "
+            "docs/extending.md)"
+        )
 
     if spec.get("kind") not in KINDS:
         raise bad("kind", spec.get("kind"), f"choose one of {list(KINDS)}")
@@ -109,8 +118,11 @@ def check_spec(spec: DictConfig, path: Path) -> None:
         if metric not in METRICS:
             raise bad("metrics", metric, f"choose from {sorted(METRICS)}")
     for i, row in enumerate(spec.rows if OmegaConf.is_list(spec.rows) else [spec.rows]):
-        if not OmegaConf.is_dict(row) or not isinstance(row.get("method"), str) or not isinstance(
-                row.get("members"), int):
+        if (
+            not OmegaConf.is_dict(row)
+            or not isinstance(row.get("method"), str)
+            or not isinstance(row.get("members"), int)
+        ):
             raise bad(f"rows[{i}]", row, "expected {method: <name>, members: <int>, overrides: [...]}")
     tunes = {"tune": spec.get("tune")}
     rows = spec.rows if OmegaConf.is_list(spec.rows) else [spec.rows]
@@ -123,9 +135,11 @@ def check_spec(spec: DictConfig, path: Path) -> None:
         unknown = sorted(set(tune) - set(TUNE_KEYS))
         missing = sorted(k for k, needed in TUNE_KEYS.items() if needed and k not in tune)
         if unknown or missing:
-            raise InputError(f"{path}: {where}: {'unknown ' + str(unknown) if unknown else ''}"
-                             f"{'; ' if unknown and missing else ''}{'missing ' + str(missing) if missing else ''}; "
-                             f"its keys are {list(TUNE_KEYS)} (per_decade and extend optional)")
+            raise InputError(
+                f"{path}: {where}: {'unknown ' + str(unknown) if unknown else ''}"
+                f"{'; ' if unknown and missing else ''}{'missing ' + str(missing) if missing else ''}; "
+                f"its keys are {list(TUNE_KEYS)} (per_decade and extend optional)"
+            )
         if tune.metric not in METRICS:
             raise bad(f"{where}.metric", tune.metric, f"choose from {sorted(METRICS)}")
 
@@ -202,16 +216,22 @@ def load_runs(root: Path) -> list[Run]:
         try:
             results = read_results(path)
             if not isinstance(results.get("metrics"), dict):  # every cell reads it (Run.metric): say so here, once
-                raise TypeError(f"its \"metrics\" is {type(results.get('metrics')).__name__}, not an object")
-            runs.append(Run(path, results["experiment"], results["method"], members_of(results), int(results["seed"]),
-                            results))
+                raise TypeError(f'its "metrics" is {type(results.get("metrics")).__name__}, not an object')
+            runs.append(
+                Run(path, results["experiment"], results["method"], members_of(results), int(results["seed"]), results)
+            )
         except UnreadableFile as err:
             if first_report(path):
                 log.warning("skipping a run: %s", err)
         except (ValueError, KeyError, TypeError) as err:
             if first_report(path):
-                log.warning("skipping %s: not the results of a run (%s: %s); %s", path, type(err).__name__, err,
-                            "delete it (or its run directory) to run that run again")  # fmt: skip
+                log.warning(
+                    "skipping %s: not the results of a run (%s: %s); %s",
+                    path,
+                    type(err).__name__,
+                    err,
+                    "delete it (or its run directory) to run that run again",
+                )
     return runs
 
 
@@ -229,8 +249,15 @@ def select(runs: list[Run], experiment: str, method: str, members: int) -> dict[
     for run in runs:
         if (run.experiment, run.method, run.members) == (experiment, method, members):
             if run.seed in found:
-                log.warning("seed %d of %s/%s/M=%d twice: using %s, not %s", run.seed, experiment, method, members,
-                            found[run.seed].path, run.path)  # fmt: skip
+                log.warning(
+                    "seed %d of %s/%s/M=%d twice: using %s, not %s",
+                    run.seed,
+                    experiment,
+                    method,
+                    members,
+                    found[run.seed].path,
+                    run.path,
+                )
                 continue
             found[run.seed] = run
     return found

@@ -75,8 +75,15 @@ class Sweep:
     taken up after every table's other runs, in passes over what is left: a sweep waits only when everything
     left is another process's. Each run trained is recorded in ``<root>/sittings.jsonl`` (``record_run``)."""
 
-    def __init__(self, root: Path, smoke: bool = False, dry_run: bool = False, extra: list[str] = (),
-                 measure: bool = False, rows: list[str] = ()):
+    def __init__(
+        self,
+        root: Path,
+        smoke: bool = False,
+        dry_run: bool = False,
+        extra: list[str] = (),
+        measure: bool = False,
+        rows: list[str] = (),
+    ):
         self.root, self.smoke, self.dry_run = root, smoke, dry_run
         self.extra, self.measure, self.rows = list(extra), measure, list(rows)
         self.failures: list[str] = []  # one line per failure, the sweep's result
@@ -106,8 +113,11 @@ class Sweep:
                         held.enter_context(claim(job.dir))
                     except DirectoryInUse:
                         if job.dir not in self.left:
-                            print(f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
-                                  "back to it later", flush=True)  # fmt: skip
+                            print(
+                                f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
+                                "back to it later",
+                                flush=True,
+                            )
                         self.left.add(job.dir)
                         return HELD
                 if done.exists():  # found, or finished by the process that held it (one that died left none)
@@ -127,10 +137,18 @@ class Sweep:
             shown = results["metrics"].get(f"val/{spec.tune.metric}") if job.tuning else None
             acc = results["metrics"].get("test/acc")
             collapsed = results["metrics"].get("test/collapsed_members")  # absent in runs evaluated before it
-            print(f"{prefix}: {status}, " + (f"val {spec.tune.metric} {shown:.4f}" if shown is not None else
-                                             f"acc {acc:.3f}" if acc is not None else "no test/acc")
-                  + (f" (collapsed: member(s) {collapsed} answer the same for every input)" if collapsed else ""),
-                  flush=True)  # fmt: skip
+            print(
+                f"{prefix}: {status}, "
+                + (
+                    f"val {spec.tune.metric} {shown:.4f}"
+                    if shown is not None
+                    else f"acc {acc:.3f}"
+                    if acc is not None
+                    else "no test/acc"
+                )
+                + (f" (collapsed: member(s) {collapsed} answer the same for every input)" if collapsed else ""),
+                flush=True,
+            )
             return results
         except Exception as err:  # noqa: BLE001 - one failing run must not stop the sweep
             if isinstance(err, OSError) and err.filename:  # a full disk or a read-only directory, in words
@@ -181,11 +199,15 @@ class Sweep:
             job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
             own_seed = source is not None and source.dir == job.dir and job.seed == int(spec.tune.seed)
-            if own_seed and not (job.dir / "results.json").exists() \
-                    and not self.dry_run and (chosen_run / "results.json").exists() and holder(job.dir) is None:
+            if (
+                own_seed
+                and not (job.dir / "results.json").exists()
+                and not self.dry_run
+                and (chosen_run / "results.json").exists()
+                and holder(job.dir) is None
+            ):
                 reuse_tuning_run(chosen_run, job.dir)
         return self.attempt(spec, job, prefix)
-
 
     def run(self, names: list[str]) -> list[str]:
         """Every table in ``names`` in turn, then what was left to other processes; returns the failures."""
@@ -215,8 +237,10 @@ class Sweep:
                 raise InputError(f"--rows {unknown} not in {name}; choose from {known}")
             todo = [job for job in todo if (job.method, job.members) in wanted]
         if spec.get("written_by"):
-            print(f"{name}: its runs are written by {spec.written_by}, not by the sweep; the table is built from "
-                  "what exists")
+            print(
+                f"{name}: its runs are written by {spec.written_by}, not by the sweep; the table is built from "
+                "what exists"
+            )
         if spec.kind == "cost":
             bench = self.root / spec.bench
             print(f"{name}: measured, not trained ({bench})")
@@ -232,8 +256,15 @@ class Sweep:
                 self.later.append((spec, job, prefix, first_jobs))
 
 
-def sweep(names: str | list[str], smoke: bool = False, root: Path | None = None, dry_run: bool = False,
-          extra: list[str] = (), measure: bool = False, rows: list[str] = ()) -> list[str]:
+def sweep(
+    names: str | list[str],
+    smoke: bool = False,
+    root: Path | None = None,
+    dry_run: bool = False,
+    extra: list[str] = (),
+    measure: bool = False,
+    rows: list[str] = (),
+) -> list[str]:
     """Runs the missing runs of each table in ``names``, in order (``Sweep``); returns one line per failure.
     A cost table is measured instead, when its benchmark file is missing or ``measure`` asks for a new one.
     ``rows`` (``method:members``, one table only) limits the sweep to those rows, e.g. to redo one row beside

@@ -9,8 +9,14 @@ from sve.paper.store import parse_row, run_dir
 
 # Every smoke run: a few batches on the CPU, no checkpoints, no logger files, and the whole of the synthetic
 # data (an experiment's subset sizes are for its real data; larger than the data they are refused).
-SMOKE_OVERRIDES = ["trainer=debug", "callbacks=none", "~logger", "++dataset.train_size=null",
-                   "++dataset.val_size=null", "++dataset.test_size=null"]
+SMOKE_OVERRIDES = [
+    "trainer=debug",
+    "callbacks=none",
+    "~logger",
+    "++dataset.train_size=null",
+    "++dataset.val_size=null",
+    "++dataset.test_size=null",
+]
 
 
 @dataclass
@@ -29,7 +35,8 @@ class Job:
 
     def __str__(self) -> str:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
-            f" ({self.tuning}, tuning)" if self.tuning else "")
+            f" ({self.tuning}, tuning)" if self.tuning else ""
+        )
 
 
 def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
@@ -43,13 +50,31 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
         for row in spec.rows:
             for seed in spec.seeds:
                 directory = run_dir(root, experiment, row.method, int(row.members), seed)
-                overrides = [f"experiment={experiment}", f"method={row.method}",
-                             *(SMOKE_OVERRIDES if smoke else []), *spec.get("overrides", []),
-                             *row.get("overrides", []), *extra, f"seed={seed}"]  # fmt: skip
+                overrides = [
+                    f"experiment={experiment}",
+                    f"method={row.method}",
+                    *(SMOKE_OVERRIDES if smoke else []),
+                    *spec.get("overrides", []),
+                    *row.get("overrides", []),
+                    *extra,
+                    f"seed={seed}",
+                ]
                 tune_from, _, source_row = str(row.get("tune_as") or "").rpartition("/")
                 tune_as = parse_row(source_row) if source_row else None
                 fix_tuned = parse_row(str(row.fix_tuned)) if row.get("fix_tuned") else None
-                out.setdefault(directory, Job(experiment, row.method, int(row.members), seed, overrides, directory,
-                                              tune_as=tune_as, tune_from=tune_from or None,
-                                              fix_tuned=fix_tuned, tune=row.get("tune")))  # fmt: skip
+                out.setdefault(
+                    directory,
+                    Job(
+                        experiment,
+                        row.method,
+                        int(row.members),
+                        seed,
+                        overrides,
+                        directory,
+                        tune_as=tune_as,
+                        tune_from=tune_from or None,
+                        fix_tuned=fix_tuned,
+                        tune=row.get("tune"),
+                    ),
+                )
     return list(out.values())

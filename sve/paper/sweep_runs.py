@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from sve.paper.store import members_of
@@ -41,9 +43,11 @@ def check_same_overrides(job: Job) -> None:
     recorded = list(recorded or [])
     there = [o for o in recorded if o not in job.overrides]
     here = [o for o in job.overrides if o not in recorded]
-    raise RuntimeError(f"{job.dir} holds a run trained with other overrides (only in that run: {there}; only in "
-                       f"this sweep: {here}); delete the directory to train it with these, or restore the "
-                       "definition it was trained with")  # fmt: skip
+    raise RuntimeError(
+        f"{job.dir} holds a run trained with other overrides (only in that run: {there}; only in "
+        f"this sweep: {here}); delete the directory to train it with these, or restore the "
+        "definition it was trained with"
+    )
 
 
 def reuse_tuning_run(source: Path, target: Path) -> dict:
@@ -62,8 +66,9 @@ def recorded_members(results: dict, path: Path) -> int:
             raise KeyError("metrics")
         return members_of(results)
     except (KeyError, TypeError, ValueError) as err:
-        raise UnreadableFile(f"{path} lacks what a finished run records ({type(err).__name__}: {err}); "
-                             f"{rerun_hint(path)}", path) from None  # fmt: skip
+        raise UnreadableFile(
+            f"{path} lacks what a finished run records ({type(err).__name__}: {err}); {rerun_hint(path)}", path
+        ) from None
 
 
 def run_in_process(job: Job) -> dict:
@@ -94,6 +99,28 @@ def open_log(job: Job):
     return log
 
 
+@contextmanager
+def forwarded_sigterm(child: subprocess.Popen):
+    """While the sweep waits for its run: SIGTERM (``kill <sweep pid>``, a scheduler's stop) is passed on to the
+    run, which stops at its next batch with its checkpoint saved, instead of leaving it training on, orphaned,
+    with the sweep gone. Yields a list that holds True once the signal came. (Ctrl-C reaches both already: the
+    terminal signals the whole process group.)"""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield []
+        return
+    stopped: list[bool] = []
+
+    def forward(signum, frame):
+        stopped.append(True)
+        child.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_subprocess(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
     # This interpreter and this installed package (not whichever ``sve-train`` is first on the PATH), in the
@@ -101,7 +128,14 @@ def run_subprocess(job: Job) -> dict:
     command = [sys.executable, "-m", "sve.cli.train", *job.overrides, f"hydra.run.dir={job.dir}"]
     env = {**os.environ, HELD_LOCK: str((job.dir / LOCK).resolve())}  # the run adopts the lock this sweep holds
     with open_log(job) as log:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with forwarded_sigterm(child) as stopped:
+            code = child.wait()
+    if stopped:
+        raise SystemExit(
+            f"stopped by SIGTERM; the run in {job.dir} saved its checkpoint and resumes there when the "
+            "sweep is started again"
+        )
     if code != 0:
         raise RuntimeError(f"sve-train exited with status {code}; see {job.dir / 'train.log'}")
     return read_results(job.dir / "results.json")
@@ -110,10 +144,19 @@ def run_subprocess(job: Job) -> dict:
 def measure_costs(path: Path, smoke: bool) -> None:
     """Runs the cost benchmark's Table 5 part (``sve-bench --parts table5``) into ``path``'s folder:
     minutes on a CPU for BERT-base; ``--tiny`` for a smoke run."""
-    command = [sys.executable, "-m", "sve.cli.bench", "--parts", "table5", "--out", str(path.parent),
-               *(["--tiny"] if smoke else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "sve.cli.bench",
+        "--parts",
+        "table5",
+        "--out",
+        str(path.parent),
+        *(["--tiny"] if smoke else []),
+    ]
     print(f"measuring: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True)
+
 
 def who(record: dict) -> str:
     """A lock's holder in words."""

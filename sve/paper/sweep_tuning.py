@@ -18,9 +18,18 @@ def tuning_jobs(spec, job: Job, values: list) -> list[Job]:
     """One run per grid value at the tuning seed, for the row of ``job``."""
     tune = spec.tune
     row_dir = job.dir.parent
-    return [Job(job.experiment, job.method, job.members, int(tune.seed), [*job.overrides[:-1], f"{tune.key}={value}",
-                f"seed={tune.seed}"], row_dir / "tune" / f"{tune.key}_{value}", tuning=f"{tune.key}={value}")
-            for value in values]  # fmt: skip
+    return [
+        Job(
+            job.experiment,
+            job.method,
+            job.members,
+            int(tune.seed),
+            [*job.overrides[:-1], f"{tune.key}={value}", f"seed={tune.seed}"],
+            row_dir / "tune" / f"{tune.key}_{value}",
+            tuning=f"{tune.key}={value}",
+        )
+        for value in values
+    ]
 
 
 def grid_scores(spec, tuned: list[tuple[Job, dict | None]], values: list, row_dir: Path) -> dict:
@@ -35,8 +44,10 @@ def grid_scores(spec, tuned: list[tuple[Job, dict | None]], values: list, row_di
             scores[value] = float(score)
     missing = [str(v) for v in values if v not in scores]
     if missing:
-        raise RuntimeError(f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
-                           f"finished with a validation {tune.metric} (of the grid {[str(v) for v in values]})")
+        raise RuntimeError(
+            f"{row_dir}: not tuned yet: the tuning runs for {tune.key} = {missing} have not "
+            f"finished with a validation {tune.metric} (of the grid {[str(v) for v in values]})"
+        )
     return scores
 
 
@@ -47,21 +58,26 @@ def read_tuned(spec, path: Path) -> dict:
     fix = f"delete it to choose again (the row's tuning runs under {path.parent / 'tune'} are kept and reused)"
     choice = read_json(path, fix)
     if "key" not in choice or "value" not in choice:
-        raise UnreadableFile(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}", path)
+        raise UnreadableFile(f'{path} is not a tuned choice (no "key" and "value"); {fix}', path)
     start = [str(v) for v in settings(spec.tune)[0]]
     searched = [str(v) for v in choice.get("grid", [])]
     if choice["key"] != spec.tune.key or str(choice["value"]) not in searched or not set(start) <= set(searched):
-        raise UnreadableFile(f"{path} chose {choice['key']}={choice['value']} over {searched}, but the table tunes "
-                             f"{spec.tune.key} starting from {start}; {fix}", path)  # fmt: skip
+        raise UnreadableFile(
+            f"{path} chose {choice['key']}={choice['value']} over {searched}, but the table tunes "
+            f"{spec.tune.key} starting from {start}; {fix}",
+            path,
+        )
     return choice
+
 
 def borrowed_from(job: Job, first_jobs: dict) -> Job:
     """The first job of the row whose tuned value ``job``'s row takes (``tune_as``)."""
     key = (job.experiment, *job.tune_as)
     if key not in first_jobs or first_jobs[key].tune_as:
         rows = sorted(f"{m}:{k}" for (e, m, k), j in first_jobs.items() if e == job.experiment and not j.tune_as)
-        raise InputError(f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; "
-                         f"choose one of {rows}")  # fmt: skip
+        raise InputError(
+            f"{job}: tune_as={job.tune_as[0]}:{job.tune_as[1]} names no tuned row of this table; choose one of {rows}"
+        )
     return first_jobs[key]
 
 
@@ -95,12 +111,14 @@ def fixed_choice(root: Path, job: Job, dry_run: bool, failures: list[str]) -> di
             return None
         if "key" in choice and "value" in choice:
             return choice
-        failures.append(f"{path} is not a tuned choice (no \"key\" and \"value\"); {fix}")
+        failures.append(f'{path} is not a tuned choice (no "key" and "value"); {fix}')
         return None
     if dry_run:
         return {"key": "<its tuned key>", "value": f"<the choice in {path}>"}
-    failures.append(f"{job}: not run, it keeps the tuned value of {job.fix_tuned[0]}:{job.fix_tuned[1]} fixed, "
-                    f"and {path} does not exist: run the table that tunes that row first")
+    failures.append(
+        f"{job}: not run, it keeps the tuned value of {job.fix_tuned[0]}:{job.fix_tuned[1]} fixed, "
+        f"and {path} does not exist: run the table that tunes that row first"
+    )
     return None
 
 
@@ -112,6 +130,7 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
     """Runs (or finds) the row's grid, growing it while its best value is on an edge (``sve.paper.tuning``), and
     returns the choice; None when it cannot be made; ``HELD`` when another process is training one of its grid
     runs (the choice, and whether the grid grows, need every value's score)."""
+
     def found() -> dict | None:
         try:
             return read_tuned(spec, row_dir / TUNED)
@@ -126,7 +145,7 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
     values = settings(spec.tune)[0]
     tuned: list[tuple[Job, dict | None]] = []  # the grid's runs so far, each attempted once
     while True:
-        tuned += [(g, attempt(spec, g, f"  tune {g}")) for g in tuning_jobs(spec, job, values[len(tuned):])]
+        tuned += [(g, attempt(spec, g, f"  tune {g}")) for g in tuning_jobs(spec, job, values[len(tuned) :])]
         if any(r is HELD for _, r in tuned):
             return HELD
         if (row_dir / TUNED).exists():  # written by the process that finished the last grid run
@@ -141,12 +160,18 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
         following = next_value(spec.tune, scores, metric.higher_is_better)
         if following is None:
             break
-        print(f"  {job.experiment} {job.method} M={job.members}: best {spec.tune.key} on the edge of "
-              f"{[str(v) for v in sorted(values)]}: trying {following}", flush=True)  # fmt: skip
+        print(
+            f"  {job.experiment} {job.method} M={job.members}: best {spec.tune.key} on the edge of "
+            f"{[str(v) for v in sorted(values)]}: trying {following}",
+            flush=True,
+        )
         values = [*values, following]
     choice = tuning_choice(spec.tune, scores, metric.higher_is_better, str)
     write_json(row_dir / TUNED, choice)
     edge = f", left on the {choice['edge']} edge" if choice["edge"] else ""
-    print(f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']}{edge} "
-          f"(validation {spec.tune.metric}: {choice['scores']})", flush=True)  # fmt: skip
+    print(
+        f"  {job.experiment} {job.method} M={job.members}: {choice['key']}={choice['value']}{edge} "
+        f"(validation {spec.tune.metric}: {choice['scores']})",
+        flush=True,
+    )
     return choice

@@ -46,8 +46,10 @@ def ladder_position(value: float, per_decade: int) -> int:
         if math.isclose(value, mantissa * 10.0**decade, rel_tol=1e-6):
             return decade * per_decade + step
     examples = ", ".join(f"{m}e{decade}" for m in MANTISSAS[per_decade])
-    raise InputError(f"tune.grid value {value!r} is not on the log ladder with per_decade={per_decade} (values "
-                     f"like {examples}); use ladder values, or set tune.per_decade to match the grid")
+    raise InputError(
+        f"tune.grid value {value!r} is not on the log ladder with per_decade={per_decade} (values "
+        f"like {examples}); use ladder values, or set tune.per_decade to match the grid"
+    )
 
 
 def settings(tune) -> tuple[list[float], int, int]:
@@ -73,7 +75,7 @@ def best_of(scores: dict[float, float], higher_is_better: bool) -> float:
 
 
 def edge_of(best: float, scores: dict[float, float]) -> str | None:
-    """"lower" or "upper" when ``best`` is the smallest or largest searched value (it lacks a neighbour on
+    """ "lower" or "upper" when ``best`` is the smallest or largest searched value (it lacks a neighbour on
     that side, so the optimum may lie beyond it; a one-value grid grows downwards first); None when it is
     interior: a strictly or equally worse value on each side (ties go to the smaller value, ``best_of``)."""
     values = sorted(scores)
@@ -110,11 +112,20 @@ def choice(tune, scores: dict, higher_is_better: bool, text) -> dict:
     edge = edge_of(best, scores) if numeric else None
     searched = sorted(scores) if numeric else list(scores)
     added = [text(v) for v in added_values(grid, searched)]
-    record = {"key": tune.key, "value": text(best), "metric": f"val/{tune.metric}",
-              "scores": {text(v): scores[v] for v in searched}, "grid": [text(v) for v in searched],
-              "initial_grid": [text(v) for v in grid], "extended": added, "edge": edge, "seed": int(tune.seed),
-              "note": "chosen on the validation split only; every seed of this row uses it"}  # fmt: skip
+    record = {
+        "key": tune.key,
+        "value": text(best),
+        "metric": f"val/{tune.metric}",
+        "scores": {text(v): scores[v] for v in searched},
+        "grid": [text(v) for v in searched],
+        "initial_grid": [text(v) for v in grid],
+        "extended": added,
+        "edge": edge,
+        "seed": int(tune.seed),
+        "note": "chosen on the validation split only; every seed of this row uses it",
+    }
     if edge is not None:
-        record["note"] += (f"; left on the {edge} edge of the searched grid after {len(added)} of at most {extend} "
-                           "extensions")
+        record["note"] += (
+            f"; left on the {edge} edge of the searched grid after {len(added)} of at most {extend} extensions"
+        )
     return record

@@ -19,21 +19,39 @@ from sve.errors import InputError
 ARCHITECTURES: dict[str, dict] = {
     # LLaMA-2-7B (Touvron et al., 2023): 6,738,415,616 parameters with lm_head.
     "meta-llama/Llama-2-7b-hf": {
-        "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False, "mlp_bias": False,
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "attention_bias": False,
+        "mlp_bias": False,
     },
     # BERT-base-uncased (Devlin et al., 2019): 109,482,240 parameters with the pooler.
     "bert-base-uncased": {
-        "model_type": "bert", "vocab_size": 30522, "hidden_size": 768, "intermediate_size": 3072,
-        "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "gelu", "max_position_embeddings": 512,
-        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1, "pad_token_id": 0,
+        "model_type": "bert",
+        "vocab_size": 30522,
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "hidden_act": "gelu",
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "pad_token_id": 0,
     },
 }
-
-
 
 
 def architecture(name_or_path: str | None, key: str = "backbone") -> dict:
@@ -53,10 +71,12 @@ def architecture(name_or_path: str | None, key: str = "backbone") -> dict:
             return json.loads(Path(cached).read_text())
         if str(name_or_path) in ARCHITECTURES:
             return dict(ARCHITECTURES[str(name_or_path)])
-    raise InputError(f"the plan cannot know the architecture of {key}.name_or_path={name_or_path!r} offline (no "
-                     "config.json there or in the local Hugging Face cache, and no shipped copy in "
-                     f"sve/runs/architectures.py); set {key}.config={{model_type: ..., hidden_size: ..., ...}} or "
-                     f"{key}.name_or_path to a directory holding its config.json")  # fmt: skip
+    raise InputError(
+        f"the plan cannot know the architecture of {key}.name_or_path={name_or_path!r} offline (no "
+        "config.json there or in the local Hugging Face cache, and no shipped copy in "
+        f"sve/runs/architectures.py); set {key}.config={{model_type: ..., hidden_size: ..., ...}} or "
+        f"{key}.name_or_path to a directory holding its config.json"
+    )
 
 
 def offline_backbone(node: DictConfig) -> dict:

@@ -74,8 +74,10 @@ HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 REQUIRED = ("paths", "trainer", "backbone", "dataset", "method", "seed")  # what an evaluation reads
 # A run trained on a GPU, evaluated where there is none: the keys that keep the rest of its trainer (trainer=cpu
 # would replace all of it).
-ON_THE_CPU = ("evaluate on the CPU with trainer.accelerator=cpu trainer.devices=1 (and trainer.strategy=auto for a "
-              "DDP or FSDP run)")
+ON_THE_CPU = (
+    "evaluate on the CPU with trainer.accelerator=cpu trainer.devices=1 (and trainer.strategy=auto for a "
+    "DDP or FSDP run)"
+)
 
 
 def adapter_run_config(directory: Path) -> DictConfig:
@@ -83,8 +85,10 @@ def adapter_run_config(directory: Path) -> DictConfig:
     ``paths.output_dir`` set to the directory: evaluations are written beside the adapter."""
     config = adapter_files.read_config(directory)
     if not config.get("config"):
-        raise InputError(f"{directory / adapter_files.CONFIG} was written by sve.wrap (no run config); load it with "
-                         "sve.from_pretrained(model, directory) on its base model")
+        raise InputError(
+            f"{directory / adapter_files.CONFIG} was written by sve.wrap (no run config); load it with "
+            "sve.from_pretrained(model, directory) on its base model"
+        )
     cfg = OmegaConf.create(config["config"])
     cfg.paths.output_dir = str(directory)
     if cfg.trainer.get("default_root_dir"):
@@ -99,8 +103,10 @@ def saved_config(run_dir: Path) -> DictConfig:
     the file."""
     results, hydra_saved = run_dir / "results.json", run_dir / ".hydra" / "config.yaml"
     if not run_dir.is_dir():
-        raise InputError(f"run_dir={run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}; "
-                         "expected a trained run's directory (the one holding results.json)")  # fmt: skip
+        raise InputError(
+            f"run_dir={run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}; "
+            "expected a trained run's directory (the one holding results.json)"
+        )
     config = read_results(results).get("config") if results.exists() else None
     if config:
         cfg, source = OmegaConf.create(config), f"{results} (its config)"
@@ -109,8 +115,10 @@ def saved_config(run_dir: Path) -> DictConfig:
             cfg = OmegaConf.load(hydra_saved)
         except Exception as err:  # noqa: BLE001 - yaml's errors, or a file that cannot be read
             reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-            raise InputError(f"{hydra_saved} is not a readable config ({type(err).__name__}: {reason}); restore it "
-                             "from a copy of the run, or retrain the run") from None  # fmt: skip
+            raise InputError(
+                f"{hydra_saved} is not a readable config ({type(err).__name__}: {reason}); restore it "
+                "from a copy of the run, or retrain the run"
+            ) from None
         source = str(hydra_saved)
     else:
         raise InputError(f"run_dir={run_dir} holds neither results.json nor .hydra/config.yaml: not a run directory")
@@ -167,8 +175,10 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             top = key.split(".")[0]
             if adding and top not in cfg and top not in root_keys():  # `+datset.root=...`: nothing would read it
                 known = sorted(set(root_keys()) | {str(k) for k in cfg})
-                raise InputError(f"+{key}: the run's config has no {top}{did_you_mean(top, known)}, and nothing "
-                                 f"reads it; the top-level keys are: {', '.join(known)}")  # fmt: skip
+                raise InputError(
+                    f"+{key}: the run's config has no {top}{did_you_mean(top, known)}, and nothing "
+                    f"reads it; the top-level keys are: {', '.join(known)}"
+                )
             OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
     return cfg
 
@@ -189,8 +199,11 @@ def keep_own_values(cfg: DictConfig, option: DictConfig, given: set[str]) -> Dic
         option = copy.deepcopy(option)
         for k, v in kept.items():
             option[k] = v
-        log.warning("dataset=%s keeps the run's %s: it shapes the trained model", option.get("name"),
-                    ", ".join(f"dataset.{k}={v}" for k, v in kept.items()))  # fmt: skip
+        log.warning(
+            "dataset=%s keeps the run's %s: it shapes the trained model",
+            option.get("name"),
+            ", ".join(f"dataset.{k}={v}" for k, v in kept.items()),
+        )
     return option
 
 
@@ -221,9 +234,11 @@ def check_same_model(trained: DictConfig, overrides: list[str]) -> None:
         key = override.key_or_group
         trained_option = OmegaConf.select(trained, f"{key}.name", default=None) if key in MODEL_GROUPS else None
         if trained_option is not None and not override.is_delete() and override.value() != trained_option:
-            raise InputError(f"{key}={override.value()} cannot be changed when evaluating: the run was trained with "
-                             f"{key}={trained_option} and its checkpoint holds that model; an evaluation changes "
-                             "the data and how the model is evaluated, never the model")
+            raise InputError(
+                f"{key}={override.value()} cannot be changed when evaluating: the run was trained with "
+                f"{key}={trained_option} and its checkpoint holds that model; an evaluation changes "
+                "the data and how the model is evaluated, never the model"
+            )
 
 
 def trained_commit(run_dir: Path) -> str | None:
@@ -236,12 +251,16 @@ def rebuild_hint(run_dir: Path) -> str:
     """How to evaluate a run that this code can no longer build: with the code it was trained with."""
     commit = trained_commit(run_dir)
     if not commit:
-        return ("evaluate it with the code it was trained with (its results.json records no git_commit); or "
-                "change the key with an override (evaluate.py run_dir=... key=value, ~key removes it)")
+        return (
+            "evaluate it with the code it was trained with (its results.json records no git_commit); or "
+            "change the key with an override (evaluate.py run_dir=... key=value, ~key removes it)"
+        )
     base, dirty = commit.removesuffix("-dirty"), commit.endswith("-dirty")
-    return (f"evaluate it with the code it was trained with: git checkout {base} (results.json git_commit {commit}"
-            + (": trained with uncommitted changes on top of that commit" if dirty else "")
-            + "), then run evaluate.py again; or change the key with an override (key=value, ~key removes it)")
+    return (
+        f"evaluate it with the code it was trained with: git checkout {base} (results.json git_commit {commit}"
+        + (": trained with uncommitted changes on top of that commit" if dirty else "")
+        + "), then run evaluate.py again; or change the key with an override (key=value, ~key removes it)"
+    )
 
 
 def locate(path: str):
@@ -293,8 +312,10 @@ def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
             target = locate(path)
         except (ImportError, AttributeError) as err:
             who, fix = where(f"{key}._target_")
-            raise InputError(f"run_dir={run_dir}: {who} {key}._target_={path!r}, which this code cannot import "
-                             f"({type(err).__name__}: {err}); {fix}") from None
+            raise InputError(
+                f"run_dir={run_dir}: {who} {key}._target_={path!r}, which this code cannot import "
+                f"({type(err).__name__}: {err}); {fix}"
+            ) from None
         valid = accepted_keys(target)
         if valid is None:
             return
@@ -302,8 +323,10 @@ def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
             if child in HYDRA_KEYS or (top and child == "name") or child in valid:
                 continue
             who, fix = where(f"{key}.{child}")
-            raise InputError(f"run_dir={run_dir}: {who} {key}.{child}={value!r}, which {path} does not take "
-                             f"(its keys: {sorted(valid)}); {fix}")
+            raise InputError(
+                f"run_dir={run_dir}: {who} {key}.{child}={value!r}, which {path} does not take "
+                f"(its keys: {sorted(valid)}); {fix}"
+            )
 
     for key in BUILT:
         if key in cfg:
@@ -319,6 +342,7 @@ def check_overridden_values(cfg: DictConfig, trained: DictConfig) -> None:
     """``check_values`` of the config as overridden (``ensemble_size=four`` or ``seed=abc`` is one line naming
     the value, not a traceback from deep in the build). A complaint that the run's own config draws as well is
     not this evaluation's doing (a run from code with other ranges) and is let through."""
+
     def complaint(config: DictConfig) -> str | None:
         config = copy.deepcopy(config)
         for key in NOT_READ:
@@ -341,18 +365,28 @@ MODEL_KEYS = ("ensemble_size", "method.name", "backbone.name", "seed")
 def mismatch_cause(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> str:
     """Why a run's checkpoint does not fit the model rebuilt for its evaluation, and what to do."""
     get = lambda config, key: OmegaConf.select(config, key, default=None)  # noqa: E731
-    changed = [f"{key}={get(cfg, key)} (trained with {get(trained, key)})" for key in MODEL_KEYS
-               if get(cfg, key) != get(trained, key)]  # fmt: skip
+    changed = [
+        f"{key}={get(cfg, key)} (trained with {get(trained, key)})"
+        for key in MODEL_KEYS
+        if get(cfg, key) != get(trained, key)
+    ]
     if changed:
-        return (f"the overrides change the model: {', '.join(changed)}. An evaluation keeps the model as it was "
-                "trained; drop those overrides")
+        return (
+            f"the overrides change the model: {', '.join(changed)}. An evaluation keeps the model as it was "
+            "trained; drop those overrides"
+        )
     # The data module shapes the model too (its classes, ARC's scoring): name the dataset keys that differ.
     evaluated, own = (OmegaConf.to_container(c.dataset, resolve=False) for c in (cfg, trained))
-    data = [f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in sorted(set(evaluated) | set(own))
-            if k != "name" and evaluated.get(k) != own.get(k)]  # fmt: skip
+    data = [
+        f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})"
+        for k in sorted(set(evaluated) | set(own))
+        if k != "name" and evaluated.get(k) != own.get(k)
+    ]
     if data:
-        return (f"the evaluated dataset differs from the trained one in {', '.join(data[:6])}; one of them shapes "
-                "the model (e.g. dataset.scoring): give it its trained value")
+        return (
+            f"the evaluated dataset differs from the trained one in {', '.join(data[:6])}; one of them shapes "
+            "the model (e.g. dataset.scoring): give it its trained value"
+        )
     return f"the run's own config no longer builds the model its checkpoint holds; {rebuild_hint(run_dir)}"
 
 
@@ -372,9 +406,11 @@ def check_same_classes(datamodule, trained_names: list | None, trained_dataset: 
     if trained_names is None or names is None:
         return
     if [str(n) for n in names] != [str(n) for n in trained_names]:
-        raise InputError(f"{datamodule.what}: its classes {list(names)} are not the classes the run was trained "
-                         f"with on {trained_dataset} {list(trained_names)} (label i must be the same class in both, "
-                         "in this order); evaluate on data with the trained classes")
+        raise InputError(
+            f"{datamodule.what}: its classes {list(names)} are not the classes the run was trained "
+            f"with on {trained_dataset} {list(trained_names)} (label i must be the same class in both, "
+            "in this order); evaluate on data with the trained classes"
+        )
 
 
 def rebuilt(cfg: DictConfig, run_dir: Path):
@@ -384,17 +420,24 @@ def rebuilt(cfg: DictConfig, run_dir: Path):
         return build(cfg)
     except InstantiationException as err:
         text = str(err)
-        if not any(s in text for s in ("unexpected keyword argument", "required positional argument",
-                                       "required keyword-only argument", "Error locating target",
-                                       "Error loading")):  # fmt: skip
+        if not any(
+            s in text
+            for s in (
+                "unexpected keyword argument",
+                "required positional argument",
+                "required keyword-only argument",
+                "Error locating target",
+                "Error loading",
+            )
+        ):
             raise
         first = " ".join(text.split())[:300]
-        raise InputError(f"run_dir={run_dir}: the run's config does not build with this code ({first}); "
-                         f"{rebuild_hint(run_dir)}") from None
+        raise InputError(
+            f"run_dir={run_dir}: the run's config does not build with this code ({first}); {rebuild_hint(run_dir)}"
+        ) from None
 
 
-def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None,
-             trainer: bool = True):
+def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None, trainer: bool = True):
     """(config, checkpoint path, module, datamodule) of a trained run (or adapter directory) rebuilt from its
     config with ``overrides`` and loaded with its trained state; the datamodule is set up (every data file
     read and checked). What ``evaluate_run`` and ``sve-distill`` start from; ``trainer=False`` for a caller
@@ -422,8 +465,10 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
     if cfg.dataset != trained.dataset:
         trained_classes = instantiate(trained.dataset).num_classes
         if trained_classes != datamodule.num_classes:
-            raise InputError(f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
-                             f"trained on {trained.dataset.name} with {trained_classes}")  # fmt: skip
+            raise InputError(
+                f"dataset {cfg.dataset.name} has {datamodule.num_classes} classes; the run was "
+                f"trained on {trained.dataset.name} with {trained_classes}"
+            )
     check_same_classes(datamodule, trained_class_names(run_dir, adapter), trained.dataset.name)
     datamodule.setup()  # every data file is read and checked before the model runs
     if adapter:  # the base as the config builds it, checked against the adapter's fingerprint
@@ -433,14 +478,21 @@ def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Pa
         try:
             module.on_load_checkpoint(checkpoint)  # the frozen part: checked against the fingerprints, then filled in
         except CheckpointMismatch as err:
-            raise InputError(f"{path} does not fit the model rebuilt for this evaluation: {err.detail}; "
-                             f"{mismatch_cause(cfg, trained, run_dir)}") from None
+            raise InputError(
+                f"{path} does not fit the model rebuilt for this evaluation: {err.detail}; "
+                f"{mismatch_cause(cfg, trained, run_dir)}"
+            ) from None
         module.load_state_dict(checkpoint["state_dict"])
     return cfg, path, module, datamodule
 
 
-def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | None = None,
-                 ckpt_path: str | Path | None = None, update_results: bool = False) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    overrides: list[str] = (),
+    name: str | None = None,
+    ckpt_path: str | Path | None = None,
+    update_results: bool = False,
+) -> dict:
     """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()
@@ -456,18 +508,23 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
         datamodule.order_seed = int(cfg.seed)
         save_to = PREDICTIONS if update_results else f"{EVALUATIONS}/{name}/{PREDICTIONS}"
         with stopped_by_sigterm(f"evaluation of {run_dir}"):
-            evaluation = evaluate(trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to,
-                                  **prediction_options(cfg))  # fmt: skip
-        record = results_record({
-            "name": name,
-            "method": cfg.method.name,
-            "dataset": cfg.dataset.name,
-            "trained_on": trained.dataset.name,
-            "checkpoint": str(path),
-            "overrides": list(overrides),
-            "aggregate": cfg.aggregate,
-            **evaluation,
-        }, OmegaConf.to_container(cfg, resolve=True), git_commit())
+            evaluation = evaluate(
+                trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to, **prediction_options(cfg)
+            )
+        record = results_record(
+            {
+                "name": name,
+                "method": cfg.method.name,
+                "dataset": cfg.dataset.name,
+                "trained_on": trained.dataset.name,
+                "checkpoint": str(path),
+                "overrides": list(overrides),
+                "aggregate": cfg.aggregate,
+                **evaluation,
+            },
+            OmegaConf.to_container(cfg, resolve=True),
+            git_commit(),
+        )
         if trainer.is_global_zero:
             write_json(run_dir / EVALUATIONS / f"{name}.json", record)
             if update_results:
@@ -478,14 +535,25 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = (), name: str | Non
 
 # Dataset keys that leave the run's own splits as they were: where the files are, how they are batched and
 # read, and the shifted and OOD sets evaluated beside the clean test split.
-SAME_DATA_KEYS = ("root", "download", "num_workers", "batch_size", "eval_batch_size", "corruptions", "severities",
-                  "corruption_seed", "shift_size", "ood")
+SAME_DATA_KEYS = (
+    "root",
+    "download",
+    "num_workers",
+    "batch_size",
+    "eval_batch_size",
+    "corruptions",
+    "severities",
+    "corruption_seed",
+    "shift_size",
+    "ood",
+)
 
 
 def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
     """``update_results=true`` replaces the run's metrics in results.json, whose ``dataset`` and ``config`` keys
     stay the trained ones: metrics of other data (another dataset, other splits or subsets) would be filed as the
     run's own, and a table would show them. Such an evaluation keeps its own file."""
+
     def splits(config: DictConfig) -> dict:
         node = OmegaConf.to_container(config.dataset, resolve=True)
         return {k: v for k, v in node.items() if k not in SAME_DATA_KEYS}
@@ -494,9 +562,11 @@ def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
     changed = sorted(k for k in set(evaluated) | set(own) if evaluated.get(k) != own.get(k))
     if changed:
         shown = ", ".join(f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in changed[:4])
-        raise InputError(f"update_results=true writes into the run's own results.json, which are for the data it "
-                         f"was trained and tested on; these overrides evaluate other data: {shown}. Drop "
-                         "update_results=true: the evaluation is written to evaluations/<name>.json beside them")
+        raise InputError(
+            f"update_results=true writes into the run's own results.json, which are for the data it "
+            f"was trained and tested on; these overrides evaluate other data: {shown}. Drop "
+            "update_results=true: the evaluation is written to evaluations/<name>.json beside them"
+        )
 
 
 def merge_into_results(path: Path, record: dict) -> None:
@@ -506,22 +576,26 @@ def merge_into_results(path: Path, record: dict) -> None:
         results.pop(key, None)
         if key in record:
             results[key] = record[key]
-    results["evaluated_by"] = {k: record[k] for k in ("name", "checkpoint", "overrides",
-                                                      "command", "git_commit")}  # fmt: skip
+    results["evaluated_by"] = {k: record[k] for k in ("name", "checkpoint", "overrides", "command", "git_commit")}
     write_json(path, results)
 
 
 def summary(record: dict, run_dir: Path, update_results: bool) -> str:
     m = record["metrics"]
-    lines = [f"evaluated {record['method']} (trained on {record['trained_on']}) on {record['dataset']}: "
-             f"{record['num_members']} members, acc {100 * m['test/acc']:.2f}%, ece {100 * m['test/ece']:.2f}%, "
-             f"nll {m['test/nll']:.4f}"]  # fmt: skip
+    lines = [
+        f"evaluated {record['method']} (trained on {record['trained_on']}) on {record['dataset']}: "
+        f"{record['num_members']} members, acc {100 * m['test/acc']:.2f}%, ece {100 * m['test/ece']:.2f}%, "
+        f"nll {m['test/nll']:.4f}"
+    ]
     if "shift" in record:
         by_severity = record["shift"]["by_severity"]
-        lines.append("shift, acc by severity: " + ", ".join(f"{s}: {100 * v['acc']:.2f}%"
-                                                              for s, v in by_severity.items()))  # fmt: skip
-    lines.append(f"written: {run_dir / EVALUATIONS / (record['name'] + '.json')}"
-                 + (" and results.json (update_results=true)" if update_results else ""))  # fmt: skip
+        lines.append(
+            "shift, acc by severity: " + ", ".join(f"{s}: {100 * v['acc']:.2f}%" for s, v in by_severity.items())
+        )
+    lines.append(
+        f"written: {run_dir / EVALUATIONS / (record['name'] + '.json')}"
+        + (" and results.json (update_results=true)" if update_results else "")
+    )
     return "\n".join(lines)
 
 

@@ -74,8 +74,16 @@ def shift_record(by_corruption: dict[str, dict[str, dict]], clean: dict, pooled:
     return {"by_corruption": by_corruption, "by_severity": by_severity, "pooled": pooled}
 
 
-def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str = PREDICTIONS,
-             save: bool = True, float16_above_mb: float = 256.0) -> dict:
+def evaluate(
+    trainer,
+    module,
+    datamodule,
+    out_dir: Path,
+    seed: int,
+    save_to: str = PREDICTIONS,
+    save: bool = True,
+    float16_above_mb: float = 256.0,
+) -> dict:
     """Evaluates ``module`` on every set of ``datamodule``; returns the record of the module docstring.
     Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0)."""
     aggregate = module.aggregate
@@ -86,8 +94,13 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
         seed_pass(seed, name)
         loader = datamodule.evaluation_loader(name)
         if trainer.is_global_zero:  # the set whose batches Lightning's progress bar counts (without one: how many)
-            log.info("scoring %s (set %d of %d): %d batch(es)", name, i, len(sets),
-                     limited_batches(len(loader), trainer.limit_test_batches))  # fmt: skip
+            log.info(
+                "scoring %s (set %d of %d): %d batch(es)",
+                name,
+                i,
+                len(sets),
+                limited_batches(len(loader), trainer.limit_test_batches),
+            )
         start = time.perf_counter()
         trainer.test(module, dataloaders=loader, verbose=False)
         # Lightning stops a pass at SIGTERM after any batch but its last, and forgets the signal at its next call:
@@ -103,8 +116,13 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
             if trainer.is_global_zero:
                 write_predictions(Path(out_dir) / paths[name], found, aggregate, float16_above_mb)
         if name != "val" and trainer.is_global_zero:  # beside save_to: predictive/ or evaluations/<name>/predictive/
-            write_predictive(Path(out_dir) / Path(save_to).parent / PREDICTIVE / f"{name}.npz", name, probs,
-                             found.labels, found.index)  # fmt: skip
+            write_predictive(
+                Path(out_dir) / Path(save_to).parent / PREDICTIVE / f"{name}.npz",
+                name,
+                probs,
+                found.labels,
+                found.index,
+            )
         if name.startswith(f"{SHIFT}/"):  # scored now and let go: 95 sets of CIFAR-100-C need not fit at once
             _, corruption, severity = name.split("/")
             metrics = predictive_metrics(probs, found.labels)
@@ -141,11 +159,13 @@ def evaluate(trainer, module, datamodule, out_dir: Path, seed: int, save_to: str
     collapsed = collapsed_members(kept["test"].member_logits)
     metrics["test/collapsed_members"] = collapsed
     if collapsed and trainer.is_global_zero:
-        log.warning(f"member(s) {collapsed} of {kept['test'].member_logits.shape[0]} give nearly the same output "
-                    f"for every test example (their centred logits vary by less than {COLLAPSED_BELOW}"
-                    "), and the ensemble averages them in: most often they collapsed in training, which a lower "
-                    "learning rate (method.lr) usually avoids; a tiny or random backbone whose features hardly "
-                    "depend on the input does the same")  # fmt: skip
+        log.warning(
+            f"member(s) {collapsed} of {kept['test'].member_logits.shape[0]} give nearly the same output "
+            f"for every test example (their centred logits vary by less than {COLLAPSED_BELOW}"
+            "), and the ensemble averages them in: most often they collapsed in training, which a lower "
+            "learning rate (method.lr) usually avoids; a tiny or random backbone whose features hardly "
+            "depend on the input does the same"
+        )
     metrics["test/examples"] = len(kept["test"].labels)
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
@@ -190,5 +210,6 @@ def collapsed_members(member_logits: torch.Tensor) -> list[int]:
 def check_finite(metrics: dict) -> None:
     bad = [k for k, v in metrics.items() if not all(map(math.isfinite, v if isinstance(v, list) else [v]))]
     if bad:
-        raise FloatingPointError(f"non-finite test metrics {bad}: {({k: metrics[k] for k in bad})}; "
-                                 "results.json is not written")  # fmt: skip
+        raise FloatingPointError(
+            f"non-finite test metrics {bad}: { ({k: metrics[k] for k in bad}) }; results.json is not written"
+        )

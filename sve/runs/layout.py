@@ -13,10 +13,18 @@ from sve.errors import InputError
 GIB = 2**30
 STRATEGIES = ("auto", "single_device", "ddp", "fsdp")  # ddp_spawn, ddp_find_unused_parameters_true, ...: ddp
 # Lightning precision -> (how, dtype): autocast around the step, or the whole module cast (true half precision).
-PRECISIONS = {"32": None, "32-true": None, "64": None, "64-true": None,
-              "bf16-mixed": ("autocast", torch.bfloat16), "16-mixed": ("autocast", torch.float16),
-              "bf16-true": ("cast", torch.bfloat16), "16-true": ("cast", torch.float16),
-              "bf16": ("autocast", torch.bfloat16), "16": ("autocast", torch.float16)}  # fmt: skip
+PRECISIONS = {
+    "32": None,
+    "32-true": None,
+    "64": None,
+    "64-true": None,
+    "bf16-mixed": ("autocast", torch.bfloat16),
+    "16-mixed": ("autocast", torch.float16),
+    "bf16-true": ("cast", torch.bfloat16),
+    "16-true": ("cast", torch.float16),
+    "bf16": ("autocast", torch.bfloat16),
+    "16": ("autocast", torch.float16),
+}
 # What a CUDA process holds before its first tensor (the context, cuBLAS's workspace): an estimate, typical of
 # CUDA 12-13 with lazily loaded kernels; counted into the peaks of a GPU plan.
 CUDA_CONTEXT = GIB // 2
@@ -40,15 +48,18 @@ def device_layout(cfg: DictConfig) -> Layout:
     get = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     notes = []
     accelerator = str(get("trainer.accelerator", "cpu"))
-    device = "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()) \
-        else "cpu"  # fmt: skip
+    device = (
+        "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     devices = get("trainer.devices", 1)
     if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
         devices = len(devices)
     elif devices in (-1, "-1", "auto", None):
         found = torch.cuda.device_count() if device == "cuda" else 1
-        notes.append(f"trainer.devices={devices}: planned for {max(found, 1)} device(s), as many as this machine "
-                     "has; set trainer.devices=N to plan for N")  # fmt: skip
+        notes.append(
+            f"trainer.devices={devices}: planned for {max(found, 1)} device(s), as many as this machine "
+            "has; set trainer.devices=N to plan for N"
+        )
         devices = max(found, 1)
     else:
         try:
@@ -56,8 +67,10 @@ def device_layout(cfg: DictConfig) -> Layout:
         except (TypeError, ValueError):
             devices = 0
         if devices < 1:
-            raise InputError(f"trainer.devices={get('trainer.devices')!r} cannot be planned; expected a positive "
-                             "integer, a list of device ids or -1")  # fmt: skip
+            raise InputError(
+                f"trainer.devices={get('trainer.devices')!r} cannot be planned; expected a positive "
+                "integer, a list of device ids or -1"
+            )
     devices *= int(get("trainer.num_nodes", 1) or 1)
     strategy = get("trainer.strategy", "auto")
     if isinstance(strategy, DictConfig):  # a strategy object: planned by its class

@@ -28,8 +28,11 @@ class LiveMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, Tensor) and not _storageless(t)}
+        inputs = {
+            t.untyped_storage()._cdata
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, Tensor) and not _storageless(t)
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, Tensor) and not _storageless(t) and t.untyped_storage()._cdata not in inputs:
                 self._track(t)

@@ -37,10 +37,13 @@ def record_failure(run_dir: Path, error: BaseException) -> None:
     failure record of a run directory (``sve.runs.multirun`` and ``sve.paper.sweep`` both write it)."""
     path = Path(run_dir) / FAILED
     try:
-        write_json(path, {
-            "error": f"{type(error).__name__}: {error}",
-            "traceback": "".join(traceback.format_exception(error)),
-        })  # fmt: skip
+        write_json(
+            path,
+            {
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": "".join(traceback.format_exception(error)),
+            },
+        )
     except (OSError, ValueError) as err:  # a full disk must not hide the run's own error: both are logged
         log.error("the failure of this run (%s: %s) could not be recorded: %s", type(error).__name__, error, err)
 
@@ -58,7 +61,7 @@ def read_failure(run_dir: Path) -> str:
     except UnreadableFile as err:
         return f"(failure record unreadable) {err}"
     except KeyError:
-        return f"(failure record unreadable) {path} has no \"error\" key"
+        return f'(failure record unreadable) {path} has no "error" key'
 
 
 def failed_after_finishing(run_dir: Path) -> bool:
@@ -81,8 +84,14 @@ def summarize(sweep_dir: Path) -> dict:
             # results.json: that file is not this sweep's run, and Hydra has already rewritten the directory's
             # .hydra/overrides.yaml with the failed attempt's overrides, so counting it would file the old
             # metrics under the new settings.
-            runs.append({"run": run_dir.name, "state": "failed", "error": read_failure(run_dir),
-                         "note": "results.json here is from an earlier attempt, not from this configuration"})
+            runs.append(
+                {
+                    "run": run_dir.name,
+                    "state": "failed",
+                    "error": read_failure(run_dir),
+                    "note": "results.json here is from an earlier attempt, not from this configuration",
+                }
+            )
         elif (run_dir / "results.json").exists():
             try:
                 results = read_results(run_dir / "results.json")
@@ -129,19 +138,31 @@ def groups(run_dirs: list[Path]) -> list[dict]:
         # would weigh that seed twice in the mean and shrink the std.
         if results.get("seed") in by_seed:
             duplicates.setdefault(key, []).append(run_dir.name)
-            log.warning("sweep summary: %s repeats seed %s of %s; counted once", run_dir.name, results.get("seed"),
-                        " ".join(key) or "(no overrides)")  # fmt: skip
+            log.warning(
+                "sweep summary: %s repeats seed %s of %s; counted once",
+                run_dir.name,
+                results.get("seed"),
+                " ".join(key) or "(no overrides)",
+            )
             continue
         by_seed[results.get("seed")] = results
     out = []
     for key, by_seed in grouped.items():
         members = list(by_seed.values())
         metrics = [r.get("metrics") or {} for r in members]
-        names = sorted(k for k in metrics[0] if k.startswith("test/") and k not in ("test/seconds", "test/examples")
-                       and all(isinstance(m.get(k), (int, float)) for m in metrics))
-        group = {"overrides": list(key), "runs": len(members), "seeds": sorted(r.get("seed") for r in members),
-                 "metrics": {k: dict(zip(("mean", "std"), mean_std([float(m[k]) for m in metrics])))
-                             for k in names}}  # fmt: skip
+        names = sorted(
+            k
+            for k in metrics[0]
+            if k.startswith("test/")
+            and k not in ("test/seconds", "test/examples")
+            and all(isinstance(m.get(k), (int, float)) for m in metrics)
+        )
+        group = {
+            "overrides": list(key),
+            "runs": len(members),
+            "seeds": sorted(r.get("seed") for r in members),
+            "metrics": {k: dict(zip(("mean", "std"), mean_std([float(m[k]) for m in metrics]))) for k in names},
+        }
         if key in duplicates:
             group["repeated_seeds_left_out"] = duplicates[key]
         out.append(group)
@@ -152,20 +173,30 @@ def summary_tables(groups: list[dict]) -> tuple[str, str]:
     """(markdown, csv) of the groups: one row each, ``mean ± std`` per metric."""
     names = sorted({k for g in groups for k in g["metrics"]})
     common = set.intersection(*[set(g["overrides"]) for g in groups]) if len(groups) > 1 else set()
-    lines = [f"Overrides of every run: {' '.join(sorted(common)) or '(none)'}; mean ± sample std over seeds.", "",
-             "| overrides (without seed) | runs | seeds | " + " | ".join(names) + " |",
-             "|---|---|---|" + "---|" * len(names)]
+    lines = [
+        f"Overrides of every run: {' '.join(sorted(common)) or '(none)'}; mean ± sample std over seeds.",
+        "",
+        "| overrides (without seed) | runs | seeds | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
     table = io.StringIO()
     writer = csv.writer(table, lineterminator="\n")
     writer.writerow(["overrides", "runs", "seeds", *[f"{n}_{s}" for n in names for s in ("mean", "std")]])
     for g in groups:
-        cells = [f"{g['metrics'][n]['mean']:.4f} ± {g['metrics'][n]['std']:.4f}" if n in g["metrics"] else ""
-                 for n in names]
+        cells = [
+            f"{g['metrics'][n]['mean']:.4f} ± {g['metrics'][n]['std']:.4f}" if n in g["metrics"] else "" for n in names
+        ]
         seeds = " ".join(str(s) for s in g["seeds"])
         label = " ".join(o for o in g["overrides"] if o not in common) or "(none)"
         lines.append(f"| {label} | {g['runs']} | {seeds} | " + " | ".join(cells) + " |")
-        writer.writerow([" ".join(g["overrides"]), g["runs"], seeds,
-                         *[g["metrics"].get(n, {}).get(s, "") for n in names for s in ("mean", "std")]])
+        writer.writerow(
+            [
+                " ".join(g["overrides"]),
+                g["runs"],
+                seeds,
+                *[g["metrics"].get(n, {}).get(s, "") for n in names for s in ("mean", "std")],
+            ]
+        )
     return "\n".join(lines) + "\n", table.getvalue()
 
 
@@ -186,8 +217,15 @@ class SweepSummary(Callback):
         (sweep_dir / "summary.md").write_text(markdown)
         (sweep_dir / "summary.csv").write_text(table)
         print(markdown)
-        log.info("sweep: %d finished, %d not: %s (see %s)", summary["finished"], len(summary["not_finished"]),
-                 summary["not_finished"], sweep_dir / "summary.json")  # fmt: skip
+        log.info(
+            "sweep: %d finished, %d not: %s (see %s)",
+            summary["finished"],
+            len(summary["not_finished"]),
+            summary["not_finished"],
+            sweep_dir / "summary.json",
+        )
         if summary["not_finished"]:
-            raise SystemExit(f"{len(summary['not_finished'])} run(s) of the sweep did not finish: "
-                             f"{summary['not_finished']}; see {sweep_dir / 'summary.json'}")  # fmt: skip
+            raise SystemExit(
+                f"{len(summary['not_finished'])} run(s) of the sweep did not finish: "
+                f"{summary['not_finished']}; see {sweep_dir / 'summary.json'}"
+            )

@@ -107,8 +107,13 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
         method_node = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
         if "svd_cache" in method_node:
             method_node.svd_cache = None  # the cache hashes weight values, which fake weights do not have
-        method = instantiate(method_node, backbone=backbone, ensemble_size=int(cfg.ensemble_size),
-                             num_classes=num_classes, task=cfg.dataset.name)  # fmt: skip
+        method = instantiate(
+            method_node,
+            backbone=backbone,
+            ensemble_size=int(cfg.ensemble_size),
+            num_classes=num_classes,
+            task=cfg.dataset.name,
+        )
         # As the LightningModule does with exact_draws (sve.layers.draws): attention with dropout runs
         # unfused, and the step keeps its probabilities as the run's does. (The module itself is not built:
         # its torchmetrics states on fake tensors corrupted the heap now and then, torch 2.14.)
@@ -139,19 +144,32 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
     from sve.methods.base import EnsembleMethod
 
     if type(method).after_fit is not EnsembleMethod.after_fit:
-        notes.append(f"{type(method).__name__} builds something after training (after_fit: a posterior, snapshots); "
-                     "its memory is not planned")  # fmt: skip
+        notes.append(
+            f"{type(method).__name__} builds something after training (after_fit: a posterior, snapshots); "
+            "its memory is not planned"
+        )
     M = int(cfg.ensemble_size)
-    title = (f"{cfg.backbone.name} + {cfg.method.name} (ensemble_size {M}) on {cfg.dataset.name}: {layout.devices} "
-             f"device(s) ({layout.device}, {layout.strategy}), precision {layout.precision}, batch "
-             f"{per_device_batch} per device ({cfg.dataset.batch_size} global), "
-             f"{input_shape(batch)}")  # fmt: skip
+    title = (
+        f"{cfg.backbone.name} + {cfg.method.name} (ensemble_size {M}) on {cfg.dataset.name}: {layout.devices} "
+        f"device(s) ({layout.device}, {layout.strategy}), precision {layout.precision}, batch "
+        f"{per_device_batch} per device ({cfg.dataset.batch_size} global), "
+        f"{input_shape(batch)}"
+    )
     unit = root + 2 * unit  # gathered at once: the root unit and two blocks (the one running, the next prefetched)
     per_device = device_share(stored, train, evaluation, layout, unit)
-    notes += [f"FSDP: parameters, gradients and optimiser state sharded over {layout.devices} devices, plus the "
-              f"root unit and two blocks gathered ({gib(unit)} GiB)"] if layout.strategy == "fsdp" else []
-    shapes = [(layer.out_features, layer.in_features, layer.U.element_size()) for layer in member_layers(method)
-              if isinstance(getattr(layer, "U", None), Tensor) and getattr(layer, "residual", None) is None]
+    notes += (
+        [
+            f"FSDP: parameters, gradients and optimiser state sharded over {layout.devices} devices, plus the "
+            f"root unit and two blocks gathered ({gib(unit)} GiB)"
+        ]
+        if layout.strategy == "fsdp"
+        else []
+    )
+    shapes = [
+        (layer.out_features, layer.in_features, layer.U.element_size())
+        for layer in member_layers(method)
+        if isinstance(getattr(layer, "U", None), Tensor) and getattr(layer, "residual", None) is None
+    ]
     return Plan(title, layout, capacity, stored, train, evaluation, others, per_device, notes, unit, shapes)
 
 
@@ -161,9 +179,11 @@ def check_member_count(M: int, rows: int, num_classes: int, capacity: int) -> No
     it (lists of M member indices, M heads) would take as long as M is large."""
     need = M * rows * num_classes * 4
     if need > capacity:
-        raise InputError(f"ensemble_size={M} cannot run in {gib(capacity)} GiB: the member logits of one evaluation "
-                         f"batch ({M} x {rows} x {num_classes} float32) alone take {gib(need)} GiB; at most "
-                         f"{capacity // (rows * num_classes * 4)} members fit that, fewer with the model")  # fmt: skip
+        raise InputError(
+            f"ensemble_size={M} cannot run in {gib(capacity)} GiB: the member logits of one evaluation "
+            f"batch ({M} x {rows} x {num_classes} float32) alone take {gib(need)} GiB; at most "
+            f"{capacity // (rows * num_classes * 4)} members fit that, fewer with the model"
+        )
 
 
 def build_backbone(node: DictConfig, fake: FakeTensorMode, instantiate) -> nn.Module:
@@ -207,8 +227,10 @@ def device_capacity(cfg: DictConfig, layout: Layout, capacity_gib: float | None)
     except (TypeError, ValueError):
         value = -1.0
     if not value > 0:
-        raise InputError(f"plan_memory_gib={cfg.get('plan_memory_gib')!r} is not valid; expected the device memory "
-                         "in GiB, a positive number (e.g. 24 for an RTX 4090)")  # fmt: skip
+        raise InputError(
+            f"plan_memory_gib={cfg.get('plan_memory_gib')!r} is not valid; expected the device memory "
+            "in GiB, a positive number (e.g. 24 for an RTX 4090)"
+        )
     return int(value * GIB)
 
 
@@ -224,8 +246,9 @@ def stored_bytes(method: nn.Module, block: int = 1) -> dict[str, int]:
     special = {id(t) for t in factors + residual}
     params = list(dict.fromkeys(method.parameters()))
     out = {
-        "frozen weights": tensor_bytes([p for p in params if not p.requires_grad and id(p) not in special]
-                                       + list(method.buffers()), block),
+        "frozen weights": tensor_bytes(
+            [p for p in params if not p.requires_grad and id(p) not in special] + list(method.buffers()), block
+        ),
         "factors (U, V)": tensor_bytes(factors, block),
         "residual W_res": tensor_bytes(residual, block),
         "trainable parameters": tensor_bytes([p for p in params if p.requires_grad], block),
@@ -244,13 +267,19 @@ def example_batch(datamodule, backbone, rows: int) -> dict:
     C = int(datamodule.num_classes)
     if scoring == "cloze":
         L = min(OPTION_TOKENS, T // 2)
-        return {"input_ids": torch.zeros(rows, T - L, dtype=torch.long),
-                "attention_mask": torch.ones(rows, T - L, dtype=torch.long),
-                "option_ids": torch.zeros(rows, C, L, dtype=torch.long),
-                "option_mask": torch.ones(rows, C, L, dtype=torch.long),
-                "labels": labels, "choice_mask": torch.ones(rows, C, dtype=torch.bool)}  # fmt: skip
-    batch = {"input_ids": torch.zeros(rows, T, dtype=torch.long),
-             "attention_mask": torch.ones(rows, T, dtype=torch.long), "labels": labels}
+        return {
+            "input_ids": torch.zeros(rows, T - L, dtype=torch.long),
+            "attention_mask": torch.ones(rows, T - L, dtype=torch.long),
+            "option_ids": torch.zeros(rows, C, L, dtype=torch.long),
+            "option_mask": torch.ones(rows, C, L, dtype=torch.long),
+            "labels": labels,
+            "choice_mask": torch.ones(rows, C, dtype=torch.bool),
+        }
+    batch = {
+        "input_ids": torch.zeros(rows, T, dtype=torch.long),
+        "attention_mask": torch.ones(rows, T, dtype=torch.long),
+        "labels": labels,
+    }
     if scoring is not None:
         batch["choice_mask"] = torch.ones(rows, C, dtype=torch.bool)
     return batch
@@ -317,8 +346,13 @@ def train_step(method, batch: dict, factory, how, clip, block: int = 1) -> dict[
         state = tensor_bytes([t for s in optimizer.state.values() for t in s.values()], block)
         optimizer.zero_grad(set_to_none=True)
         step = tracker.peak
-    return {"activations": activations, "gradients": gradients, "optimizer state": state,
-            "forward_backward_peak": forward_backward, "step_peak": step}  # fmt: skip
+    return {
+        "activations": activations,
+        "gradients": gradients,
+        "optimizer state": state,
+        "forward_backward_peak": forward_backward,
+        "step_peak": step,
+    }
 
 
 def train_peak(train: dict[str, int]) -> int:
@@ -395,7 +429,7 @@ def two_passes(method):
         with share_inputs(method.backbone, batch) if chunk == 1 else nullcontext():  # as logits_in_passes
             first = method.member_logits(batch, members[:chunk])  # (K, B, C)
             rest = first.new_empty((len(members) - 2 * chunk, *first.shape[1:]))
-            return torch.cat([first, rest, method.member_logits(batch, members[chunk:2 * chunk])])
+            return torch.cat([first, rest, method.member_logits(batch, members[chunk : 2 * chunk])])
 
     return passes
 
@@ -412,8 +446,9 @@ def fsdp_units(method: nn.Module, block: int = 1) -> tuple[int, int]:
     return max((tensor_bytes(b.parameters(), block) for b in blocks), default=0), root
 
 
-def device_share(stored: dict[str, int], train: dict[str, int], evaluation: dict[str, int], layout: Layout,
-                 unit: int) -> dict[str, int]:
+def device_share(
+    stored: dict[str, int], train: dict[str, int], evaluation: dict[str, int], layout: Layout, unit: int
+) -> dict[str, int]:
     """Bytes on each device: what is stored, trained and gathered there under the layout's strategy."""
     N = layout.devices if layout.strategy == "fsdp" else 1
     resident = sum(stored.values())
@@ -427,9 +462,16 @@ def device_share(stored: dict[str, int], train: dict[str, int], evaluation: dict
     step = train["step_peak"] - train["gradients"] - train["optimizer state"] + grads + state
     peak = max(fb + state, step)
     context = CUDA_CONTEXT if layout.device == "cuda" else 0
-    return {"stored": sharded, "gathered": gathered, "gradients": grads, "optimizer state": state,
-            "ddp buckets": buckets, "context": context, "train_peak": context + sharded + gathered + buckets + peak,
-            "eval_peak": context + sharded + gathered + evaluation["peak"]}  # fmt: skip
+    return {
+        "stored": sharded,
+        "gathered": gathered,
+        "gradients": grads,
+        "optimizer state": state,
+        "ddp buckets": buckets,
+        "context": context,
+        "train_peak": context + sharded + gathered + buckets + peak,
+        "eval_peak": context + sharded + gathered + evaluation["peak"],
+    }
 
 
 __all__ = ["Plan", "plan", "train_peak", "device_share"]

@@ -28,8 +28,9 @@ def format_plan(p: Plan) -> str:
         rows.append(f"    {'CUDA context':<34}{gib(d['context']):>9}  estimate")
     rows.append(f"    {'activations (training)':<34}{gib(p.train['activations']):>9}  estimate")
     for name, alt in p.alternatives.items():
-        rows.append(f"      with {name:<29}{gib(alt['activations']):>9}  estimate (training peak "
-                    f"{gib(alt_peak(p, alt))})")  # fmt: skip
+        rows.append(
+            f"      with {name:<29}{gib(alt['activations']):>9}  estimate (training peak {gib(alt_peak(p, alt))})"
+        )
     rows.append(f"    {'merged cache (evaluation)':<34}{gib(p.eval['merged cache']):>9}  exact")
     rows.append(f"    {'training peak':<34}{gib(p.train_peak):>9}  estimate")
     rows.append(f"    {'evaluation peak':<34}{gib(p.eval_peak):>9}  estimate")
@@ -54,10 +55,14 @@ def verdict(p: Plan) -> str:
     if p.eval["merged cache"]:
         parts["merged cache"] = p.eval["merged cache"]
     big = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-    lines = [f"does not fit: {phase} peak {gib(worst)} GiB exceeds {gib(p.capacity)} GiB by "
-             f"{gib(worst - p.capacity)} GiB; largest parts: "
-             + ", ".join(f"{k} {gib(v)} GiB" + (f" (alone over by {gib(v - p.capacity)} GiB)" if v > p.capacity else "")
-                         for k, v in big)]  # fmt: skip
+    lines = [
+        f"does not fit: {phase} peak {gib(worst)} GiB exceeds {gib(p.capacity)} GiB by "
+        f"{gib(worst - p.capacity)} GiB; largest parts: "
+        + ", ".join(
+            f"{k} {gib(v)} GiB" + (f" (alone over by {gib(v - p.capacity)} GiB)" if v > p.capacity else "")
+            for k, v in big
+        )
+    ]
     fixes = []
     for name, alt in p.alternatives.items():
         peak = alt_peak(p, alt)
@@ -68,18 +73,24 @@ def verdict(p: Plan) -> str:
         # Exact parameter bytes of the alternatives; the rest of the step taken as measured for this method.
         rank = int(OmegaConf.load(CONFIGS / "method" / "sve_top.yaml").top_rank)
         top = sum((o * i + rank * (o + i)) * size for o, i, size in p.sv_shapes)
-        fixes.append(f"method=sve_top (r = {rank}): W_res and factors {gib(top)} GiB instead of "
-                     f"{gib(factors)} GiB, training peak about {gib(p.train_peak - factors + top)} GiB")
+        fixes.append(
+            f"method=sve_top (r = {rank}): W_res and factors {gib(top)} GiB instead of "
+            f"{gib(factors)} GiB, training peak about {gib(p.train_peak - factors + top)} GiB"
+        )
         if min(size for *_, size in p.sv_shapes) > 2:
-            fixes.append(f"method.factor_dtype=bfloat16: factors {gib(factors // 2)} GiB, training peak about "
-                         f"{gib(p.train_peak - factors // 2)} GiB")
+            fixes.append(
+                f"method.factor_dtype=bfloat16: factors {gib(factors // 2)} GiB, training peak about "
+                f"{gib(p.train_peak - factors // 2)} GiB"
+            )
     if p.layout.strategy != "fsdp":
         for N in (2, 4, 8):
             layout = Layout(p.layout.device, N, "fsdp", p.layout.precision, p.layout.accumulate)
             share = device_share(p.stored, p.train, p.eval, layout, p.unit)
             if max(share["train_peak"], share["eval_peak"]) <= p.capacity:
-                fixes.append(f"trainer=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
-                             "device (the same global batch split over the devices would lower the activations too)")
+                fixes.append(
+                    f"trainer=fsdp trainer.devices={N}: about {gib(share['train_peak'])} GiB per "
+                    "device (the same global batch split over the devices would lower the activations too)"
+                )
                 break
     lines.append("  to bring it under: " + ("; ".join(fixes) if fixes else "no single setting measured here does"))
     return "\n  ".join(lines)
@@ -99,9 +110,11 @@ def plan_line(overrides: list[str]) -> str:
 def summary_line(p: Plan) -> str:
     """Training and evaluation peaks per device and the verdict, in one line."""
     layout = p.layout
-    head = (f"{layout.devices}x {layout.device} {layout.strategy} {layout.precision}: training {gib(p.train_peak)} GiB "
-            f"(stored {gib(p.per_device['stored'])}, activations {gib(p.train['activations'])}), evaluation "
-            f"{gib(p.eval_peak)} GiB (merged cache {gib(p.eval['merged cache'])})")  # fmt: skip
+    head = (
+        f"{layout.devices}x {layout.device} {layout.strategy} {layout.precision}: training {gib(p.train_peak)} GiB "
+        f"(stored {gib(p.per_device['stored'])}, activations {gib(p.train['activations'])}), evaluation "
+        f"{gib(p.eval_peak)} GiB (merged cache {gib(p.eval['merged cache'])})"
+    )
     worst = max(p.train_peak, p.eval_peak)
     verdict = "fits" if p.fits else f"over by {gib(worst - p.capacity)} GiB"
     return f"{head}; {verdict} {gib(p.capacity)} GiB"

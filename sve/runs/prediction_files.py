@@ -51,8 +51,12 @@ def write_predictions(path: Path, predictions, aggregate: str, float16_above_mb:
     fits_float16 = not finite.size or float(np.abs(finite).max()) <= float(np.finfo(np.float16).max)
     if logits.nbytes > float16_above_mb * 2**20 and fits_float16:
         logits = logits.astype(np.float16)
-    arrays = {"member_logits": logits, "labels": predictions.labels.numpy().astype(np.int64),
-              "index": predictions.index.numpy().astype(np.int64), "aggregate": np.array(aggregate)}  # fmt: skip
+    arrays = {
+        "member_logits": logits,
+        "labels": predictions.labels.numpy().astype(np.int64),
+        "index": predictions.index.numpy().astype(np.int64),
+        "aggregate": np.array(aggregate),
+    }
     atomic_write(Path(path), lambda f: np.savez(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
 
 
@@ -66,21 +70,25 @@ def read_predictions(path: Path) -> dict[str, np.ndarray]:
     except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as err:  # TypeError: a bare .npy array
         size = f"{path.stat().st_size} bytes" if path.is_file() else "absent"
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise InputError(f"{path} ({size}) is not a readable predictions file (.npz of arrays: {reason}); it may "
-                         "be truncated or another kind of file. Evaluate the run again to rewrite it "
-                         "(python evaluate.py run_dir=<its run directory> update_results=true)") from None
+        raise InputError(
+            f"{path} ({size}) is not a readable predictions file (.npz of arrays: {reason}); it may "
+            "be truncated or another kind of file. Evaluate the run again to rewrite it "
+            "(python evaluate.py run_dir=<its run directory> update_results=true)"
+        ) from None
 
 
 def predictive_arrays(name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> dict:
     """The arrays of ``predictive/<name>.npz`` (layout in the module docstring) from the ensemble predictive
     (N, C) as ``sve.members.predictive`` returns it (float64), the labels and the examples' positions."""
     probs, labels = probs.detach().double().cpu(), labels.detach().long().cpu()
-    arrays = {"index": index.detach().cpu().numpy().astype(np.int64),
-              "confidence": probs.max(-1).values.numpy()}  # fmt: skip
+    arrays = {"index": index.detach().cpu().numpy().astype(np.int64), "confidence": probs.max(-1).values.numpy()}
     if name != OOD:  # an OOD set's labels belong to another label space: only its scores are read
-        arrays.update(labels=labels.numpy(), correct=Accuracy().per_example(probs, labels).numpy().astype(bool),
-                      nll=NegativeLogLikelihood().per_example(probs, labels).numpy().astype(np.float32),
-                      brier=BrierScore().per_example(probs, labels).numpy().astype(np.float32))  # fmt: skip
+        arrays.update(
+            labels=labels.numpy(),
+            correct=Accuracy().per_example(probs, labels).numpy().astype(bool),
+            nll=NegativeLogLikelihood().per_example(probs, labels).numpy().astype(np.float32),
+            brier=BrierScore().per_example(probs, labels).numpy().astype(np.float32),
+        )
     if name == TEST:
         arrays["probs"] = probs.numpy().astype(np.float32)
     return arrays
@@ -106,8 +114,10 @@ class Examples:
         need = ["index", "confidence"] + (["labels", "correct", "nll", "brier"] if self.name != OOD else [])
         absent = [k for k in need if k not in self.arrays]
         if absent:
-            raise InputError(f"{self.where} lacks {absent} (has {sorted(self.arrays)}); evaluate the run again to "
-                             "rewrite it (python evaluate.py run_dir=<its run directory> update_results=true)")
+            raise InputError(
+                f"{self.where} lacks {absent} (has {sorted(self.arrays)}); evaluate the run again to "
+                "rewrite it (python evaluate.py run_dir=<its run directory> update_results=true)"
+            )
         lengths = {k: len(self.arrays[k]) for k in need}
         if len(set(lengths.values())) != 1:
             raise InputError(f"{self.where}: arrays of different lengths {lengths}; evaluate the run again")
@@ -151,9 +161,11 @@ def read_predictive(path: Path, name: str) -> Examples | None:
             arrays = {k: data[k] for k in data.files}
     except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as err:
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise InputError(f"{path} ({path.stat().st_size} bytes) is not a readable predictive file (.npz of arrays: "
-                         f"{reason}); evaluate the run again to rewrite it (python evaluate.py run_dir=<its run "
-                         "directory> update_results=true)") from None  # fmt: skip
+        raise InputError(
+            f"{path} ({path.stat().st_size} bytes) is not a readable predictive file (.npz of arrays: "
+            f"{reason}); evaluate the run again to rewrite it (python evaluate.py run_dir=<its run "
+            "directory> update_results=true)"
+        ) from None
     return Examples(name, arrays, path)
 
 
@@ -173,4 +185,16 @@ def backfill(run_dir: Path) -> list[Path]:
     return written
 
 
-__all__ = ["PREDICTIONS", "write_predictions", "read_predictions", "PREDICTIVE", "TEST", "OOD", "Examples", "predictive_arrays", "write_predictive", "read_predictive", "backfill"]
+__all__ = [
+    "PREDICTIONS",
+    "write_predictions",
+    "read_predictions",
+    "PREDICTIVE",
+    "TEST",
+    "OOD",
+    "Examples",
+    "predictive_arrays",
+    "write_predictive",
+    "read_predictive",
+    "backfill",
+]

@@ -92,14 +92,25 @@ def backbone_needs(backbone: DictConfig) -> list[tuple[str, str, str, bool]]:
     if name_or_path:  # a Hugging Face model: its config (and weights, when pretrained) from a path or the Hub
         local = str(name_or_path).startswith(LOCAL)
         if local and not (Path(str(name_or_path)).expanduser() / "config.json").is_file():
-            raise InputError(f"{what}: backbone.name_or_path={name_or_path} holds no config.json; expected a "
-                             "save_pretrained directory (config.json, weights, tokenizer files)")  # fmt: skip
+            raise InputError(
+                f"{what}: backbone.name_or_path={name_or_path} holds no config.json; expected a "
+                "save_pretrained directory (config.json, weights, tokenizer files)"
+            )
         if not local and not hub_model_cached(str(name_or_path)):
-            needs.append((what, f"the Hub model {name_or_path}",
-                          "backbone.name_or_path=<a local save_pretrained directory>", True))  # fmt: skip
+            needs.append(
+                (
+                    what,
+                    f"the Hub model {name_or_path}",
+                    "backbone.name_or_path=<a local save_pretrained directory>",
+                    True,
+                )
+            )
         tokenizer = get("tokenizer")
-        if tokenizer and tokenizer != "char" and not str(tokenizer).startswith(LOCAL) and not hub_model_cached(
-            str(tokenizer)
+        if (
+            tokenizer
+            and tokenizer != "char"
+            and not str(tokenizer).startswith(LOCAL)
+            and not hub_model_cached(str(tokenizer))
         ):
             needs.append((what, f"the Hub tokenizer {tokenizer}", "backbone.tokenizer=<a local directory>", True))
     elif get("model_name") and get("pretrained") and not get("checkpoint_path"):  # timm weights from the Hub
@@ -109,8 +120,10 @@ def backbone_needs(backbone: DictConfig) -> list[tuple[str, str, str, bool]]:
     checkpoint = get("checkpoint_path")  # a local weights file, read when pretrained (not a pkg:// one)
     if checkpoint and get("pretrained") is not False and "://" not in str(checkpoint):
         if not Path(str(checkpoint)).expanduser().is_file():
-            raise InputError(f"{what}: {missing_file('backbone.checkpoint_path', checkpoint, 'a weights file')}, "
-                             "or backbone.pretrained=false")  # fmt: skip
+            raise InputError(
+                f"{what}: {missing_file('backbone.checkpoint_path', checkpoint, 'a weights file')}, "
+                "or backbone.pretrained=false"
+            )
     return needs
 
 
@@ -125,16 +138,20 @@ def dataset_needs(dataset: DictConfig) -> list[tuple[str, str, str, bool]]:
             return []  # some files are there (a failed download leaves empty folders): the data module checks
         shown = f"dataset.root={root}" if root else f"dataset.root=null ({path})"
         if not get("download"):
-            raise InputError(f"{what}: {shown} is empty or missing and dataset.download=false; set dataset.root "
-                             "to a local copy (docs/datasets-and-backbones.md gives its layout), or "
-                             "dataset.download=true")  # fmt: skip
+            raise InputError(
+                f"{what}: {shown} is empty or missing and dataset.download=false; set dataset.root "
+                "to a local copy (docs/datasets-and-backbones.md gives its layout), or "
+                "dataset.download=true"
+            )
         return [(what, f"a download into {path}", "dataset.root=<a local copy>", False)]
     # A local copy that is not there at all is a typo whatever the dataset's layout: said here, before torch is
     # imported (the data module checks the layout of one that exists).
     if root and not Path(str(root)).expanduser().exists():
-        raise InputError(f"{what}: dataset.root={root}: no such file or directory; set dataset.root to your local "
-                         "copy (docs/datasets-and-backbones.md gives its layout)"
-                         + ("" if not get("hub_name") else f", or dataset.root=null to load {get('hub_name')}"))
+        raise InputError(
+            f"{what}: dataset.root={root}: no such file or directory; set dataset.root to your local "
+            "copy (docs/datasets-and-backbones.md gives its layout)"
+            + ("" if not get("hub_name") else f", or dataset.root=null to load {get('hub_name')}")
+        )
     if get("hub_name") and not root and not hub_dataset_cached(str(get("hub_name"))):
         return [(what, f"the Hub dataset {get('hub_name')}", "dataset.root=<a local copy>", True)]
     return []
@@ -151,6 +168,8 @@ def check_sources(cfg: DictConfig) -> None:
     unreachable = (hub if hub and not hub_reachable() else []) + (other if other and not network_reachable() else [])
     if unreachable:
         listed = "; ".join(f"{what} needs {source} (or set {instead})" for what, source, instead, _ in unreachable)
-        raise OfflineError(f"no network, and the run needs what is not on this machine: {listed}. "
-                           "docs/datasets-and-backbones.md gives each dataset's and backbone's local-path key "
-                           "and layout")  # fmt: skip
+        raise OfflineError(
+            f"no network, and the run needs what is not on this machine: {listed}. "
+            "docs/datasets-and-backbones.md gives each dataset's and backbone's local-path key "
+            "and layout"
+        )

@@ -24,8 +24,11 @@ def probe(module, datamodule) -> list[str]:
     batch.pop("loss_scale", None)
     batch.pop("rows", None)
     batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    saved = {k: v.detach().clone() for k, v in module.state_dict().items()  # e.g. BatchNorm statistics
-             if isinstance(v, torch.Tensor)}  # (method extra state is not touched by a forward)
+    saved = {
+        k: v.detach().clone()
+        for k, v in module.state_dict().items()  # e.g. BatchNorm statistics
+        if isinstance(v, torch.Tensor)
+    }  # (method extra state is not touched by a forward)
     trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
     grads = {n: p.grad for n, p in trainable.items()}
     was_training = module.training

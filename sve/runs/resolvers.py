@@ -68,8 +68,9 @@ def job_suffix(members=None, ensemble_size=None) -> str:
     except ValueError:  # not inside a Hydra job
         return ""
     named = NAMED_KEYS if str(members) == str(ensemble_size) else tuple(k for k in NAMED_KEYS if k != "ensemble_size")
-    own = sorted(o for o in task if override_key(o) not in named + NOT_THE_RUN
-                 and not override_key(o).startswith("hydra."))  # fmt: skip
+    own = sorted(
+        o for o in task if override_key(o) not in named + NOT_THE_RUN and not override_key(o).startswith("hydra.")
+    )
     swept = swept_keys(sys.argv[1:])
     if swept is not None:
         shown = [o for o in own if override_key(o) in swept]
@@ -90,7 +91,6 @@ def register() -> None:
         OmegaConf.register_new_resolver("job_suffix", job_suffix)
     if not OmegaConf.has_resolver("run_id"):
         OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
-
 
 
 register()

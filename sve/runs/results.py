@@ -30,8 +30,15 @@ def package_versions() -> dict[str, str]:
 
 
 # Settings that choose the numeric code paths of MKL, ATen and oneDNN (and their threads); each changes last bits.
-NUMERIC_ENV = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS",
-               "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")  # fmt: skip
+NUMERIC_ENV = (
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUBLAS_WORKSPACE_CONFIG",
+)
 
 
 def cpu_model() -> str:
@@ -51,9 +58,12 @@ def numerics() -> dict:
     and the GPU. Two runs agree to the last digit only where this record does too."""
     import torch
 
-    record = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "threads": torch.get_num_threads(),
-              "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ}}  # fmt: skip
+    record = {
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ},
+    }
     if torch.cuda.is_available():
         record["gpu"] = torch.cuda.get_device_name()
         record["cuda"] = torch.version.cuda
@@ -83,7 +93,9 @@ def git_commit(root: Path | None = None) -> str | None:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
-            cwd=root, capture_output=True, text=True,
+            cwd=root,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -128,17 +140,24 @@ def read_json(path: Path, fix: str) -> dict:
         reason = f"{err.strerror or err} ({errno.errorcode.get(err.errno, err.errno)})" if err.errno else str(err)
         raise UnreadableFile(f"{path} cannot be read: {reason}; {fix}", path) from None
     if not raw.strip():
-        raise UnreadableFile(f"{path} is empty ({len(raw)} bytes), not valid JSON: it was cut short (a full disk, "
-                             f"a killed process or copy); {fix}", path)  # fmt: skip
+        raise UnreadableFile(
+            f"{path} is empty ({len(raw)} bytes), not valid JSON: it was cut short (a full disk, "
+            f"a killed process or copy); {fix}",
+            path,
+        )
     try:
         value = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise UnreadableFile(f"{path} ({len(raw)} bytes) is not valid JSON: not UTF-8 text (byte {err.start}); "
-                             f"{fix}", path) from None  # fmt: skip
+        raise UnreadableFile(
+            f"{path} ({len(raw)} bytes) is not valid JSON: not UTF-8 text (byte {err.start}); {fix}", path
+        ) from None
     except json.JSONDecodeError as err:
         cut = ", where it ends: it was cut short" if err.pos >= len(err.doc.rstrip()) else ""
-        raise UnreadableFile(f"{path} ({len(raw)} bytes) is not valid JSON: {err.msg} at line {err.lineno} column "
-                             f"{err.colno} (char {err.pos}){cut}; {fix}", path) from None  # fmt: skip
+        raise UnreadableFile(
+            f"{path} ({len(raw)} bytes) is not valid JSON: {err.msg} at line {err.lineno} column "
+            f"{err.colno} (char {err.pos}){cut}; {fix}",
+            path,
+        ) from None
     if not isinstance(value, dict):
         raise UnreadableFile(f"{path} holds a JSON {type(value).__name__}, not an object ({{...}}); {fix}", path)
     return value
@@ -157,8 +176,13 @@ FORMAT = 1
 def provenance(config: dict, commit: str | None) -> dict:
     """How a record was produced: the command, the commit of the code, package versions, what decides the last
     digits (``numerics``) and the resolved config."""
-    return {"command": command_line(), "git_commit": commit, "versions": package_versions(), "numerics": numerics(),
-            "config": config}  # fmt: skip
+    return {
+        "command": command_line(),
+        "git_commit": commit,
+        "versions": package_versions(),
+        "numerics": numerics(),
+        "config": config,
+    }
 
 
 def results_record(fields: dict, config: dict, commit: str | None) -> dict:
@@ -172,8 +196,10 @@ def migrate(results: dict) -> dict:
     next. A file of a later format than this code reads is a ``ValueError``."""
     version = results.get("format", 0)
     if not isinstance(version, int) or not 0 <= version <= FORMAT:
-        raise ValueError(f"format {version!r}: written by a later version of sve (this one reads formats up to "
-                         f"{FORMAT}); update sve to read it")  # fmt: skip
+        raise ValueError(
+            f"format {version!r}: written by a later version of sve (this one reads formats up to "
+            f"{FORMAT}); update sve to read it"
+        )
     if version == 0:  # 0 -> 1: files written before the format key
         results = {"format": 1, **results}
         config = results["config"] if isinstance(results.get("config"), dict) else {}

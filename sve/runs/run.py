@@ -49,6 +49,7 @@ from sve.training.sharding import is_sharded, unshard_method
 
 log = logging.getLogger(__name__)
 
+
 def instantiate(node: DictConfig, **kwargs):
     """``hydra.utils.instantiate`` without the ``name`` key that every group option carries."""
     resolved = OmegaConf.to_container(node, resolve=True)  # interpolations need the root config
@@ -65,7 +66,10 @@ def build(cfg: DictConfig):
     backbone = instantiate(cfg.backbone)
     datamodule.attach(backbone)
     method = instantiate(
-        cfg.method, backbone=backbone, ensemble_size=int(cfg.ensemble_size), num_classes=datamodule.num_classes,
+        cfg.method,
+        backbone=backbone,
+        ensemble_size=int(cfg.ensemble_size),
+        num_classes=datamodule.num_classes,
         task=cfg.dataset.name,  # a pretrained head is reused only for the task it was trained on
     )
     module = EnsembleModule(
@@ -96,7 +100,8 @@ def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
     # Checkpoints only where the callbacks config asks for them (Lightning would otherwise add its own).
     checkpointing = any(isinstance(c, pl.callbacks.Checkpoint) for c in callbacks)
     if cfg.trainer.get("enable_progress_bar", True) and not any(
-            isinstance(c, pl.callbacks.ProgressBar) for c in callbacks):
+        isinstance(c, pl.callbacks.ProgressBar) for c in callbacks
+    ):
         from sve.training.progress import EpochProgressBar
 
         callbacks = [*callbacks, EpochProgressBar()]
@@ -104,8 +109,13 @@ def make_trainer(cfg: DictConfig, logger, callbacks: list) -> pl.Trainer:
     # parameters against the backbone's, sve.methods.base.log_summary), and Lightning's adds a FLOPs column that
     # reads 0 for every model it cannot trace.
     summary = bool(cfg.trainer.get("enable_model_summary", False))
-    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, enable_checkpointing=checkpointing,
-                                   enable_model_summary=summary)
+    return hydra.utils.instantiate(
+        cfg.trainer,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=checkpointing,
+        enable_model_summary=summary,
+    )
 
 
 def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | None:
@@ -120,17 +130,21 @@ def resume_path(cfg: DictConfig, checkpoint: LastCheckpoint | None) -> str | Non
         return None
     state = read_checkpoint(path)  # a clear error for an empty, truncated or foreign file, before any work
     if "optimizer_states" not in state:
-        raise InputError(f"ckpt_path={path} holds the trained weights only ({FINAL}: for evaluate.py, which "
-                         f"re-evaluates a finished run), not a training state to resume; resume from "
-                         f"{Path(path).with_name(FILENAME)}, or run `python evaluate.py <run dir>`")  # fmt: skip
+        raise InputError(
+            f"ckpt_path={path} holds the trained weights only ({FINAL}: for evaluate.py, which "
+            f"re-evaluates a finished run), not a training state to resume; resume from "
+            f"{Path(path).with_name(FILENAME)}, or run `python evaluate.py <run dir>`"
+        )
     saved = state.get("callbacks", {}).get("LastCheckpoint", {}).get("run_config")
     if saved is not None and not cfg.get("resume_with_changes", False):
         changes = config_changes(saved, run_config(cfg))
         if changes:
-            raise InputError(f"ckpt_path={path} was written by a run with another config: "
-                             f"{describe_changes(changes)}. Resume with the values it was started with, start "
-                             "afresh in another directory (hydra.run.dir=...), or pass resume_with_changes=true "
-                             "to continue it with these (its optimiser and schedule state stay the checkpoint's)")
+            raise InputError(
+                f"ckpt_path={path} was written by a run with another config: "
+                f"{describe_changes(changes)}. Resume with the values it was started with, start "
+                "afresh in another directory (hydra.run.dir=...), or pass resume_with_changes=true "
+                "to continue it with these (its optimiser and schedule state stay the checkpoint's)"
+            )
     return str(path)
 
 
@@ -158,18 +172,25 @@ def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
         return []
     changes = config_changes(saved, current)
     if changes and not holds_work(out_dir):
-        log.info("run directory %s holds no checkpoint or results from its earlier start (%s): this config "
-                 "replaces that start's", out_dir, describe_changes(changes))
+        log.info(
+            "run directory %s holds no checkpoint or results from its earlier start (%s): this config "
+            "replaces that start's",
+            out_dir,
+            describe_changes(changes),
+        )
         return None
     if changes and not cfg.get("resume_with_changes", False):
         finished = (out_dir / "results.json").exists()
         raise InputError(
             f"run directory {out_dir} was started with another config ({out_dir / RUN_CONFIG}): "
             f"{describe_changes(changes)}. Use the values it was started with, or another directory "
-            "(hydra.run.dir=...) to train with these" + (
+            "(hydra.run.dir=...) to train with these"
+            + (
                 ". The run has finished: skip_finished=false resume_with_changes=true continues its trained model "
-                "with these values (e.g. more epochs), recorded in results.json" if finished else
-                ", or resume_with_changes=true to continue its checkpoint with these")
+                "with these values (e.g. more epochs), recorded in results.json"
+                if finished
+                else ", or resume_with_changes=true to continue its checkpoint with these"
+            )
         )
     return [list(change) for change in changes]
 
@@ -230,8 +251,11 @@ def run(cfg: DictConfig) -> dict:
 
 
 def interrupted(out_dir: Path, by: str, signal_number: int) -> RunInterrupted:
-    return RunInterrupted(f"run in {out_dir} stopped by {by}; nothing was written to results.json. Start the same "
-                          "command again to resume from its last checkpoint", signal_number)
+    return RunInterrupted(
+        f"run in {out_dir} stopped by {by}; nothing was written to results.json. Start the same "
+        "command again to resume from its last checkpoint",
+        signal_number,
+    )
 
 
 def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
@@ -273,51 +297,67 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         checkpoint.save(trainer)  # last.ckpt with the final state (a posterior): a rerun of this run refits nothing
         save_final(trainer, checkpoint.dirpath)  # weights and method state only, for evaluate.py
     if trainer.is_global_zero:  # what training changed, apart from the base (sve.api.adapter_files)
-        write_adapter(method, out_dir / ADAPTER, {
-            "backbone": type(method.backbone).__name__, "method": cfg.method.name,
-            "ensemble_size": method.ensemble_size, "num_classes": method.num_classes,
-            "class_names": datamodule.class_names(), "config": OmegaConf.to_container(cfg, resolve=True)})
+        write_adapter(
+            method,
+            out_dir / ADAPTER,
+            {
+                "backbone": type(method.backbone).__name__,
+                "method": cfg.method.name,
+                "ensemble_size": method.ensemble_size,
+                "num_classes": method.num_classes,
+                "class_names": datamodule.class_names(),
+                "config": OmegaConf.to_container(cfg, resolve=True),
+            },
+        )
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
     if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
-        log.warning("%s was asked for ensemble_size=%d and predicts with %d member(s); results.json records both "
-                    "(ensemble_size, num_members)", type(method).__name__, method.ensemble_size,
-                    evaluation["num_members"])
+        log.warning(
+            "%s was asked for ensemble_size=%d and predicts with %d member(s); results.json records both "
+            "(ensemble_size, num_members)",
+            type(method).__name__,
+            method.ensemble_size,
+            evaluation["num_members"],
+        )
 
-    results = results_record({
-        "method": cfg.method.name,
-        "backbone": cfg.backbone.name,
-        "dataset": cfg.dataset.name,
-        "ensemble_size": method.ensemble_size,
-        "num_members": evaluation["num_members"],  # members or samples that produced the predictive
-        "num_classes": method.num_classes,
-        "class_names": datamodule.class_names(),  # label i is class_names[i]; None where the data has no names
-        "seed": int(cfg.seed),
-        "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
-        "experiment": cfg.get("experiment_name"),
-        "aggregate": cfg.aggregate,
-        "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
-        "units": {f"test/{k}": v for k, v in UNITS.items()},
-        **{k: evaluation[k] for k in ("predictions", "reliability", "shift") if k in evaluation},
-        "parameters": {
-            **method.parameter_counts(),
-            "backbone": getattr(method, "base_parameter_count", None),
+    results = results_record(
+        {
+            "method": cfg.method.name,
+            "backbone": cfg.backbone.name,
+            "dataset": cfg.dataset.name,
+            "ensemble_size": method.ensemble_size,
+            "num_members": evaluation["num_members"],  # members or samples that produced the predictive
+            "num_classes": method.num_classes,
+            "class_names": datamodule.class_names(),  # label i is class_names[i]; None where the data has no names
+            "seed": int(cfg.seed),
+            "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
+            "experiment": cfg.get("experiment_name"),
+            "aggregate": cfg.aggregate,
+            "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
+            "units": {f"test/{k}": v for k, v in UNITS.items()},
+            **{k: evaluation[k] for k in ("predictions", "reliability", "shift") if k in evaluation},
+            "parameters": {
+                **method.parameter_counts(),
+                "backbone": getattr(method, "base_parameter_count", None),
+            },
+            "method_report": method.report(),
+            "hardware": {
+                "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+                "devices": trainer.num_devices,
+                "num_nodes": trainer.num_nodes,
+                "global_batch_size": datamodule.batch_size,
+                "per_device_batch_size": datamodule.per_device_batch_size(),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "precision": str(trainer.precision),
+            },
+            "curve": curve.record() if curve is not None else None,  # validation metrics during training
+            "resumed_from": ckpt_path,
+            "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
+            # All attempts: earlier ones up to their last checkpoint, plus this one.
+            "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
         },
-        "method_report": method.report(),
-        "hardware": {
-            "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
-            "devices": trainer.num_devices,
-            "num_nodes": trainer.num_nodes,
-            "global_batch_size": datamodule.batch_size,
-            "per_device_batch_size": datamodule.per_device_batch_size(),
-            "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            "precision": str(trainer.precision),
-        },
-        "curve": curve.record() if curve is not None else None,  # validation metrics during training
-        "resumed_from": ckpt_path,
-        "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
-        # All attempts: earlier ones up to their last checkpoint, plus this one.
-        "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
-    }, OmegaConf.to_container(cfg, resolve=True), commit)
+        OmegaConf.to_container(cfg, resolve=True),
+        commit,
+    )
     if trainer.is_global_zero:
         save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
@@ -332,8 +372,10 @@ def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
     record = (results.get("reliability") or {}).get("test")
     if not isinstance(record, dict) or "accuracy" not in record:
         return []
-    bins = {k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
-            for k in ("count", "confidence", "accuracy")}
+    bins = {
+        k: np.asarray([np.nan if v is None else v for v in record[k]], dtype=float)
+        for k in ("count", "confidence", "accuracy")
+    }
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display; matplotlib only once the results are safe
@@ -344,6 +386,7 @@ def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
     method = str(results.get("method"))
     name = registry.display_name(method) if method in registry.options() else method
     label = (f"{name} (M={members})" if members > 1 else name) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
-    fig = reliability_grid([(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed "
-                           f"{results.get('seed')}")
+    fig = reliability_grid(
+        [(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed {results.get('seed')}"
+    )
     return save_figure(fig, Path(out_dir), "reliability")

@@ -58,8 +58,12 @@ def global_rank() -> int:
 
 
 def _holder() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -150,10 +154,26 @@ def _adopt(lock: Path) -> bool:
 RUN_CONFIG = "run_config.yaml"
 # Keys that change where and how a run is watched or cached, not what it computes: a resumed (or requeued)
 # run may change them freely. The device layout is among them (a requeued job may land on other hardware).
-FREE_KEYS = ("paths", "ckpt_path", "skip_finished", "resume_with_changes", "predictions", "logger", "callbacks",
-             "cpu_allocator", "method.svd_cache", "dataset.num_workers", "trainer.devices", "trainer.num_nodes",
-             "trainer.strategy", "trainer.accelerator", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-             "trainer.log_every_n_steps", "trainer.default_root_dir")  # fmt: skip
+FREE_KEYS = (
+    "paths",
+    "ckpt_path",
+    "skip_finished",
+    "resume_with_changes",
+    "predictions",
+    "logger",
+    "callbacks",
+    "cpu_allocator",
+    "method.svd_cache",
+    "dataset.num_workers",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.accelerator",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.log_every_n_steps",
+    "trainer.default_root_dir",
+)
 
 
 def _flat(tree, prefix: str = "") -> dict[str, object]:
@@ -173,8 +193,11 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object
     free = lambda key: any(key == k or key.startswith(f"{k}.") for k in FREE_KEYS)  # noqa: E731
     missing = "<absent>"
     same = lambda x, y: x == y or (x is None and y == missing) or (y is None and x == missing)  # noqa: E731
-    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if not free(k) and not same(a.get(k, missing), b.get(k, missing))]  # fmt: skip
+    return [
+        (k, a.get(k, missing), b.get(k, missing))
+        for k in sorted(set(a) | set(b))
+        if not free(k) and not same(a.get(k, missing), b.get(k, missing))
+    ]
 
 
 def describe_changes(changes: list[tuple[str, object, object]], limit: int = 6) -> str:
@@ -191,8 +214,10 @@ def read_run_config(directory: Path) -> dict | None:
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise InputError(f"{path} is not readable YAML ({str(err).splitlines()[0]}); it records the config the "
-                         "run was started with: delete the run directory to start afresh") from None
+        raise InputError(
+            f"{path} is not readable YAML ({str(err).splitlines()[0]}); it records the config the "
+            "run was started with: delete the run directory to start afresh"
+        ) from None
 
 
 def remember_config(directory: Path, config: dict) -> None:

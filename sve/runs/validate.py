@@ -47,8 +47,12 @@ def check_config(cfg: DictConfig) -> None:
 
     inference = OmegaConf.select(cfg, "method.inference", default=None)
     if inference is not None:
-        _require(inference in INFERENCE, "method.inference", inference,
-                 f"one of {list(INFERENCE)} (docs/benchmark.md: \"Inference modes\")")  # fmt: skip
+        _require(
+            inference in INFERENCE,
+            "method.inference",
+            inference,
+            f'one of {list(INFERENCE)} (docs/benchmark.md: "Inference modes")',
+        )
     check_accelerator(cfg)
     check_wandb(cfg)
     check_method_name(cfg)
@@ -72,10 +76,13 @@ def check_method_name(cfg: DictConfig) -> None:
     except Exception:  # noqa: BLE001 - an unimportable target is check_known_keys' error, named there
         return
     if not same:
-        warnings.warn(f"method._target_={target} is not the class of the shipped method {name!r} "
-                      f"({shipped_target}), but method.name={name}: the run directory, results.json and the tables "
-                      f"will call it {name}; set method.name=<your method's name> (or use a config file of your "
-                      "own, configs/method/<name>.yaml under --config-dir)", stacklevel=2)
+        warnings.warn(
+            f"method._target_={target} is not the class of the shipped method {name!r} "
+            f"({shipped_target}), but method.name={name}: the run directory, results.json and the tables "
+            f"will call it {name}; set method.name=<your method's name> (or use a config file of your "
+            "own, configs/method/<name>.yaml under --config-dir)",
+            stacklevel=2,
+        )
 
 
 CPU_INSTEAD = "use trainer=cpu, or trainer=ddp_sim / fsdp_sim to run DDP / FSDP in CPU processes"
@@ -91,92 +98,169 @@ def check_accelerator(cfg: DictConfig, instead: str = CPU_INSTEAD) -> None:
         return
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not available:
-        raise InputError(f"trainer.accelerator={accelerator} (trainer=gpu, ddp or fsdp) but torch finds no CUDA GPU "
-                         f"here (torch {torch.__version__}, built for CUDA {torch.version.cuda}); {instead}")
+        raise InputError(
+            f"trainer.accelerator={accelerator} (trainer=gpu, ddp or fsdp) but torch finds no CUDA GPU "
+            f"here (torch {torch.__version__}, built for CUDA {torch.version.cuda}); {instead}"
+        )
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
     if OmegaConf.is_list(devices):
         wanted = [d for d in devices if not (_is_int(d) and 0 <= d < available)]
         if wanted:
-            raise InputError(f"trainer.devices={list(devices)} names GPU(s) {wanted} that are not here; the "
-                             f"visible GPUs are {list(range(available))}")  # fmt: skip
+            raise InputError(
+                f"trainer.devices={list(devices)} names GPU(s) {wanted} that are not here; the "
+                f"visible GPUs are {list(range(available))}"
+            )
     elif _is_int(devices) and devices > available:
-        raise InputError(f"trainer.devices={devices} but {available} GPU(s) are visible; use trainer.devices="
-                         f"{available} or -1 (all of them)")  # fmt: skip
+        raise InputError(
+            f"trainer.devices={devices} but {available} GPU(s) are visible; use trainer.devices="
+            f"{available} or -1 (all of them)"
+        )
 
 
 def check_values(cfg: DictConfig) -> None:
     """The values that need no code to check (numbers, names, files); ``InputError`` naming the first bad one."""
     get = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
-    _require(_is_int(get("ensemble_size")) and get("ensemble_size") >= 1, "ensemble_size", get("ensemble_size"),
-             "a positive integer, e.g. ensemble_size=4")  # fmt: skip
+    _require(
+        _is_int(get("ensemble_size")) and get("ensemble_size") >= 1,
+        "ensemble_size",
+        get("ensemble_size"),
+        "a positive integer, e.g. ensemble_size=4",
+    )
     # Lightning's seed_everything seeds numpy too, which takes only 0 .. 2**32 - 1 (seed=-1 was a traceback).
-    _require(_is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"),
-             f"an integer from 0 to {MAX_SEED}")  # fmt: skip
+    _require(
+        _is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"), f"an integer from 0 to {MAX_SEED}"
+    )
     _require(get("aggregate") in AGGREGATES, "aggregate", get("aggregate"), f"one of {list(AGGREGATES)}")
     for key in ("sigma_init", "method.sigma_init"):
         if get(key) is not None:
-            _require(_number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT, key, get(key),
-                     f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
-                     "1% of the singular values to zero at init)")  # fmt: skip
+            _require(
+                _number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT,
+                key,
+                get(key),
+                f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
+                "1% of the singular values to zero at init)",
+            )
     if get("method.factor_dtype") is not None:
-        _require(get("method.factor_dtype") in FACTOR_DTYPES, "method.factor_dtype", get("method.factor_dtype"),
-                 f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}")  # fmt: skip
-    _require(_number(get("optimizer.lr")) and get("optimizer.lr") > 0, "optimizer.lr", get("optimizer.lr"),
-             "a positive number")  # fmt: skip
+        _require(
+            get("method.factor_dtype") in FACTOR_DTYPES,
+            "method.factor_dtype",
+            get("method.factor_dtype"),
+            f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}",
+        )
+    _require(
+        _number(get("optimizer.lr")) and get("optimizer.lr") > 0,
+        "optimizer.lr",
+        get("optimizer.lr"),
+        "a positive number",
+    )
     if get("method.lr") is not None:
-        _require(_number(get("method.lr")) and get("method.lr") > 0, "method.lr", get("method.lr"),
-                 "a positive number or null")  # fmt: skip
+        _require(
+            _number(get("method.lr")) and get("method.lr") > 0,
+            "method.lr",
+            get("method.lr"),
+            "a positive number or null",
+        )
     for key in ("optimizer.weight_decay", "trainer.gradient_clip_val"):
         if get(key) is not None:
             _require(_number(get(key)) and get(key) >= 0, key, get(key), "a non-negative number or null")
     max_epochs, max_steps = get("trainer.max_epochs"), get("trainer.max_steps")
-    _require(max_epochs is None or (_is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)),
-             "trainer.max_epochs", max_epochs, "a positive integer (or -1 with trainer.max_steps)")  # fmt: skip
-    _require(max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
-             "trainer.max_steps", max_steps, "a positive integer or -1")  # fmt: skip
+    _require(
+        max_epochs is None or (_is_int(max_epochs) and (max_epochs >= 1 or max_epochs == -1)),
+        "trainer.max_epochs",
+        max_epochs,
+        "a positive integer (or -1 with trainer.max_steps)",
+    )
+    _require(
+        max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
+        "trainer.max_steps",
+        max_steps,
+        "a positive integer or -1",
+    )
     if max_epochs == -1 and max_steps in (None, -1):  # no end: the schedule's length was float("inf"), a traceback
-        raise InputError("trainer.max_epochs=-1 trains until trainer.max_steps, which is not set; give "
-                         "+trainer.max_steps=N (a positive integer), or a positive trainer.max_epochs")
+        raise InputError(
+            "trainer.max_epochs=-1 trains until trainer.max_steps, which is not set; give "
+            "+trainer.max_steps=N (a positive integer), or a positive trainer.max_epochs"
+        )
     limit = get("trainer.limit_train_batches")
     # 0 trains nothing, and the untrained model's numbers would be written as the run's results.
-    _require(limit is None or (_is_int(limit) and limit >= 1) or (_number(limit) and 0 < limit <= 1),
-             "trainer.limit_train_batches", limit,
-             "a positive number of batches, or a fraction in (0, 1] of them (0 would train nothing)")  # fmt: skip
+    _require(
+        limit is None or (_is_int(limit) and limit >= 1) or (_number(limit) and 0 < limit <= 1),
+        "trainer.limit_train_batches",
+        limit,
+        "a positive number of batches, or a fraction in (0, 1] of them (0 would train nothing)",
+    )
     accumulate = get("trainer.accumulate_grad_batches")
-    _require(accumulate is None or (_is_int(accumulate) and accumulate >= 1), "trainer.accumulate_grad_batches",
-             accumulate, "a positive integer")  # fmt: skip
-    for key in ("batch_size", "eval_batch_size", "train_size", "val_size", "test_size", "val_holdout",
-                "num_train", "num_val", "num_test", "max_length"):  # fmt: skip
+    _require(
+        accumulate is None or (_is_int(accumulate) and accumulate >= 1),
+        "trainer.accumulate_grad_batches",
+        accumulate,
+        "a positive integer",
+    )
+    for key in (
+        "batch_size",
+        "eval_batch_size",
+        "train_size",
+        "val_size",
+        "test_size",
+        "val_holdout",
+        "num_train",
+        "num_val",
+        "num_test",
+        "max_length",
+    ):
         value = get(f"dataset.{key}")
         if value is not None or key == "batch_size":
-            _require(_is_int(value) and value >= 1, f"dataset.{key}", value,
-                     "a positive integer" + ("" if key == "batch_size" else " or null"))  # fmt: skip
+            _require(
+                _is_int(value) and value >= 1,
+                f"dataset.{key}",
+                value,
+                "a positive integer" + ("" if key == "batch_size" else " or null"),
+            )
     workers = get("dataset.num_workers")
-    _require(workers is None or (_is_int(workers) and workers >= 0), "dataset.num_workers", workers,
-             "a non-negative integer")  # fmt: skip
+    _require(
+        workers is None or (_is_int(workers) and workers >= 0), "dataset.num_workers", workers, "a non-negative integer"
+    )
     above = get("predictions.float16_above_mb")
-    _require(above is None or (_number(above) and above >= 0), "predictions.float16_above_mb", above,
-             "a non-negative number of megabytes")  # fmt: skip
+    _require(
+        above is None or (_number(above) and above >= 0),
+        "predictions.float16_above_mb",
+        above,
+        "a non-negative number of megabytes",
+    )
     every = get("callbacks.checkpoint.every_n_steps")
-    _require(every is None or (_is_int(every) and every >= 1), "callbacks.checkpoint.every_n_steps", every,
-             "a positive integer or null")  # fmt: skip
+    _require(
+        every is None or (_is_int(every) and every >= 1),
+        "callbacks.checkpoint.every_n_steps",
+        every,
+        "a positive integer or null",
+    )
     if get("ckpt_path") is not None:
-        _require(Path(str(get("ckpt_path"))).expanduser().is_file(), "ckpt_path", get("ckpt_path"),
-                 "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)")  # fmt: skip
+        _require(
+            Path(str(get("ckpt_path"))).expanduser().is_file(),
+            "ckpt_path",
+            get("ckpt_path"),
+            "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)",
+        )
     # plan=true on the CPU plans against the machine's free memory, so a bad plan_memory_gib was never read
     # there and the command answered as if it were fine (plan_memory_gib=-1 or abc).
     if "plan" in cfg:
         _require(isinstance(get("plan"), bool), "plan", get("plan"), "true or false")
     if "plan_memory_gib" in cfg:
-        _require(_number(get("plan_memory_gib")) and get("plan_memory_gib") > 0, "plan_memory_gib",
-                 get("plan_memory_gib"), "the device memory in GiB that plan=true checks against, a positive "
-                 "number (e.g. 24 for an RTX 4090)")  # fmt: skip
+        _require(
+            _number(get("plan_memory_gib")) and get("plan_memory_gib") > 0,
+            "plan_memory_gib",
+            get("plan_memory_gib"),
+            "the device memory in GiB that plan=true checks against, a positive number (e.g. 24 for an RTX 4090)",
+        )
     check_logger_installed(cfg)
 
 
 # What a logger target needs installed, and the extra that installs it.
-LOGGER_PACKAGES = {"TensorBoardLogger": (("tensorboard", "tensorboardX"), "loggers"),
-                   "MLFlowLogger": (("mlflow",), "loggers"), "WandbLogger": (("wandb",), None)}  # fmt: skip
+LOGGER_PACKAGES = {
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "loggers"),
+    "MLFlowLogger": (("mlflow",), "loggers"),
+    "WandbLogger": (("wandb",), None),
+}
 
 
 def check_logger_installed(cfg: DictConfig) -> None:
@@ -187,8 +271,9 @@ def check_logger_installed(cfg: DictConfig) -> None:
     for name, (packages, extra) in LOGGER_PACKAGES.items():
         if target.endswith(name) and not any(importlib.util.find_spec(p) for p in packages):
             how = f"pip install 'singular-value-ensembles[{extra}]'" if extra else f"pip install {packages[0]}"
-            raise InputError(f"logger {target} needs the {packages[0]} package, which is not installed: {how} "
-                             "(or logger=csv)")  # fmt: skip
+            raise InputError(
+                f"logger {target} needs the {packages[0]} package, which is not installed: {how} (or logger=csv)"
+            )
 
 
 def check_wandb(cfg: DictConfig) -> None:
@@ -198,8 +283,10 @@ def check_wandb(cfg: DictConfig) -> None:
         return
     if os.environ.get("WANDB_MODE") in ("offline", "disabled"):
         return
-    hint = ("; without network use logger.offline=true (logs go to <run dir>/wandb; upload later with "
-            "`wandb sync`) or logger=csv")  # fmt: skip
+    hint = (
+        "; without network use logger.offline=true (logs go to <run dir>/wandb; upload later with "
+        "`wandb sync`) or logger=csv"
+    )
     try:
         socket.create_connection(("api.wandb.ai", 443), timeout=5).close()
     except OSError as err:
@@ -265,8 +352,10 @@ def _unknown(key: str, valid: set[str], where: str) -> InputError:
     name = key.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(name, sorted(valid), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    return InputError(f"{key}: no such option{hint}. {where} reads: {', '.join(sorted(valid))}. A key added "
-                      "with + must be one the code reads; nothing would use this one")
+    return InputError(
+        f"{key}: no such option{hint}. {where} reads: {', '.join(sorted(valid))}. A key added "
+        "with + must be one the code reads; nothing would use this one"
+    )
 
 
 def _check_importable(target: str, prefix: str) -> None:
@@ -277,10 +366,12 @@ def _check_importable(target: str, prefix: str) -> None:
 
     package = target.split(".", 1)[0]
     if package and importlib.util.find_spec(package) is None:
-        raise InputError(f"{prefix}._target_={target!r}: no module named {package!r} on Python's path. For a class "
-                         "of your own project, install the project (pip install -e .) or put its folder on "
-                         f"PYTHONPATH (e.g. PYTHONPATH=$PWD sve-train ...); sve-train does not search the current "
-                         "directory. Otherwise expected a class or function path such as sve.methods.SVE")
+        raise InputError(
+            f"{prefix}._target_={target!r}: no module named {package!r} on Python's path. For a class "
+            "of your own project, install the project (pip install -e .) or put its folder on "
+            f"PYTHONPATH (e.g. PYTHONPATH=$PWD sve-train ...); sve-train does not search the current "
+            "directory. Otherwise expected a class or function path such as sve.methods.SVE"
+        )
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -302,8 +393,10 @@ def check_known_keys(cfg: DictConfig) -> None:
             try:
                 valid = accepted_keys(get_object(target))
             except Exception as err:  # noqa: BLE001 - any import failure is the user's target
-                raise InputError(f"{prefix}._target_={target!r} cannot be imported ({type(err).__name__}: "
-                                 f"{err}); expected a class or function path") from None
+                raise InputError(
+                    f"{prefix}._target_={target!r} cannot be imported ({type(err).__name__}: "
+                    f"{err}); expected a class or function path"
+                ) from None
             if valid is not None:
                 for key in node:
                     if key not in SPECIAL_KEYS and key not in valid:

@@ -65,8 +65,7 @@ def write_error(path: Path, err: OSError, needed: int | None = None, existed: bo
         fix = "free some space and run again"
     else:
         fix = f"make {path.parent} writable (or write elsewhere) and run again"
-    return InputError(f"{path}: not written: {_reason(err)}{need}, and {free_space(path.parent)}; {fix} "
-                      f"({left})")  # fmt: skip
+    return InputError(f"{path}: not written: {_reason(err)}{need}, and {free_space(path.parent)}; {fix} ({left})")
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None], needed: int | None = None) -> None:
@@ -90,8 +89,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], needed: int | No
         raise
 
 
-def check_writable(directory: Path, what: str = "run directory",
-                   hint: str = "hydra.run.dir=<a writable directory>") -> None:
+def check_writable(
+    directory: Path, what: str = "run directory", hint: str = "hydra.run.dir=<a writable directory>"
+) -> None:
     """``directory`` exists (created if need be) and a file can be created and removed in it; else an
     ``InputError`` naming ``what`` and ``directory``, the reason (errno) and ``hint`` (another directory)."""
     directory = Path(directory)
@@ -105,7 +105,8 @@ def check_writable(directory: Path, what: str = "run directory",
         probe.unlink(missing_ok=True)
         return
     except OSError as err:
-        raise InputError(f"{what} {directory} is not writable: {_reason(err)}; pick another directory ({hint}) "
-                         "or make it writable") from None  # fmt: skip
+        raise InputError(
+            f"{what} {directory} is not writable: {_reason(err)}; pick another directory ({hint}) or make it writable"
+        ) from None
     os.close(fd)
     probe.unlink(missing_ok=True)

@@ -44,8 +44,9 @@ def random_states() -> dict:
         # numpy's state as tensors and ints, so the checkpoint loads with weights_only=True. Its uint32 key is
         # stored as int64 (exactly): uint32 tensors do not survive the pickle round trip of DDP's
         # all_gather_object in torch 2.14 (the storage has no dtype when unpickled).
-        "numpy": [(torch.from_numpy(v.astype(np.int64)) if isinstance(v, np.ndarray) else v)
-                  for v in np.random.get_state()],
+        "numpy": [
+            (torch.from_numpy(v.astype(np.int64)) if isinstance(v, np.ndarray) else v) for v in np.random.get_state()
+        ],
         "python": random.getstate(),
     }
 
@@ -54,8 +55,9 @@ def set_random_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-    np.random.set_state(tuple(v.numpy().astype(np.uint32) if isinstance(v, torch.Tensor) else v
-                              for v in states["numpy"]))
+    np.random.set_state(
+        tuple(v.numpy().astype(np.uint32) if isinstance(v, torch.Tensor) else v for v in states["numpy"])
+    )
     python = states["python"]
     random.setstate((python[0], tuple(python[1]), python[2]))
 
@@ -70,8 +72,10 @@ class LastCheckpoint(Checkpoint):
 
     def __init__(self, dirpath: str, every_n_steps: int | None = None):
         if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
-            raise ValueError(f"callbacks.checkpoint.every_n_steps={every_n_steps!r} is not valid; "
-                             "expected a positive integer or null")  # fmt: skip
+            raise ValueError(
+                f"callbacks.checkpoint.every_n_steps={every_n_steps!r} is not valid; "
+                "expected a positive integer or null"
+            )
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self.started = time.perf_counter()
@@ -116,9 +120,12 @@ class LastCheckpoint(Checkpoint):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         states = state["random_states"]
         if len(states) != (self.trainer.world_size if self.trainer is not None else 1):
-            warnings.warn(f"the checkpoint was written by {len(states)} process(es), this run has "
-                          f"{self.trainer.world_size}: training continues at the same global batch, but random "
-                          "numbers (dropout) differ from an uninterrupted run", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"the checkpoint was written by {len(states)} process(es), this run has "
+                f"{self.trainer.world_size}: training continues at the same global batch, but random "
+                "numbers (dropout) differ from an uninterrupted run",
+                stacklevel=2,
+            )
         self.pending_random_states = states[rank % len(states)]
         datamodule = self.trainer.datamodule if self.trainer is not None else None
         if datamodule is not None:
@@ -149,8 +156,13 @@ class LastCheckpoint(Checkpoint):
         self.position = (trainer.current_epoch, (batch_idx + 1) // trainer.accumulate_grad_batches)
         stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
         last_in_epoch = batch_idx + 1 >= trainer.num_training_batches  # the epoch-end checkpoint follows
-        if (self.every_n_steps and stepped and not last_in_epoch and trainer.global_step % self.every_n_steps == 0
-                and trainer.global_step != self.saved_step):  # fmt: skip
+        if (
+            self.every_n_steps
+            and stepped
+            and not last_in_epoch
+            and trainer.global_step % self.every_n_steps == 0
+            and trainer.global_step != self.saved_step
+        ):
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -247,18 +259,23 @@ class LeanCheckpointing:
             params = dict(self.named_parameters(remove_duplicate=False))
             other_bits = [n for n in legacy if saved[n][2] != sha256_of(params[n])]
             if other_bits:
-                log.warning("the checkpoint names SVD factors by their bytes (written before factors were named by "
-                            "their source), and %d differ here, e.g. %s: the factors are rebuilt from this config's "
-                            "weights; the other frozen tensors are checked byte for byte", len(other_bits),
-                            other_bits[0])  # fmt: skip
+                log.warning(
+                    "the checkpoint names SVD factors by their bytes (written before factors were named by "
+                    "their source), and %d differ here, e.g. %s: the factors are rebuilt from this config's "
+                    "weights; the other frozen tensors are checked byte for byte",
+                    len(other_bits),
+                    other_bits[0],
+                )
             differ = [n for n in differ if n not in legacy]
         if differ:
-            shown = ", ".join(f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
-                              for n in differ[:3])  # fmt: skip
+            shown = ", ".join(
+                f"{n} (checkpoint {saved.get(n, 'absent')[:2]}, model {current.get(n, 'absent')[:2]})"
+                for n in differ[:3]
+            )
             raise CheckpointMismatch(
                 f"the checkpoint does not fit this model: {len(differ)} frozen tensor(s) differ, e.g. {shown}",
                 "Frozen weights are not stored but rebuilt from the config: resume with the config the run started "
-                "with (its .hydra/config.yaml: same backbone, method, seed)"
+                "with (its .hydra/config.yaml: same backbone, method, seed)",
             )
         state = self.state_dict()
         checkpoint["state_dict"].update({k: state[k] for k in current})
@@ -267,23 +284,32 @@ class LeanCheckpointing:
 def legacy_factor(saved: list | None, current: list | None) -> bool:
     """A factor this model names by its source (``factor_sources``) that an older checkpoint named by its bytes,
     with the same shape and dtype."""
-    return (saved is not None and current is not None and saved[:2] == current[:2]
-            and current[2].startswith("computed from ") and not saved[2].startswith("computed from "))  # fmt: skip
+    return (
+        saved is not None
+        and current is not None
+        and saved[:2] == current[:2]
+        and current[2].startswith("computed from ")
+        and not saved[2].startswith("computed from ")
+    )
 
 
 def check_shapes(saved: dict, current: dict) -> None:
     """The checkpoint's tensors are this model's: same names, same shapes (another ensemble size, rank or
     head gives other shapes), in one line naming what differs."""
-    differ = [f"{k} {list(v.shape)} (model {list(current[k].shape)})" for k, v in saved.items()
-              if isinstance(v, torch.Tensor) and isinstance(current.get(k), torch.Tensor)
-              and v.shape != current[k].shape]  # fmt: skip
+    differ = [
+        f"{k} {list(v.shape)} (model {list(current[k].shape)})"
+        for k, v in saved.items()
+        if isinstance(v, torch.Tensor) and isinstance(current.get(k), torch.Tensor) and v.shape != current[k].shape
+    ]
     unknown = [k for k in saved if k not in current]
     if differ or unknown:
         parts = ([f"{len(differ)} tensor(s) of another shape, e.g. {', '.join(differ[:3])}"] if differ else []) + (
-            [f"{len(unknown)} tensor(s) this model does not have, e.g. {', '.join(unknown[:3])}"] if unknown else [])
-        raise CheckpointMismatch(f"the checkpoint was written by another model: {'; '.join(parts)}",
-                                 "Resume with the config the run started with (its run_config.yaml: ensemble_size, "
-                                 "method, backbone)")
+            [f"{len(unknown)} tensor(s) this model does not have, e.g. {', '.join(unknown[:3])}"] if unknown else []
+        )
+        raise CheckpointMismatch(
+            f"the checkpoint was written by another model: {'; '.join(parts)}",
+            "Resume with the config the run started with (its run_config.yaml: ensemble_size, method, backbone)",
+        )
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -302,6 +328,7 @@ def read_checkpoint(path: str | Path) -> dict:
             "renamed). Pass another ckpt_path, or delete the file to start the run afresh."
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
-        raise InputError(f"ckpt_path={path} is a torch file but not a Lightning training checkpoint "
-                         "(no state_dict and loop state)")  # fmt: skip
+        raise InputError(
+            f"ckpt_path={path} is a torch file but not a Lightning training checkpoint (no state_dict and loop state)"
+        )
     return checkpoint

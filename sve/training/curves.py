@@ -108,8 +108,9 @@ class LearningCurve(Callback):
         values = {f"val/{k}": float(v) for k, v in metrics.compute().items()}
         if trainer.world_size > 1:  # each process scored its own batches
             examples = int(trainer.strategy.reduce(torch.tensor(examples, device=pl_module.device), reduce_op="sum"))
-        self.curve.append({"step": int(trainer.global_step), "epoch": round(self.epoch(trainer), 4),
-                           "examples": examples, **values})  # fmt: skip
+        self.curve.append(
+            {"step": int(trainer.global_step), "epoch": round(self.epoch(trainer), 4), "examples": examples, **values}
+        )
 
     def batches(self, available: int, limit: int | float | None) -> int:
         """The validation batches a point scores: ``val_batches``, within Lightning's ``limit_val_batches``
@@ -131,6 +132,8 @@ class LearningCurve(Callback):
 
     def record(self) -> dict:
         """What ``results.json`` holds under ``curve``."""
-        return {"points": self.curve, "schedule": {"points": self.points, "every_n_steps": self.every_n_steps,
-                                                   "val_batches": self.val_batches},
-                "total_steps": self.total_steps}  # fmt: skip
+        return {
+            "points": self.curve,
+            "schedule": {"points": self.points, "every_n_steps": self.every_n_steps, "val_batches": self.val_batches},
+            "total_steps": self.total_steps,
+        }

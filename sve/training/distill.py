@@ -82,9 +82,16 @@ def dirichlet_uncertainty(student_logits: Tensor) -> Prediction:
     expected = (probs * (torch.digamma(alpha0 + 1) - torch.digamma(alpha + 1))).sum(-1)
     total = entropy(probs)
     confidence, label = probs.max(-1)
-    return Prediction(probs=probs, label=label, confidence=confidence, entropy=total, expected_entropy=expected,
-                      mutual_information=(total - expected).clamp_min(0), disagreement=torch.zeros_like(total),
-                      member_probs=probs.unsqueeze(0))  # fmt: skip
+    return Prediction(
+        probs=probs,
+        label=label,
+        confidence=confidence,
+        entropy=total,
+        expected_entropy=expected,
+        mutual_information=(total - expected).clamp_min(0),
+        disagreement=torch.zeros_like(total),
+        member_probs=probs.unsqueeze(0),
+    )
 
 
 def dirichlet_samples(student_logits: Tensor, samples: int, seed: int = 0) -> Tensor:
@@ -113,10 +120,17 @@ def student_logits_of(output: Tensor) -> Tensor:
     return output
 
 
-def distill(student: torch.nn.Module, teacher: Callable[[dict], Tensor], batches: Iterable[dict], objective: str,
-            optimizer: torch.optim.Optimizer, epochs: int = 1, smoothing: float = 1e-4,
-            progress: Callable[[int, float], None] | None = None,
-            device: torch.device | None = None) -> list[float]:  # fmt: skip
+def distill(
+    student: torch.nn.Module,
+    teacher: Callable[[dict], Tensor],
+    batches: Iterable[dict],
+    objective: str,
+    optimizer: torch.optim.Optimizer,
+    epochs: int = 1,
+    smoothing: float = 1e-4,
+    progress: Callable[[int, float], None] | None = None,
+    device: torch.device | None = None,
+) -> list[float]:
     """Trains ``student`` on ``teacher``'s member logits (M, B, C) for every batch of ``batches`` (re-iterated
     each epoch), the teacher in evaluation mode and without gradients: the teacher answers the same
     (augmented) inputs the student sees. Batches are moved to ``device`` (where both models are) when given.

@@ -32,8 +32,10 @@ def stopped_by_sigterm(what: str) -> Iterator[None]:
     try:
         yield
     except SIGTERMException:
-        raise RunInterrupted(f"{what} stopped by SIGTERM before it finished; its record was not written. Run the same "
-                             "command again to do it") from None
+        raise RunInterrupted(
+            f"{what} stopped by SIGTERM before it finished; its record was not written. Run the same "
+            "command again to do it"
+        ) from None
 
 
 def limited_batches(available: int, limit: int | float | None) -> int:

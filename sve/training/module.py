@@ -149,13 +149,18 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         if finite:
             self.last_finite_loss = (self.global_step, float(loss.detach()))
             return
-        bad_inputs = {k: int((~torch.isfinite(v)).sum()) for k, v in (batch or {}).items()
-                      if isinstance(v, Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())}
+        bad_inputs = {
+            k: int((~torch.isfinite(v)).sum())
+            for k, v in (batch or {}).items()
+            if isinstance(v, Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+        }
         if bad_inputs:
-            raise InputError(f"the training batch of step {self.global_step} (epoch {self.current_epoch}) holds "
-                             "non-finite input values ("
-                             f"{', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
-                             "); the data must be finite (check the dataset files and any preprocessing)")
+            raise InputError(
+                f"the training batch of step {self.global_step} (epoch {self.current_epoch}) holds "
+                "non-finite input values ("
+                f"{', '.join(f'{k}: {n} NaN or inf' for k, n in bad_inputs.items())}"
+                "); the data must be finite (check the dataset files and any preprocessing)"
+            )
         raise TrainingDiverged(
             f"training diverged: non-finite loss ({float(loss.detach()):.6g} on rank {self.global_rank}) at step "
             f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}; last "
@@ -194,13 +199,17 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         # Under trainer=fsdp each rank checks its own slice (the decision is reduced over ranks below).
         params = [p.to_local() if hasattr(p, "to_local") else p for p in self.method.trainable_parameters()]
         params = [p for p in params if p.numel()]
-        finite = not params or bool(torch.isfinite(torch.stack([p.detach().abs().amax().float()
-                                                                for p in params])).all())  # fmt: skip
+        finite = not params or bool(
+            torch.isfinite(torch.stack([p.detach().abs().amax().float() for p in params])).all()
+        )
         if self.trainer.world_size > 1:
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
         if not finite:
-            bad = [n for n, p in self.method.named_parameters()
-                   if p.requires_grad and not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()]
+            bad = [
+                n
+                for n, p in self.method.named_parameters()
+                if p.requires_grad and not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+            ]
             raise TrainingDiverged(
                 f"training diverged: {len(bad)} trainable tensor(s) became non-finite in the optimiser step "
                 f"{self.global_step} (epoch {self.current_epoch}) with learning rate {self.learning_rates()}, e.g. "
@@ -263,11 +272,14 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         with self.draws(index):
             logits = check_member_logits(self.method(batch))
         if self._collected and logits.shape[0] != self._collected[0][0].shape[0]:
-            raise RuntimeError(f"{type(self.method).__name__} returned {logits.shape[0]} members in one test batch "
-                               f"and {self._collected[0][0].shape[0]} in another")  # fmt: skip
+            raise RuntimeError(
+                f"{type(self.method).__name__} returned {logits.shape[0]} members in one test batch "
+                f"and {self._collected[0][0].shape[0]} in another"
+            )
         # float32 holds bf16 and float16 logits exactly; kept on the device until the gather
-        self._collected.append((logits.detach().float(), batch["labels"], valid.to(logits.device),
-                                index.to(logits.device)))  # fmt: skip
+        self._collected.append(
+            (logits.detach().float(), batch["labels"], valid.to(logits.device), index.to(logits.device))
+        )
 
     def on_test_epoch_end(self) -> None:
         """Gathers every process's share; each example once (no DDP padding), in dataset order."""
@@ -279,15 +291,17 @@ class EnsembleModule(LeanCheckpointing, pl.LightningModule):
         if self.trainer.world_size > 1:  # padded to the longest rank's share (all_gather needs equal shapes)
             most = int(self.all_gather(torch.tensor([labels.shape[0]], device=logits.device)).max())
             pad = most - labels.shape[0]
-            logits, labels, valid, index = (F.pad(t, (0, 0, 0, pad)) if t.dim() == 3 else F.pad(t, (0, pad))
-                                            for t in (logits, labels, valid, index))  # fmt: skip
+            logits, labels, valid, index = (
+                F.pad(t, (0, 0, 0, pad)) if t.dim() == 3 else F.pad(t, (0, pad)) for t in (logits, labels, valid, index)
+            )
             logits, labels, valid, index = (self.all_gather(t) for t in (logits, labels, valid, index))
             logits = logits.permute(1, 0, 2, 3).flatten(1, 2)  # (W, M, n, C) -> (M, W*n, C)
             labels, valid, index = labels.flatten(), valid.flatten(), index.flatten()
         valid = valid.bool()
         order = index[valid].argsort()
-        self.predictions = Predictions(logits[:, valid][:, order].cpu(), labels[valid][order].cpu(),
-                                       index[valid][order].cpu())  # fmt: skip
+        self.predictions = Predictions(
+            logits[:, valid][:, order].cpu(), labels[valid][order].cpu(), index[valid][order].cpu()
+        )
         self._collected = []
 
     def configure_optimizers(self):

@@ -55,9 +55,11 @@ def shard_method(method: nn.Module, mesh) -> list[str]:
     if is_sharded(method) or getattr(method, "was_sharded", False):
         return [b.__name__ for b in repeated_blocks(method.backbone)]
     if not getattr(method, "shardable", True):
-        raise InputError(f"trainer=fsdp cannot shard {type(method).__name__}: its trainable tensors hold one row "
-                         "per member and it reads them member by member; it trains ~1% of the backbone, so use "
-                         "trainer=gpu or trainer=ddp")  # fmt: skip
+        raise InputError(
+            f"trainer=fsdp cannot shard {type(method).__name__}: its trainable tensors hold one row "
+            "per member and it reads them member by member; it trains ~1% of the backbone, so use "
+            "trainer=gpu or trainer=ddp"
+        )
     method.was_sharded = True
     for p in method.parameters():  # FSDP2 shards by rows of a contiguous tensor (an SVD's Vh is often a view)
         if not p.is_contiguous():
@@ -103,8 +105,11 @@ def unshard_method(method: nn.Module) -> None:
             if attribute.startswith("_") and attribute.endswith("hooks") and isinstance(hooks, dict):
                 for key in [k for k, hook in hooks.items() if is_fsdp_hook(hook)]:
                     del hooks[key]
-                    for flags in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
-                                  "_forward_hooks_always_called"):  # fmt: skip
+                    for flags in (
+                        "_forward_pre_hooks_with_kwargs",
+                        "_forward_hooks_with_kwargs",
+                        "_forward_hooks_always_called",
+                    ):
                         getattr(module, flags, {}).pop(key, None)
     if hasattr(method, "unshard_state"):  # what a method keeps of its own beside its parameters
         method.unshard_state()
@@ -159,8 +164,10 @@ class ShardedStrategy(ModelParallelStrategy):
         for optimizer, state in zip(self.optimizers, saved):
             if "sharded" not in state or len(state["sharded"]) != self.world_size:
                 n = len(state["sharded"]) if "sharded" in state else "no"
-                raise InputError(f"{path} holds the optimiser state of {n} sharded process(es); this run has "
-                                 f"{self.world_size}: resume a trainer=fsdp run on the devices it started on")
+                raise InputError(
+                    f"{path} holds the optimiser state of {n} sharded process(es); this run has "
+                    f"{self.world_size}: resume a trainer=fsdp run on the devices it started on"
+                )
             optimizer.load_state_dict(as_shards(state["sharded"][self.global_rank], optimizer))
         return checkpoint
 
@@ -183,10 +190,14 @@ def as_shards(state: dict, optimizer) -> dict:
         p = params[int(i)]
         shard = p.to_local() if isinstance(p, DTensor) else None
         # The parameter's own global shape: a dimension that does not divide by the ranks is sharded unevenly.
-        out[i] = {k: DTensor.from_local(v.to(shard.device), p.device_mesh, p.placements, run_check=False,
-                                        shape=p.shape, stride=p.stride())
-                  if shard is not None and isinstance(v, torch.Tensor) and v.shape == shard.shape and v.dim() > 0
-                  else v for k, v in values.items()}  # fmt: skip
+        out[i] = {
+            k: DTensor.from_local(
+                v.to(shard.device), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+            )
+            if shard is not None and isinstance(v, torch.Tensor) and v.shape == shard.shape and v.dim() > 0
+            else v
+            for k, v in values.items()
+        }
     return {**state, "state": out}
 
 
@@ -200,5 +211,4 @@ def fsdp_strategy(save_distributed_checkpoint: bool = False) -> ShardedStrategy:
     return ShardedStrategy(save_distributed_checkpoint=save_distributed_checkpoint)
 
 
-__all__ = ["ShardedStrategy", "fsdp_strategy", "is_sharded", "repeated_blocks", "shard_method",
-           "unshard_method"]
+__all__ = ["ShardedStrategy", "fsdp_strategy", "is_sharded", "repeated_blocks", "shard_method", "unshard_method"]
