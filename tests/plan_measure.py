@@ -1,5 +1,5 @@
 """Measures, in a fresh process, the resident memory one real training step takes on the CPU, for
-tests/test_plan.py to compare with the memory plan (``sve.runs.plan``).
+tests/runs/test_plan.py to compare with the memory plan (``sve.runs.plan``).
 
 ``python tests/plan_measure.py '<JSON list of overrides>' <random_factors: 0|1>`` prints one JSON line:
 ``stored`` (parameter and buffer bytes), ``before`` (resident bytes just before the step) and ``peak``

@@ -29,3 +29,15 @@ def test_public_names_load_on_first_use():
     assert sve.SVE is SVE and {"SVE", "EnsembleModule", "run", "InputError"} <= set(sve.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sve.nope  # noqa: B018
+
+
+def test_the_test_tree_mirrors_the_package():
+    # tests/<subpackage>/ holds the tests of sve/<subpackage>/; the package-wide ones (imports, lint, install,
+    # paths, the README) stay at the top.
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    subpackages = {p.name for p in (ROOT / "sve").iterdir() if (p / "__init__.py").exists()}
+    assert folders <= subpackages, folders - subpackages
+    assert all((tests / name / "__init__.py").exists() for name in folders)
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert len(top) <= 8, f"{top}: a test of one subpackage belongs in tests/<subpackage>/"

@@ -94,7 +94,7 @@ class PrecisionProbe(Callback):
 
 
 def method_overrides(method: str, backbone: str, precision: str, out: Path, trainer: str = "gpu") -> list[str]:
-    """A tiny run of ``method`` (as tests/test_methods_run.py runs every method): 3 training steps, one
+    """A tiny run of ``method`` (as tests/methods/test_methods_run.py runs every method): 3 training steps, one
     validation and one test batch, no checkpoints, the precision probe."""
     extra = ["method.marglik_steps=3"] if "marglik_steps" in registry.option_config(method) else []
     if registry.info(method).epoch_snapshots:  # one epoch-end checkpoint per member

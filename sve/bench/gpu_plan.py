@@ -19,7 +19,7 @@ Compared: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` 
 without its CUDA context; the context itself measured as the device's used memory (``mem_get_info``) minus
 what the allocator reserved, after the first cuBLAS call (other processes on the GPU would count too).
 A check passes when the plan's total (with its 0.5 GiB context estimate) is within ``PLAN_TOLERANCE`` of the
-measured total (allocated peak plus measured context), the CPU validation's criterion (tests/test_plan.py).
+measured total (allocated peak plus measured context), the CPU validation's criterion (tests/runs/test_plan.py).
 """
 
 from __future__ import annotations

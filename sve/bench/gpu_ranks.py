@@ -1,6 +1,6 @@
 """The ``distributed`` part of ``sve-bench --gpu-check`` (2 or more GPUs): DDP and FSDP over NCCL train to what
-one process trains, by the CPU tests' criteria (tests/test_ddp.py, tests/test_fsdp.py, whose runs over gloo
-these repeat on GPUs).
+one process trains, by the CPU tests' criteria (tests/training/test_ddp.py, tests/training/test_fsdp.py, whose
+runs over gloo these repeat on GPUs).
 
 Every method under ``trainer=ddp`` and Single, SVE and a sequential deep ensemble under ``trainer=fsdp``, on 2
 GPUs, against the same configs under ``trainer=gpu`` (one process): tiny ViT, synthetic images, 2 epochs of 3
@@ -28,7 +28,7 @@ import numpy as np
 from sve.bench.gpu_report import DISTRIBUTED_CRITERIA, Check
 from sve.methods import registry
 
-# As tests/test_ddp.py's DATA: two epochs of 3 steps, checkpoints mid-epoch, 21 test examples.
+# As tests/training/test_ddp.py's DATA: two epochs of 3 steps, checkpoints mid-epoch, 21 test examples.
 DATA = [
     "backbone=tiny_vit",
     "dataset=synthetic_image",

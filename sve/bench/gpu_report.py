@@ -1,7 +1,7 @@
 """How ``sve-bench --gpu-check`` judges and writes what it measured: the tolerances per dtype, the error
 measure, one ``Check`` per fact checked, and ``results/bench/gpu.md`` / ``gpu.json``.
 
-Nothing here needs a GPU, so the judging and the report are tested on the CPU (tests/test_gpu_check.py) with
+Nothing here needs a GPU, so the judging and the report are tested on the CPU (tests/bench/test_gpu_check.py) with
 hand-made outcomes; the numbers of a real report come only from ``make gpu-check`` on a CUDA machine.
 
 Error measure: ``relative_error(a, b) = max |a - b| / max |b|`` in float64, the worst element against the
@@ -14,7 +14,7 @@ layer output has). Tolerances by the dtype the compared computation runs in, wit
 - *model* (logits after every block of a transformer, where rounding passes through attention, softmax and
   layer norms): about three times the layer's: 1e-4, 6e-2, 1e-2.
 
-Multi-process runs use the CPU tests' criteria (tests/test_ddp.py, tests/test_fsdp.py), run in float32
+Multi-process runs use the CPU tests' criteria (tests/training/test_ddp.py, tests/training/test_fsdp.py), run in float32
 (``precision=32-true``) with TF32 off, as those tests run: ``DISTRIBUTED_CRITERIA``.
 """
 
@@ -30,8 +30,8 @@ import torch
 
 LAYER_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 3e-3}
 MODEL_TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
-# (rtol, atol) of np.testing.assert_allclose on member logits, as in tests/test_ddp.py and tests/test_fsdp.py
-# (the Laplace posteriors: curvature sums in another order, 5e-5 there).
+# (rtol, atol) of np.testing.assert_allclose on member logits, as in tests/training/test_ddp.py and
+# tests/training/test_fsdp.py (the Laplace posteriors: curvature sums in another order, 5e-5 there).
 DISTRIBUTED_CRITERIA = {"ddp": (1e-4, 1e-5), "ddp_laplace": (1e-4, 5e-5), "fsdp": (1e-5, 1e-5)}
 MIB, GIB = 2**20, 2**30
 

@@ -8,7 +8,7 @@ snapshots) and ``trains`` (what its optimiser updates).
 The options are the group's files (``sve/configs/method/*.yaml``) and what Hydra's ``ConfigStore`` holds
 under ``method``; each is composed by Hydra itself, so a run, ``sve.wrap``, the plan, the benchmark and the
 tables read the same settings and the same class. Nothing else lists methods by name
-(``tests/test_registry.py``).
+(``tests/methods/test_registry.py``).
 
 Importing this module loads no torch: the class behind an option is imported when its facts are asked for.
 """

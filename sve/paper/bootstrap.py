@@ -11,7 +11,7 @@ From these, every metric of a resample is a weighted sum over the full set with 
 weights (``statistic``): acc, nll and brier are weighted means; ECE sums weighted per-bin gaps over the same 15
 right-closed bins (``ece_bins`` assigns them with ``sve.metrics.scores``' own torch code); AUROC, AUPRC and FPR95 follow
 torchmetrics' curve (distinct thresholds, trapezoid, first threshold at 95% TPR) with weighted counts. With all
-weights one each equals the table's number (``tests/test_bootstrap.py`` checks both facts).
+weights one each equals the table's number (``tests/paper/test_bootstrap.py`` checks both facts).
 
 **Procedure** (``interval``). A difference is a sum of terms ``coef * metric(run)`` (``Term``), e.g. for A
 against B over seeds s = 1..S: (1/S) sum_s [metric(A_s) - metric(B_s)], the table's difference of means. Each

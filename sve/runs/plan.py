@@ -20,7 +20,7 @@ What is exact and what is an estimate (the plan prints it beside each number):
   not the allocator's fragmentation, the CUDA context (about 0.3-0.5 GiB per process), kernel workspaces
   (cuBLAS, attention) or memory held by the data loader. On fake tensors the Hugging Face attention mask
   is always materialised (a real all-ones mask may be skipped), which adds (B, 1, T, T) booleans. The
-  validation test (tests/test_plan.py) compares the peaks with measured ones on the CPU.
+  validation test (tests/runs/test_plan.py) compares the peaks with measured ones on the CPU.
 
 Per device: a single device holds everything; DDP the same plus its gradient buckets (a copy of every
 trainable gradient: Lightning leaves ``gradient_as_bucket_view`` off); FSDP (``trainer=fsdp``,

@@ -12,7 +12,7 @@ from sve.runs.prediction_files import read_predictions, write_predictions
 from sve.runs.run import run
 from sve.training.module import Predictions
 from tests.conftest import compose_cfg
-from tests.test_metrics import reference, reference_mutual_information, softmax
+from tests.metrics.test_metrics import reference, reference_mutual_information, softmax
 
 TINY = [
     "backbone=tiny_vit",

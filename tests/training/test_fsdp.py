@@ -13,7 +13,7 @@ from torch import nn
 from sve.runs.run import run
 from sve.training.sharding import repeated_blocks
 from tests.conftest import compose_cfg
-from tests.test_ddp import ddp_runs, overrides
+from tests.training.test_ddp import ddp_runs, overrides
 
 # A full fine-tune (every weight sharded, with its gradient and AdamW moments), SVE (frozen U, V beside
 # trainable singular values in one unit) and a full-fine-tune deep ensemble trained in rounds (each round a

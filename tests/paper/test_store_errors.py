@@ -387,7 +387,7 @@ def requires_x(x, **kwargs):
 
 
 def test_evaluate_names_a_config_that_no_longer_builds(tmp_path):
-    run = fake_run_dir(tmp_path, **{"backbone._target_": "tests.test_store_errors.requires_x"})
+    run = fake_run_dir(tmp_path, **{"backbone._target_": "tests.paper.test_store_errors.requires_x"})
     with pytest.raises(
         InputError,
         match=rf"run_dir={run}: the run's config does not build with this code .*"

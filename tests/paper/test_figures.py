@@ -9,7 +9,7 @@ from sve.metrics.plots import reliability_bins
 from sve.paper.build import build
 from sve.paper.figures import relative_change
 from tests.conftest import compose_cfg
-from tests.test_report import write_run
+from tests.paper.test_report import write_run
 
 PNG = b"\x89PNG"
 

@@ -12,7 +12,7 @@ from sve.paper.claims_text import to_markdown
 from sve.paper.evidence import cell
 from sve.paper.store import load_runs
 from tests.conftest import ROOT as REPO
-from tests.test_report import write_run
+from tests.paper.test_report import write_run
 
 sys.path.insert(0, str(REPO / "scripts"))
 import mini_report  # noqa: E402

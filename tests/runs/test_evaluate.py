@@ -171,7 +171,7 @@ def test_evaluating_with_another_model_or_a_bad_value_is_one_line_naming_it(trai
 
 def test_evaluating_on_data_with_other_class_names_is_refused(tmp_path):
     # Trained on cat/dog; a car/truck tree has as many classes, and was evaluated as if label 0 were still "cat".
-    from tests.test_generic_data import image_tree
+    from tests.data.test_generic_data import image_tree
 
     trained = image_tree(tmp_path / "pets", {"train": {"cat": 4, "dog": 4}, "test": {"cat": 2, "dog": 2}})
     other = image_tree(tmp_path / "cars", {"train": {"car": 2, "truck": 2}, "test": {"car": 2, "truck": 2}})

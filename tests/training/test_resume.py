@@ -1,6 +1,6 @@
 """No lost work: checkpoints during training, written atomically, holding only trainable state, with the
 method's own state (posteriors, snapshots, ensemble rounds). Kills at several points of training and their
-bit-exact resumption: tests/test_reliability.py."""
+bit-exact resumption: tests/runs/test_reliability.py."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from sve.paper.evidence import Difference
 from sve.paper.store import load_runs
 from sve.runs import prediction_files
 from sve.runs.prediction_files import Examples
-from tests.test_metrics import reference
-from tests.test_report import write_run
+from tests.metrics.test_metrics import reference
+from tests.paper.test_report import write_run
 
 
 def random_probs(rng, n: int, c: int, scale: float = 2.0) -> np.ndarray:
@@ -677,7 +677,7 @@ def test_the_evaluation_writes_the_predictive_files_the_claims_read(tmp_path):
     from sve.paper.evidence import Evidence
     from sve.runs.run import run
     from tests.conftest import compose_cfg
-    from tests.test_evaluation import OOD, TINY
+    from tests.runs.test_evaluation import OOD, TINY
 
     run(
         compose_cfg(
