@@ -11,7 +11,6 @@ from sve.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sve.paper.build import build, build_all
     from sve.paper.store import is_table, table_names
 
     # The docstring after its usage line (``...``: ...), whole: its first line alone stopped mid-sentence.
@@ -39,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--results {args.results}: no such directory (a store holds runs/ and tables/; "
             "leave --results out for ./results)"
         )
+    from sve.paper.build import build, build_all  # matplotlib and torch: only once there is work
+
     if args.names:
         written = [p for name in args.names for p in build(name, args.smoke, args.results, not args.no_paper)]
     else:

@@ -25,8 +25,9 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from sve.data.checks import check_count, check_subset_size, subset_indices
+from sve.data.checks import check_subset_size, subset_indices
 from sve.data.corruptions import CORRUPTIONS, SEVERITIES, choose
+from sve.data.options import check_data_options
 from sve.data.sampling import EvalBatchSampler, Keyed, KeyedCollate, TrainBatchSampler
 from sve.errors import InputError
 
@@ -76,15 +77,16 @@ class ClassificationData(pl.LightningDataModule):
         ood: ClassificationData | None = None,
     ):
         super().__init__()
-        for key, value in {
-            "batch_size": batch_size,
-            "eval_batch_size": eval_batch_size or 1,
-            "num_workers": num_workers + 1,
-        }.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"dataset.{key}={value!r} is not valid; expected a positive integer")
-        for split, size in {"train": train_size, "val": val_size, "test": test_size}.items():
-            check_count(f"dataset.{split}_size", size, null=True)
+        check_data_options(
+            {
+                "batch_size": batch_size,
+                "eval_batch_size": eval_batch_size,
+                "train_size": train_size,
+                "val_size": val_size,
+                "test_size": test_size,
+                "num_workers": num_workers,
+            }
+        )
         self.ood = ood
         self.key = "dataset"  # the config key of this module, in error messages
         self.used_splits = SPLITS  # the splits a run reads (an OOD module: its test split only)

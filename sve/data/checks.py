@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from sve.data.options import check_count
 from sve.errors import InputError
 from sve.offline import hub_offline, hub_reachable
 
@@ -25,19 +26,6 @@ def one_line(err: BaseException, limit: int = 300) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_count(key: str, value, minimum: int = 1, null: bool = False) -> None:
-    """The config value ``key`` (e.g. ``dataset.num_train``) is an integer >= ``minimum`` (or None when ``null``)."""
-    if value is None and null:
-        return
-    if not is_int(value) or value < minimum:
-        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise InputError(f"{key}={value!r} is not valid; expected {expected}" + (" or null" if null else ""))
 
 
 def check_subset_size(key: str, size, available: int, what: str) -> None:

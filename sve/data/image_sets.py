@@ -22,7 +22,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 
-from sve.data.checks import duplicates, is_int, one_line, read_utf8
+from sve.data.checks import duplicates, one_line, read_utf8
+from sve.data.options import is_int
 from sve.data.vision import ImageFiles, VisionData
 from sve.errors import InputError
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from sve.data.base import TextClassificationData
-from sve.data.checks import is_int, load_hub_dataset, read_utf8, require_files
+from sve.data.checks import load_hub_dataset, read_utf8, require_files
+from sve.data.options import is_int
 from sve.errors import InputError
 
 LAYOUT = "a directory with train.tsv and dev.tsv (columns: sentence<TAB>label, with a header row)"

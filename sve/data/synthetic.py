@@ -8,8 +8,8 @@ from PIL import Image
 from torch.utils.data import Dataset, TensorDataset
 
 from sve.data.base import ImageClassificationData, TextClassificationData
-from sve.data.checks import check_count
 from sve.data.corruptions import Corrupter
+from sve.data.options import check_count
 
 
 def _split_sizes(num_train: int, num_val: int, num_test: int) -> dict[str, int]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sve.data.checks import check_count, one_line
+from sve.data.checks import one_line
+from sve.data.options import check_count
 from sve.errors import InputError
 
 TEXT_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test": ("test",)}

@@ -31,8 +31,9 @@ from torchvision import datasets as tvd
 from torchvision import transforms as T
 
 from sve.data.base import ImageClassificationData
-from sve.data.checks import decode_images, is_int, one_line
+from sve.data.checks import decode_images, one_line
 from sve.data.corruptions import CORRUPTIONS, SEVERITIES, Corrupter
+from sve.data.options import is_int
 from sve.errors import InputError
 from sve.paths import cache_root
 

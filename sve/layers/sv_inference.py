@@ -58,7 +58,9 @@ MERGE_FACTOR = 1.25
 def check_inference(value: str, where: str = "inference") -> str:
     """The value itself, or an error naming it and the valid choices."""
     if value not in INFERENCE:
-        raise InputError(f"{where}={value!r} is not valid; choose one of {list(INFERENCE)}")
+        raise InputError(
+            f'{where}={value!r} is not valid; expected one of {list(INFERENCE)} (docs/benchmark.md: "Inference modes")'
+        )
     return value
 
 

@@ -34,6 +34,7 @@ from sve.layers.sv_linear import SVLinear
 from sve.layers.svd_cache import SVDCache
 from sve.memory import free_memory
 from sve.methods.base import EnsembleMethod
+from sve.methods.options import check_factor_dtype, check_sigma_init
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class SVE(EnsembleMethod):
         svd_cache: str | None = None,
         **common,
     ):
+        check_sigma_init(sigma_init, "method.sigma_init")
+        check_factor_dtype(factor_dtype, "method.factor_dtype")
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.sigma_init = sigma_init
         if self.fixed_ensemble_size is None:  # SVF has one member by design
@@ -124,6 +127,13 @@ class SVE(EnsembleMethod):
             (p.dtype for p in self.backbone.parameters() if id(p) not in factors and p.is_floating_point()),
             torch.float32,
         )
+
+    @classmethod
+    def check_options(cls, node, prefix: str = "method") -> None:
+        """A config node's values that need the layers' code to check (``sve.runs.validate`` calls this before any
+        work; the values that need no torch are checked earlier, ``sve.methods.options``)."""
+        if node.get("inference") is not None:
+            check_inference(node.get("inference"), f"{prefix}.inference")
 
     def plan_inference(self) -> None:
         """``auto``: cache the merged weights of all members only when they take at most half of the free

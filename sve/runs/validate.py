@@ -1,8 +1,12 @@
 """Checks of a composed config before any work; each names the key, the value and what is valid.
 
 ``check_values`` needs nothing but the config, so ``sve-train`` runs it before importing torch: a bad value
-answers at once. ``check_config`` adds what needs the code: every key is one its target takes (which imports
-the targets), and the values that the layers define. The model itself is checked by ``sve.runs.probe``.
+answers at once. It checks the run's own keys (train.yaml's, the trainer's, the optimizer's) and hands each
+group's node to the rules its owner states without torch: ``sve.methods.options`` (sigma_init, factor_dtype),
+``sve.data.options`` (batch and split sizes, workers); the classes apply the same rules when built directly.
+``check_config`` adds what needs the code: every key is one its target takes (which imports the targets),
+and each target class's own ``check_options`` (SVE's inference paths, say). The model itself is checked by
+``sve.runs.probe``.
 """
 
 from __future__ import annotations
@@ -16,13 +20,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from sve.data.options import check_data_options
 from sve.errors import InputError
+from sve.methods.options import check_method_options, check_sigma_init
 
-# SVE's init multiplies each singular value by (1 + eps), eps ~ N(0, sigma_init^2); values pushed below zero
-# are clamped to zero, a fraction Phi(-1 / sigma_init) of them. Above this sigma_init it exceeds 1%.
-MAX_SIGMA_INIT = 0.43
 AGGREGATES = ("probs", "logits")
-FACTOR_DTYPES = ("float32", "bfloat16", "float16", "float64")
 MAX_SEED = 2**32 - 1
 
 
@@ -43,16 +45,6 @@ def check_config(cfg: DictConfig) -> None:
     """Raises ``InputError`` naming the first invalid key."""
     check_values(cfg)
     check_known_keys(cfg)
-    from sve.layers.sv_inference import INFERENCE  # torch: the values checked before it answer without it
-
-    inference = OmegaConf.select(cfg, "method.inference", default=None)
-    if inference is not None:
-        _require(
-            inference in INFERENCE,
-            "method.inference",
-            inference,
-            f'one of {list(INFERENCE)} (docs/benchmark.md: "Inference modes")',
-        )
     check_accelerator(cfg)
     check_wandb(cfg)
     check_method_name(cfg)
@@ -131,22 +123,9 @@ def check_values(cfg: DictConfig) -> None:
         _is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"), f"an integer from 0 to {MAX_SEED}"
     )
     _require(get("aggregate") in AGGREGATES, "aggregate", get("aggregate"), f"one of {list(AGGREGATES)}")
-    for key in ("sigma_init", "method.sigma_init"):
-        if get(key) is not None:
-            _require(
-                _number(get(key)) and 0 <= get(key) < MAX_SIGMA_INIT,
-                key,
-                get(key),
-                f"a number in [0, {MAX_SIGMA_INIT}) (Table 7 uses 0.005 or 0.01; larger values clamp more than "
-                "1% of the singular values to zero at init)",
-            )
-    if get("method.factor_dtype") is not None:
-        _require(
-            get("method.factor_dtype") in FACTOR_DTYPES,
-            "method.factor_dtype",
-            get("method.factor_dtype"),
-            f"null (the layer's dtype) or one of {list(FACTOR_DTYPES)}",
-        )
+    if get("sigma_init") is not None:  # train.yaml's own key, which the methods' sigma_init interpolate
+        check_sigma_init(get("sigma_init"))
+    check_method_options(cfg.get("method"))  # the methods' own checks (sve.methods.options)
     _require(
         _number(get("optimizer.lr")) and get("optimizer.lr") > 0,
         "optimizer.lr",
@@ -196,30 +175,7 @@ def check_values(cfg: DictConfig) -> None:
         accumulate,
         "a positive integer",
     )
-    for key in (
-        "batch_size",
-        "eval_batch_size",
-        "train_size",
-        "val_size",
-        "test_size",
-        "val_holdout",
-        "num_train",
-        "num_val",
-        "num_test",
-        "max_length",
-    ):
-        value = get(f"dataset.{key}")
-        if value is not None or key == "batch_size":
-            _require(
-                _is_int(value) and value >= 1,
-                f"dataset.{key}",
-                value,
-                "a positive integer" + ("" if key == "batch_size" else " or null"),
-            )
-    workers = get("dataset.num_workers")
-    _require(
-        workers is None or (_is_int(workers) and workers >= 0), "dataset.num_workers", workers, "a non-negative integer"
-    )
+    check_data_options(cfg.get("dataset"))  # the data modules' own checks (sve.data.options)
     above = get("predictions.float16_above_mb")
     _require(
         above is None or (_number(above) and above >= 0),
@@ -401,6 +357,10 @@ def check_known_keys(cfg: DictConfig) -> None:
                 for key in node:
                     if key not in SPECIAL_KEYS and key not in valid:
                         raise _unknown(f"{prefix}.{key}", valid, target)
+            # The class checks its own values (a method, a data module: ``check_options``), before any work.
+            own_check = getattr(get_object(target), "check_options", None)
+            if callable(own_check):
+                own_check(node, prefix)
         for key in node:
             if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
                 walk(node[key], f"{prefix}.{key}" if prefix else str(key))

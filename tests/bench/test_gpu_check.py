@@ -17,6 +17,7 @@ from sve.bench.gpu_inference import interleaved_ms
 from sve.bench.gpu_plan import choose_layers, plan_error, random_factors, train_step
 from sve.bench.gpu_ranks import compare_runs
 from sve.layers import SVLinear
+from sve.runs.resolvers import compose_run
 
 CPU = torch.device("cpu")
 
@@ -111,7 +112,7 @@ def test_one_method_run_on_the_cpu_passes_the_methods_part(tmp_path):
 
 @pytest.mark.parametrize("method", ["checkpoint_ensemble", "bayes_lora_la"])
 def test_the_gpu_run_overrides_compose(method, tmp_path):
-    cfg = G.compose(G.method_overrides(method, "tiny_vit", "16-mixed", tmp_path))
+    cfg = compose_run(G.method_overrides(method, "tiny_vit", "16-mixed", tmp_path))
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "16-mixed"
     assert cfg.trainer.limit_test_batches == 1 and list(cfg.callbacks) == ["precision_probe"]
 

@@ -219,7 +219,7 @@ def test_auto_rule_follows_tokens_per_member_and_width():
 
 def test_inference_values_are_validated_with_the_choices_named():
     sv = _linear_layer()
-    with pytest.raises(ValueError, match=r"inference='fast' is not valid; choose one of \['auto', 'factored'"):
+    with pytest.raises(ValueError, match=r"inference='fast' is not valid; expected one of \['auto', 'factored'"):
         sv.inference = "fast"
     with pytest.raises(InputError, match=r"method.inference='fast' is not valid; expected one of \['auto'"):
         check_config(compose_cfg(["method=sve", "method.inference=fast"]))
