@@ -31,8 +31,8 @@ Output (rank 0): ``evaluations/<name>.json`` in the run directory (``name`` defa
 dataset's name) holding ``sve.runs.evaluation``'s keys plus what was evaluated; predictions under
 ``evaluations/<name>/predictions/``. The training ``results.json`` is left as it is unless
 ``update_results=true``, which replaces its evaluation keys (``num_members``, ``metrics``, ``predictions``,
-``reliability``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions under
-``predictions/``.
+``reliability``, ``risk_coverage``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions
+under ``predictions/``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
 MODEL_GROUPS = ("method", "backbone")  # what the checkpoint's tensors belong to
-EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")
+EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "risk_coverage", "shift")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
 # The nodes that evaluating a run instantiates (sve.runs.run.build and make_trainer); callbacks and logger are not.
 BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")

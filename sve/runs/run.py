@@ -334,7 +334,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             "aggregate": cfg.aggregate,
             "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
             "units": {f"test/{k}": v for k, v in UNITS.items()},
-            **{k: evaluation[k] for k in ("predictions", "reliability", "shift") if k in evaluation},
+            **{k: evaluation[k] for k in ("predictions", "reliability", "risk_coverage", "shift") if k in evaluation},
             "parameters": {
                 **method.parameter_counts(),
                 "backbone": getattr(method, "base_parameter_count", None),

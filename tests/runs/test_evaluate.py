@@ -117,6 +117,8 @@ def test_evaluate_with_overrides_adds_shift_and_updates_results_when_asked(train
     assert updated["shift"] == evaluated["shift"] and updated["method"] == "sve"  # training keys kept
     assert updated["evaluated_by"]["overrides"] == ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"]
     assert updated["predictions"]["shift/contrast/2"] == "predictions/shift/contrast/2.npz"
+    assert updated["metrics"]["test/aurc"] == evaluated["metrics"]["test/aurc"] == trained["metrics"]["test/aurc"]
+    assert updated["risk_coverage"] == evaluated["risk_coverage"]
     # Metrics of other data are never filed as the run's own: results.json keeps its trained dataset keys.
     with pytest.raises(InputError, match=r"update_results=true .* other data: dataset\.noise=3\.0 \(trained with"):
         evaluate_run(tmp_path, ["dataset.noise=3.0"], update_results=True)
