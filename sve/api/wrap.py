@@ -318,6 +318,16 @@ class Ensemble(nn.Module):
             out.update(ood_scores(logits, outside, aggregate))
         return out
 
+    def reliability_diagram(self, loader, path=None, aggregate: str = "probs", title: str = "", progress: bool = True):
+        """The reliability diagram of the ensemble on a labelled ``loader``: a matplotlib Figure (shown in a
+        notebook), written to ``path`` when given (a file type's suffix writes that file; none writes
+        ``<path>.png`` and ``<path>.pdf``). ``sve.metrics.plots.reliability_figure``."""
+        from sve.members import predictive
+        from sve.metrics.plots import reliability_figure
+
+        logits, labels = self.labelled_logits_of(loader, progress, "reliability_diagram")
+        return reliability_figure(predictive(logits, aggregate).numpy(), labels.numpy(), title, path)
+
     def labelled_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor]:
         """``member_logits_of`` a loader whose every batch has labels; an error naming ``doing`` otherwise."""
         logits, labels = self.member_logits_of(loader, progress, "evaluating")

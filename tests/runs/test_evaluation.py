@@ -144,6 +144,7 @@ def test_shift_per_corruption_and_severity_from_the_saved_sets(tmp_path):
     pooled = reference(np.concatenate(pooled_probs), np.concatenate(pooled_labels))
     for key in ("acc", "ece", "nll", "brier"):
         assert shift["pooled"][key] == pytest.approx(pooled[key], abs=TOL)
+    assert (tmp_path / "severity.png").stat().st_size and (tmp_path / "severity.pdf").is_file()  # beside results
 
 
 @pytest.mark.parametrize(
