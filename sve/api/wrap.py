@@ -302,19 +302,41 @@ class Ensemble(nn.Module):
         logits, _ = self.member_logits_of(loader, progress, "predicting")
         return uncertainty(logits, aggregate)
 
-    def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True) -> dict:
+    def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True, ood=None) -> dict:
         """The metrics ``train.py`` reports, of the ensemble on a labelled ``loader``: the predictive's ``acc``,
         ``ece``, ``nll``, ``brier``, each member's (``member_acc``, ...), ``disagreement``,
-        ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``)."""
-        from sve.metrics.scores import score
+        ``mutual_information``, the ECE's ``reliability`` bins, selective prediction's ``aurc`` and its
+        ``risk_coverage`` curve (``sve.metrics.scores.score``); with an ``ood`` loader (labels not needed) also
+        ``ood_auroc``, ``ood_auprc``, ``ood_fpr95`` and, for more than one member, the same by mutual
+        information ``ood_auroc_mi``, ... (``sve.metrics.scores.ood_scores``)."""
+        from sve.metrics.scores import ood_scores, score
 
+        logits, labels = self.labelled_logits_of(loader, progress, "evaluate")
+        out = score(logits, labels, aggregate, n_bins)
+        if ood is not None:
+            outside, _ = self.member_logits_of(ood, progress, "evaluating the OOD set")
+            out.update(ood_scores(logits, outside, aggregate))
+        return out
+
+    def reliability_diagram(self, loader, path=None, aggregate: str = "probs", title: str = "", progress: bool = True):
+        """The reliability diagram of the ensemble on a labelled ``loader``: a matplotlib Figure (shown in a
+        notebook), written to ``path`` when given (a file type's suffix writes that file; none writes
+        ``<path>.png`` and ``<path>.pdf``). ``sve.metrics.plots.reliability_figure``."""
+        from sve.members import predictive
+        from sve.metrics.plots import reliability_figure
+
+        logits, labels = self.labelled_logits_of(loader, progress, "reliability_diagram")
+        return reliability_figure(predictive(logits, aggregate).numpy(), labels.numpy(), title, path)
+
+    def labelled_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor]:
+        """``member_logits_of`` a loader whose every batch has labels; an error naming ``doing`` otherwise."""
         logits, labels = self.member_logits_of(loader, progress, "evaluating")
         if labels is None:
             raise InputError(
-                "evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
+                f"{doing} needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
                 "predict_loader takes unlabelled ones"
             )
-        return score(logits, labels, aggregate, n_bins)
+        return logits, labels
 
     def member_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
         """Member logits (M, N, C) of every example of ``loader`` (on the CPU, float32), and its labels (or

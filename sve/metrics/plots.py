@@ -1,5 +1,9 @@
-"""The diagrams of a scored set: the reliability diagram (accuracy per confidence bin, as the ECE bins it) with
-its histogram of confidences, drawn into a matplotlib figure and written as PNG and PDF."""
+"""The diagrams of a scored set, drawn into matplotlib figures and written as PNG and PDF: the reliability diagram
+(accuracy per confidence bin, as the ECE bins it) with its histogram of confidences, and the metrics of shifted
+sets against their severity (a results' ``shift.by_severity`` record).
+
+Nothing here picks matplotlib's backend: in a notebook the figures are shown, and the command-line tools pick
+Agg (files only) before they draw."""
 
 from __future__ import annotations
 
@@ -13,13 +17,21 @@ N_BINS = 15  # as the ECE (sve.metrics.scores): equal-width, right-closed
 
 def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
     """``<out_dir>/<name>.png`` and ``.pdf``; the figure is closed."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    for path in paths:
-        # No creation date in the PDF: regenerating a figure from the same runs leaves the file unchanged in git.
-        metadata = {"CreationDate": None} if path.suffix == ".pdf" else None
-        fig.savefig(path, bbox_inches="tight", dpi=150, metadata=metadata)
+    paths = write_figure(fig, Path(out_dir) / name)
     plt.close(fig)
+    return paths
+
+
+def write_figure(fig, path: str | Path) -> list[Path]:
+    """``path`` as it is where it names a file type (``.png``, ``.pdf``, ``.svg``, ...), else ``<path>.png`` and
+    ``<path>.pdf``; the folder is made, the figure stays open."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    paths = [path] if path.suffix else [path.with_name(f"{path.name}.png"), path.with_name(f"{path.name}.pdf")]
+    for target in paths:
+        # No creation date in the PDF: regenerating a figure from the same runs leaves the file unchanged in git.
+        metadata = {"CreationDate": None} if target.suffix == ".pdf" else None
+        fig.savefig(target, bbox_inches="tight", dpi=150, metadata=metadata)
     return paths
 
 
@@ -103,4 +115,50 @@ def reliability_grid(panels: list[tuple[str, dict]], title: str, columns: int = 
     for i, (label, bins) in enumerate(panels):
         draw_reliability(fig, grid[i // columns, i % columns], bins, label)
     fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def reliability_figure(probs: np.ndarray, labels: np.ndarray, title: str = "", path: str | Path | None = None):
+    """The reliability diagram of a predictive (N, C) on its labels (N,), one panel as ``reliability_grid`` draws
+    it, named by its ECE; written to ``path`` (``write_figure``) when given. Returns the figure."""
+    import torch
+
+    from sve.metrics.scores import predictive_metrics
+
+    probs, labels = np.asarray(probs, dtype=np.float64), np.asarray(labels)
+    ece = predictive_metrics(torch.from_numpy(probs), torch.from_numpy(labels))["ece"]
+    fig = reliability_grid([(f"ECE {100 * ece:.2f}%", reliability_bins(probs, labels))], title)
+    if path is not None:
+        write_figure(fig, path)
+    return fig
+
+
+# What severity_figure draws of a shift record's metrics: axis label and display scale (fractions in %).
+SEVERITY_METRICS = {"acc": ("accuracy (%)", 100), "ece": ("ECE (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1)}
+
+
+def severity_figure(
+    by_severity: dict, label: str | None = None, title: str = "", metrics=("acc", "ece", "nll"), fig=None
+):
+    """The metrics of a ``shift.by_severity`` record ({"0": the clean test set, "1".."5": the mean over
+    corruptions}, as results.json and ``sve-eval`` write it) against the severity, one panel per metric. With
+    ``fig`` (one this function drew) the curve is added to its panels, so several methods share one figure;
+    ``label`` names the curve in the legend. Returns the figure."""
+    severities = sorted(by_severity, key=int)
+    if fig is None:
+        fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.0), squeeze=False)
+        axes = axes[0]
+        for ax, key in zip(axes, metrics):
+            ax.set(xlabel="severity", ylabel=SEVERITY_METRICS[key][0], xticks=[int(s) for s in severities])
+            ax.grid(alpha=0.3)
+        if title:
+            fig.suptitle(title, fontsize=9)
+    else:
+        axes = fig.axes[: len(metrics)]
+    for ax, key in zip(axes, metrics):
+        scale = SEVERITY_METRICS[key][1]
+        ax.plot([int(s) for s in severities], [scale * by_severity[s][key] for s in severities], "o-", label=label)
+        if label is not None:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
     return fig

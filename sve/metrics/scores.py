@@ -12,7 +12,8 @@ lower class index, as numpy's and torch's argmax).
 
 Beyond the paper (extra columns, never replacing the above), from the member logits of a whole evaluation
 set (``score``): per-member accuracy, ECE, NLL and Brier; member disagreement and mutual information (below);
-and the reliability-diagram bins of the ECE.
+the reliability-diagram bins of the ECE; and selective prediction's AURC and risk-coverage curve
+(``sve.metrics.selective``). ``ood_scores``: the OOD detection metrics of an in-distribution and an OOD set.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.utilities import dim_zero_cat
 
 from sve.members import predictive
+from sve.metrics.selective import selective_scores
 
 NLL_EPS = 1e-12  # probabilities are clamped here before the log, so one zero-probability label is finite
 
@@ -138,6 +140,7 @@ UNITS = {
     "ood_auroc_mi": "as ood_auroc with score = minus the mutual information (runs of more than one member)",
     "ood_auprc_mi": "as ood_auprc with score = minus the mutual information (runs of more than one member)",
     "ood_fpr95_mi": "as ood_fpr95 with score = minus the mutual information (runs of more than one member)",
+    "aurc": "fraction in [0, 1]: the mean error rate of the k most confident examples over k = 1..N (lower is better)",
     "disagreement": "fraction in [0, 1] of (member, example) pairs whose argmax differs from the predictive's",
     "mutual_information": "nats per example: predictive entropy minus mean member entropy",
     "temperature": "T > 0 fitted on the validation split; calibrated probabilities = softmax(log p / T)",
@@ -213,7 +216,8 @@ def predictive_metrics(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[
 def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 15, probs: Tensor | None = None) -> dict:
     """Every metric of one evaluation set from its member logits (M, N, C) and labels (N,): the predictive's
     ``acc``, ``ece``, ``nll``, ``brier``; per member ``member_acc`` etc. (lists of length M); ``disagreement``,
-    ``mutual_information``; and ``reliability`` (the ECE's bins). Each process must hold the whole set.
+    ``mutual_information``; ``aurc`` and its ``risk_coverage`` curve (``sve.metrics.selective``); and
+    ``reliability`` (the ECE's bins). Each process must hold the whole set.
     ``probs``: the predictive ``predictive(member_logits, aggregate)``, where the caller holds it already."""
     labels = labels.long()
     probs = predictive(member_logits, aggregate) if probs is None else probs
@@ -226,6 +230,30 @@ def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 1
             out.setdefault(f"member_{k}", []).append(v)
     out["disagreement"] = disagreement(member_logits, probs)
     out["mutual_information"] = mutual_information(member_logits)
+    out.update(selective_scores(probs, labels))
+    return out
+
+
+def ood_scores(
+    inside: Tensor,
+    outside: Tensor,
+    aggregate: str,
+    inside_probs: Tensor | None = None,
+    outside_probs: Tensor | None = None,
+) -> dict[str, float]:
+    """OOD detection of an in-distribution set from an OOD one, from their member logits (M, N, C): ``ood_auroc``,
+    ``ood_auprc``, ``ood_fpr95`` scored by the predictive's maximum probability; with more than one member also
+    ``ood_auroc_mi``, ``ood_auprc_mi``, ``ood_fpr95_mi`` scored by minus the mutual information (zero for one
+    member, so no score then). ``inside_probs``, ``outside_probs``: the predictives, where the caller holds them."""
+    by_confidence = OODDetection(sync_on_compute=False)
+    for logits, probs, is_inside in ((inside, inside_probs, True), (outside, outside_probs, False)):
+        by_confidence.update(predictive(logits, aggregate) if probs is None else probs, in_distribution=is_inside)
+    out = {f"ood_{k}": float(v) for k, v in by_confidence.compute().items()}
+    if inside.shape[0] > 1:
+        by_mi = OODDetection(sync_on_compute=False)
+        for logits, is_inside in ((inside, True), (outside, False)):
+            by_mi.update_scores(-uncertainty(logits).mutual_information, is_inside)
+        out.update({f"ood_{k}_mi": float(v) for k, v in by_mi.compute().items()})
     return out
 
 

@@ -48,6 +48,7 @@ METRICS = {
         Metric("temperature", "T", None, 1, 2),
         Metric("disagreement", "Disagr. (%)", None, 100, 1),
         Metric("mutual_information", "MI (nats)", None, 1, 3),
+        Metric("aurc", "AURC (%)", False, 100, 2),  # selective prediction (sve.metrics.selective); newer runs only
         # A distilled student's inference speed-up over its teacher (results.json cost, one process).
         Metric("speedup", "Speed-up (x)", True, 1, 1),
     )

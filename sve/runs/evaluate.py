@@ -31,8 +31,9 @@ Output (rank 0): ``evaluations/<name>.json`` in the run directory (``name`` defa
 dataset's name) holding ``sve.runs.evaluation``'s keys plus what was evaluated; predictions under
 ``evaluations/<name>/predictions/``. The training ``results.json`` is left as it is unless
 ``update_results=true``, which replaces its evaluation keys (``num_members``, ``metrics``, ``predictions``,
-``reliability``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions under
-``predictions/``.
+``reliability``, ``risk_coverage``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions
+under ``predictions/``. With shift sets (``dataset.corruptions=...``), ``evaluations/<name>/severity.png`` and
+``.pdf`` (in the run directory with ``update_results=true``): accuracy, ECE and NLL against the severity.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
 from sve.runs.prediction_files import PREDICTIONS
 from sve.runs.results import git_commit, read_results, results_record, write_json
-from sve.runs.run import build, instantiate, make_trainer, prediction_options
+from sve.runs.run import build, instantiate, make_trainer, prediction_options, run_severity_figure
 from sve.runs.rundir import claim
 from sve.runs.validate import accepted_keys, check_accelerator, check_values, root_keys
 from sve.runs.writable import check_writable
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 EVALUATIONS = "evaluations"
 GLOBAL_GROUPS = ("experiment", "recipe")  # `# @package _global_` groups: they set the training, not a node
 MODEL_GROUPS = ("method", "backbone")  # what the checkpoint's tensors belong to
-EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "shift")
+EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "risk_coverage", "shift")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
 # The nodes that evaluating a run instantiates (sve.runs.run.build and make_trainer); callbacks and logger are not.
 BUILT = ("backbone", "dataset", "method", "optimizer", "scheduler", "trainer")
@@ -529,7 +530,8 @@ def evaluate_run(
             write_json(run_dir / EVALUATIONS / f"{name}.json", record)
             if update_results:
                 merge_into_results(run_dir / "results.json", record)
-            print(summary(record, run_dir, update_results))
+            figures = run_severity_figure(record, run_dir if update_results else run_dir / EVALUATIONS / name)
+            print(summary(record, run_dir, update_results, figures))
     return record
 
 
@@ -580,7 +582,7 @@ def merge_into_results(path: Path, record: dict) -> None:
     write_json(path, results)
 
 
-def summary(record: dict, run_dir: Path, update_results: bool) -> str:
+def summary(record: dict, run_dir: Path, update_results: bool, figures: list[Path] = ()) -> str:
     m = record["metrics"]
     lines = [
         f"evaluated {record['method']} (trained on {record['trained_on']}) on {record['dataset']}: "
@@ -595,6 +597,7 @@ def summary(record: dict, run_dir: Path, update_results: bool) -> str:
     lines.append(
         f"written: {run_dir / EVALUATIONS / (record['name'] + '.json')}"
         + (" and results.json (update_results=true)" if update_results else "")
+        + "".join(f", {path}" for path in figures)
     )
     return "\n".join(lines)
 

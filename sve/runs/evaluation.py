@@ -13,12 +13,16 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
 
 - ``num_members``; ``predictions``: {set: path relative to the run directory};
 - ``metrics``: the test set's ``test/acc``, ``ece``, ``nll``, ``brier``; per member ``test/member_acc`` etc.
-  (lists of length M); ``test/disagreement``, ``test/mutual_information`` (``sve.metrics.scores``); temperature
-  scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``, ``ts_ece``, ``ts_nll``;
-  ``sve.metrics.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``, ``ood_auprc``, ``ood_fpr95``;
+  (lists of length M); ``test/disagreement``, ``test/mutual_information``, ``test/aurc`` (``sve.metrics.scores``,
+  ``sve.metrics.selective``); temperature scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``,
+  ``ts_ece``, ``ts_nll``; ``sve.metrics.calibration``); ``val/acc`` etc.; with an OOD set ``test/ood_auroc``,
+  ``ood_auprc``, ``ood_fpr95`` and, with more than one member, the same by mutual information
+  ``test/ood_auroc_mi`` etc. (``sve.metrics.scores.ood_scores``);
   ``test/examples``, ``test/seconds``; ``test/collapsed_members``: the members whose output hardly depends on
   the input (``collapsed_members``; a warning names them);
 - ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
+- ``risk_coverage``: {"test": {"coverage", "risk"}}, at most 100 points of the test set's risk-coverage curve
+  (``sve.metrics.selective.curve_record``), whose mean over all N coverages is ``test/aurc``;
 - ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
   ``by_severity`` {"0": the clean test set, "1".."5": the mean over corruptions of each metric at that
   severity, as Fig. 3 plots it (Ovadia et al., 2019)}; ``pooled``: the metrics of all corrupted sets taken
@@ -41,7 +45,7 @@ import torch
 from sve.data.base import SHIFT
 from sve.members import log_predictive, predictive
 from sve.metrics.calibration import fit_temperature, temperature_scaled
-from sve.metrics.scores import OODDetection, classification_metrics, predictive_metrics, score, uncertainty
+from sve.metrics.scores import classification_metrics, ood_scores, predictive_metrics, score
 from sve.runs.prediction_files import PREDICTIONS, PREDICTIVE, write_predictions, write_predictive
 from sve.training.loops import limited_batches, stop_if_asked
 
@@ -135,7 +139,7 @@ def evaluate(
         raise RuntimeError(f"the evaluation sets were predicted by different numbers of members: {sorted(members)}")
 
     test = score(kept["test"].member_logits, kept["test"].labels, aggregate, probs=kept_probs["test"])
-    reliability = test.pop("reliability")
+    reliability, risk_coverage = test.pop("reliability"), test.pop("risk_coverage")
     metrics = {f"test/{k}": v for k, v in test.items()}
     val = kept["val"]
     metrics.update({f"val/{k}": v for k, v in predictive_metrics(kept_probs["val"], val.labels).items()})
@@ -147,15 +151,10 @@ def evaluate(
     scaled_metrics = predictive_metrics(scaled, kept["test"].labels)
     metrics.update({f"test/ts_{k}": scaled_metrics[k] for k in TEMPERATURE_METRICS})
     if "ood" in kept:
-        ood = OODDetection(sync_on_compute=False)
-        ood.update(kept_probs["test"], in_distribution=True)
-        ood.update(kept_probs["ood"], in_distribution=False)
-        metrics.update({f"test/ood_{k}": float(v) for k, v in ood.compute().items()})
-        if kept["test"].member_logits.shape[0] > 1:  # the members' disagreement as the score (zero for one member)
-            by_mi = OODDetection(sync_on_compute=False)
-            for name, inside in (("test", True), ("ood", False)):
-                by_mi.update_scores(-uncertainty(kept[name].member_logits).mutual_information, inside)
-            metrics.update({f"test/ood_{k}_mi": float(v) for k, v in by_mi.compute().items()})
+        detection = ood_scores(
+            kept["test"].member_logits, kept["ood"].member_logits, aggregate, kept_probs["test"], kept_probs["ood"]
+        )
+        metrics.update({f"test/{k}": v for k, v in detection.items()})
     collapsed = collapsed_members(kept["test"].member_logits)
     metrics["test/collapsed_members"] = collapsed
     if collapsed and trainer.is_global_zero:
@@ -170,7 +169,12 @@ def evaluate(
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
 
-    record = {"num_members": members.pop(), "metrics": metrics, "reliability": {"test": reliability}}
+    record = {
+        "num_members": members.pop(),
+        "metrics": metrics,
+        "reliability": {"test": reliability},
+        "risk_coverage": {"test": risk_coverage},
+    }
     if save:
         record["predictions"] = paths
     if by_corruption:

@@ -334,7 +334,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             "aggregate": cfg.aggregate,
             "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
             "units": {f"test/{k}": v for k, v in UNITS.items()},
-            **{k: evaluation[k] for k in ("predictions", "reliability", "shift") if k in evaluation},
+            **{k: evaluation[k] for k in ("predictions", "reliability", "risk_coverage", "shift") if k in evaluation},
             "parameters": {
                 **method.parameter_counts(),
                 "backbone": getattr(method, "base_parameter_count", None),
@@ -362,6 +362,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
         write_json(out_dir / "results.json", results)
         run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
+        run_severity_figure(results, out_dir)  # severity.png, with shift sets: the metrics against the severity
         print(format_table(results))
         log.info("results written to %s", out_dir / "results.json")
     return results
@@ -383,10 +384,30 @@ def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:
 
     members = int(results["num_members"])
     ece = (results.get("metrics") or {}).get("test/ece")
-    method = str(results.get("method"))
-    name = registry.display_name(method) if method in registry.options() else method
+    name = method_label(results)
     label = (f"{name} (M={members})" if members > 1 else name) + (f", ECE {100 * ece:.2f}%" if ece is not None else "")
     fig = reliability_grid(
         [(label, bins)], f"{results.get('dataset')} · {results.get('backbone')} · seed {results.get('seed')}"
     )
     return save_figure(fig, Path(out_dir), "reliability")
+
+
+def run_severity_figure(results: dict, out_dir: Path) -> list[Path]:
+    """``severity.png``/``.pdf``: accuracy, ECE and NLL against the severity, from the results' (or an
+    evaluation's) ``shift.by_severity``; nothing without shift sets."""
+    by_severity = (results.get("shift") or {}).get("by_severity")
+    if not by_severity:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    from sve.metrics.plots import save_figure, severity_figure
+
+    fig = severity_figure(by_severity, title=f"{method_label(results)} · {results.get('dataset')}: shifted test sets")
+    return save_figure(fig, Path(out_dir), "severity")
+
+
+def method_label(results: dict) -> str:
+    """The figures' name of the results' method: its row label, or the method key where no option has it."""
+    method = str(results.get("method"))
+    return registry.display_name(method) if method in registry.options() else method

@@ -464,6 +464,58 @@ def test_a_loader_is_predicted_and_scored_as_its_examples_are_together():
         ensemble.predict_loader([(x, y, y)], progress=False)
 
 
+def test_evaluate_reports_ood_detection_and_selective_prediction_as_the_cli_does():
+    from tests.metrics.test_ood_metrics import reference
+    from tests.metrics.test_selective import reference_curve
+
+    torch.manual_seed(0)
+    x, y, far = torch.randn(40, 6), torch.randint(0, 3, (40,)), 4 * torch.randn(30, 6)
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=3, num_classes=3, example_input=x)
+    inside, outside = ensemble.predict(x), ensemble.predict(far)
+    metrics = ensemble.evaluate(
+        DataLoader(TensorDataset(x, y), batch_size=16), ood=[far[:20], far[20:]], progress=False
+    )
+    by_confidence = reference(inside.confidence.numpy(), outside.confidence.numpy())
+    by_mi = reference(-inside.mutual_information.numpy(), -outside.mutual_information.numpy())
+    for key in by_confidence:  # torchmetrics' float32 areas
+        assert metrics[f"ood_{key}"] == pytest.approx(by_confidence[key], abs=1e-6), key
+        assert metrics[f"ood_{key}_mi"] == pytest.approx(by_mi[key], abs=1e-6), key
+    risk = reference_curve(inside.confidence.numpy(), (inside.label == y).numpy())
+    assert metrics["aurc"] == pytest.approx(risk.mean(), abs=1e-9)
+    assert metrics["risk_coverage"]["risk"] == pytest.approx(risk, abs=1e-9)
+    assert "ood_auroc" not in ensemble.evaluate([(x, y)], progress=False)
+
+
+def test_the_reliability_diagram_draws_the_bins_of_the_predictions_and_writes_files(tmp_path):
+    import matplotlib.figure
+
+    from sve.metrics.plots import reliability_bins
+
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 6), torch.randint(0, 3, (200,))
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=3, num_classes=3, example_input=x)
+    probs = ensemble.predict(x).probs.numpy()
+    fig = ensemble.reliability_diagram(DataLoader(TensorDataset(x, y), batch_size=64), progress=False)
+    assert isinstance(fig, matplotlib.figure.Figure)
+    bins = reliability_bins(probs, y.numpy())
+    filled = bins["count"] > 0
+    top, bottom = fig.axes[:2]
+    accuracy_bars = top.containers[0]  # then the gap to the confidence, stacked on them
+    np.testing.assert_allclose([b.get_height() for b in accuracy_bars], bins["accuracy"][filled], atol=1e-12)
+    np.testing.assert_allclose([b.get_x() for b in accuracy_bars], np.flatnonzero(filled) / 15, atol=1e-12)
+    gap = [b.get_height() for b in top.containers[1]]
+    np.testing.assert_allclose(gap, bins["confidence"][filled] - bins["accuracy"][filled], atol=1e-12)
+    share = [b.get_height() for b in bottom.containers[0]]
+    np.testing.assert_allclose(share, bins["count"] / 200, atol=1e-12)
+    written = ensemble.reliability_diagram([(x, y)], path=tmp_path / "figs" / "reliability", progress=False)
+    assert isinstance(written, matplotlib.figure.Figure)
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["reliability.pdf", "reliability.png"]
+    ensemble.reliability_diagram([(x, y)], path=tmp_path / "one.svg", progress=False)
+    assert (tmp_path / "one.svg").is_file() and not (tmp_path / "one.svg.png").exists()
+    with pytest.raises(InputError, match="reliability_diagram needs labelled batches"):
+        ensemble.reliability_diagram([x], progress=False)
+
+
 def test_default_targets_are_the_layers_of_the_methods_types(tmp_path):
     # A CNN with a linear bottleneck: SVE takes the convolution and the linear, Bayes-LoRA (LA) (linears only)
     # takes the linear, instead of refusing the default targets for holding a convolution.

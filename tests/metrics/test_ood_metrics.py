@@ -151,3 +151,34 @@ def test_scores_of_any_range_are_ranked_as_they_are():
     assert got["auroc"] == pytest.approx(roc_auc_score(target, scores), abs=1e-6)
     assert got["auprc"] == pytest.approx(average_precision_score(target, scores), abs=1e-6)
     assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)], abs=1e-6)
+
+
+@pytest.mark.parametrize("aggregate", ["probs", "logits"])
+def test_ood_scores_of_member_logits_by_confidence_and_by_mutual_information(aggregate):
+    """What the CLI's evaluation and sve.wrap's evaluate(ood=...) both report: the reference on the predictive's
+    maximum probability, and on minus the mutual information (computed here with numpy); one member: no MI."""
+    from sve.metrics.scores import ood_scores
+
+    rng = np.random.default_rng(5)
+    inside, outside = rng.normal(size=(3, 60, 4)) * 3, rng.normal(size=(3, 40, 4))
+
+    def softmax(z):
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def predictive(z):
+        return softmax(z).mean(0) if aggregate == "probs" else softmax(z.mean(0))
+
+    def minus_mi(z):
+        entropy = lambda p: -(p * np.log(p)).sum(-1)  # noqa: E731
+        return -(entropy(softmax(z).mean(0)) - entropy(softmax(z)).mean(0))
+
+    got = ood_scores(torch.from_numpy(inside), torch.from_numpy(outside), aggregate)
+    by_confidence = reference(predictive(inside).max(-1), predictive(outside).max(-1))
+    by_mi = reference(minus_mi(inside), minus_mi(outside))
+    assert list(got) == [f"ood_{k}" for k in by_confidence] + [f"ood_{k}_mi" for k in by_mi]
+    for key in by_confidence:
+        assert got[f"ood_{key}"] == pytest.approx(by_confidence[key], abs=1e-6), key
+        assert got[f"ood_{key}_mi"] == pytest.approx(by_mi[key], abs=1e-6), key
+    single = ood_scores(torch.from_numpy(inside[:1]), torch.from_numpy(outside[:1]), aggregate)
+    assert list(single) == ["ood_auroc", "ood_auprc", "ood_fpr95"]

@@ -165,6 +165,17 @@ def test_extra_columns_beside_the_papers_and_no_marks_without_a_direction(tmp_pa
     assert "| SV-Ensemble | 4 | <u>40.0</u> | **2.0** | 0.123 |" in md
 
 
+def test_aurc_is_a_column_a_definition_may_name_and_older_runs_without_it_show_a_dash(tmp_path):
+    root = tmp_path / "r"
+    write_run(root, "exp_a", "single", 1, 0, {"acc": 0.5})  # results.json from before test/aurc
+    write_run(root, "exp_a", "sve", 4, 0, {"acc": 0.4, "aurc": 0.0512})
+    spec = OmegaConf.merge(SPEC, {"seeds": [0], "metrics": ["acc", "aurc"]})
+    md = render.to_markdown(metric_table(spec, load_runs(root), root, with_paper=False))
+    assert "| Method | M | Acc (%) ↑ | AURC (%) ↓ |" in md
+    assert "| Single | 1 | **50.0** | – |" in md
+    assert "| SV-Ensemble | 4 | <u>40.0</u> | **5.12** |" in md
+
+
 def test_a_top_level_experiment_key_wins_over_the_config(tmp_path):
     path = write_run(tmp_path, "from_config", "sve", 4, 0, {"acc": 0.5})
     path.write_text(json.dumps({**json.loads(path.read_text()), "experiment": "top_level"}))

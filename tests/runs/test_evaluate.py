@@ -111,12 +111,19 @@ def test_evaluate_with_overrides_adds_shift_and_updates_results_when_asked(train
     assert evaluated["shift"]["by_severity"]["0"]["acc"] == trained["metrics"]["test/acc"]
     assert (tmp_path / "evaluations" / "shift" / "predictions" / "shift" / "contrast" / "4.npz").exists()
     assert "shift" not in json.loads((tmp_path / "results.json").read_text())
+    # The metrics against the severity, drawn beside the evaluation's predictions (sve.metrics.plots).
+    figures = tmp_path / "evaluations" / "shift"
+    assert (figures / "severity.png").stat().st_size and (figures / "severity.pdf").stat().st_size
+    assert not (tmp_path / "severity.png").exists()
 
     evaluate_run(tmp_path, ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"], update_results=True)
     updated = json.loads((tmp_path / "results.json").read_text())
     assert updated["shift"] == evaluated["shift"] and updated["method"] == "sve"  # training keys kept
     assert updated["evaluated_by"]["overrides"] == ["dataset.corruptions=[contrast]", "dataset.severities=[2,4]"]
     assert updated["predictions"]["shift/contrast/2"] == "predictions/shift/contrast/2.npz"
+    assert updated["metrics"]["test/aurc"] == evaluated["metrics"]["test/aurc"] == trained["metrics"]["test/aurc"]
+    assert updated["risk_coverage"] == evaluated["risk_coverage"]
+    assert (tmp_path / "severity.png").is_file()  # update_results=true: into the run directory
     # Metrics of other data are never filed as the run's own: results.json keeps its trained dataset keys.
     with pytest.raises(InputError, match=r"update_results=true .* other data: dataset\.noise=3\.0 \(trained with"):
         evaluate_run(tmp_path, ["dataset.noise=3.0"], update_results=True)

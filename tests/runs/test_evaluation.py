@@ -13,6 +13,7 @@ from sve.runs.run import run
 from sve.training.module import Predictions
 from tests.conftest import compose_cfg
 from tests.metrics.test_metrics import reference, reference_mutual_information, softmax
+from tests.metrics.test_selective import reference_curve
 
 TINY = [
     "backbone=tiny_vit",
@@ -84,6 +85,13 @@ def test_saved_predictions_recompute_every_metric(aggregate, tmp_path):
     pos, neg = probs.max(1), ensemble_probs(ood["member_logits"], aggregate).max(1)
     assert m["test/ood_auroc"] == pytest.approx(auroc(pos, neg), abs=TOL)
     assert m["test/ood_fpr95"] == pytest.approx(fpr_at_95_tpr(pos, neg), abs=TOL)
+    # Selective prediction: AURC, the mean risk of the most confident k of 21 (the 21 confidences are distinct),
+    # and the recorded curve (every one of its 21 points).
+    assert len(set(probs.max(1))) == 21
+    risk = reference_curve(probs.max(1), probs.argmax(1) == test["labels"])
+    assert m["test/aurc"] == pytest.approx(risk.mean(), abs=TOL)
+    assert saved["risk_coverage"]["test"]["risk"] == pytest.approx(risk, abs=TOL)
+    assert saved["risk_coverage"]["test"]["coverage"] == pytest.approx(np.arange(1, 22) / 21, abs=1e-15)
     val_ref = reference(ensemble_probs(val["member_logits"], aggregate), val["labels"])
     assert m["val/acc"] == pytest.approx(val_ref["acc"], abs=TOL)
 
@@ -136,6 +144,7 @@ def test_shift_per_corruption_and_severity_from_the_saved_sets(tmp_path):
     pooled = reference(np.concatenate(pooled_probs), np.concatenate(pooled_labels))
     for key in ("acc", "ece", "nll", "brier"):
         assert shift["pooled"][key] == pytest.approx(pooled[key], abs=TOL)
+    assert (tmp_path / "severity.png").stat().st_size and (tmp_path / "severity.pdf").is_file()  # beside results
 
 
 @pytest.mark.parametrize(
