@@ -52,6 +52,7 @@ class SVE(EnsembleMethod):
     """
 
     display_name = "SV-Ensemble"
+    wrapping = "SVD of"
     trains = "each member's singular values (and biases) and its head"
 
     def __init__(
@@ -90,7 +91,7 @@ class SVE(EnsembleMethod):
         else:
             st = self.svd_cache.stats
             log.info(
-                "SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)",
+                "SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)%s",
                 len(self.wrapped),
                 self.svd_seconds,
                 st["hits"],
@@ -98,6 +99,7 @@ class SVE(EnsembleMethod):
                 st["read_seconds"],
                 st["misses"],
                 st["compute_seconds"],
+                self.svd_cache.written(),
             )
 
     def make_layer(self, layer: nn.Module) -> SVLinear:
