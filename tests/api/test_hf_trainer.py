@@ -186,3 +186,16 @@ def test_a_negative_singular_value_is_projected_at_the_step_end():
         layer.singular_values[0, 0] = -1.0
     EnsembleCallback(ensemble).on_step_end(None, None, None)
     assert layer.singular_values[0, 0].item() == 0.0
+
+
+def test_an_optimizer_that_ignores_a_methods_own_rate_is_named(caplog):
+    model = tiny_bert()
+    ensemble = sve.wrap(model, method="sve_lora_rates", ensemble_size=2)  # its singular values train at sv_lr
+    callback = EnsembleCallback(ensemble)
+    with caplog.at_level("WARNING", logger="sve.api.hf_trainer"):
+        callback.on_train_begin(None, None, None, optimizer=torch.optim.AdamW(ensemble.trainable_parameters(), lr=0.1))
+    assert "optimizers=(torch.optim.AdamW(ensemble.parameter_groups()" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sve.api.hf_trainer"):
+        callback.on_train_begin(None, None, None, optimizer=torch.optim.AdamW(ensemble.parameter_groups(), lr=0.1))
+    assert not caplog.text
