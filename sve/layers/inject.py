@@ -15,12 +15,16 @@ no probe is possible (a bare ``nn.Module``), every module inside a sub-tree name
 
 Every pattern must match at least one adaptable layer; otherwise the error names the pattern, says whether
 it matched only heads, and lists the candidates.
+
+A wrap that takes more than ``PROGRESS_DELAY`` seconds (SVE decomposing every target layer of a large model)
+shows a progress bar on stderr, layers done out of the targets, with its estimate of the time left.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable, Collection, Sequence
 
 from torch import nn
@@ -164,16 +168,29 @@ def find_targets(
     return sorted(names, key=order.__getitem__)
 
 
+# Seconds before a wrap's progress bar appears: a wrap that ends sooner says nothing (the test sets 0).
+PROGRESS_DELAY = 2.0
+
+
 def inject(
     model: nn.Module,
     patterns: Sequence[str] | str,
     factory: Callable[[nn.Module], nn.Module],
     types: tuple[type, ...] = LINEAR_TYPES,
     outside: Collection[str] | None = None,
+    progress: str | None = None,
 ) -> list[str]:
-    """Replaces every target module ``m`` by ``factory(m)`` in place; returns the replaced names."""
+    """Replaces every target module ``m`` by ``factory(m)`` in place; returns the replaced names. ``progress``:
+    the description of the progress bar a slow wrap shows (module docstring); None shows none."""
+    from tqdm.auto import tqdm
+
     names = find_targets(model, patterns, types, outside)
-    for name in names:
+    # On stderr whether or not it is a terminal, as the package's other bars (a notebook's is not one either);
+    # left on screen once shown: it says where the time before training went. TQDM_DISABLE=1 hides it (tqdm
+    # reads the variable for an argument not given).
+    hidden = {} if progress is not None else {"disable": True}
+    bar = tqdm(names, desc=progress, unit="layer", delay=PROGRESS_DELAY, file=sys.stderr, dynamic_ncols=True, **hidden)
+    for name in bar:
         base = model.get_submodule(name)
         layer = factory(base)
         if isinstance(layer, MemberLayer):

@@ -157,6 +157,23 @@ class SVDCache:
                     f"SVD cache {self.directory} cannot be written ({err}); factors are not kept", stacklevel=3
                 )
 
+    def written(self) -> str:
+        """What this cache's writes added, and what its directory now holds, in words ("" when nothing was
+        written): the cache grows by the factors of every new weight and is never pruned."""
+        if not self.stats["bytes_written"]:
+            return ""
+        entries, held = 0, 0
+        for path in self.directory.glob("??/*.pt"):
+            try:
+                held += path.stat().st_size
+                entries += 1
+            except OSError:  # replaced or deleted by another run meanwhile
+                pass
+        return (
+            f"; wrote {self.stats['bytes_written'] / 2**20:.1f} MiB, the cache now holds {held / 2**20:.1f} MiB "
+            f"in {entries} entries (delete {self.directory} to free it)"
+        )
+
     def summary(self) -> dict:
         """What results.json records: the directory and the counts and seconds of this run."""
         return {

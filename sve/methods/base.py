@@ -87,6 +87,7 @@ class EnsembleMethod(nn.Module):
         equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
             the pretrained backbone's features; the registry tests hold every method to what it promises.
         layer_types: target module types that ``make_layer`` accepts.
+        wrapping: what ``make_layer`` does, in the progress bar of a slow wrap (``sve.layers.inject``).
 
     The facts the rest of the package reads through the registry (``sve.methods.registry``; no other module
     lists methods by name):
@@ -119,6 +120,7 @@ class EnsembleMethod(nn.Module):
     stochastic: bool = False
     equals_base_at_init: bool = True
     layer_types: tuple[type, ...] = ADAPTABLE_TYPES
+    wrapping: str = "wrapping"
     display_name: str = ""
     option_display_names: dict[str, str] = {}
     sampled: bool = False
@@ -224,6 +226,7 @@ class EnsembleMethod(nn.Module):
                 self.make_layer,
                 types=self.layer_types,
                 outside=usage.unused_modules if usage is not None else None,
+                progress=f"{type(self).__name__}: {self.wrapping} the target layers",
             )
             if every:
                 log.info(

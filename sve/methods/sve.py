@@ -53,6 +53,7 @@ class SVE(EnsembleMethod):
     """
 
     display_name = "SV-Ensemble"
+    wrapping = "SVD of"
     trains = "each member's singular values (and biases) and its head"
 
     def __init__(
@@ -93,7 +94,7 @@ class SVE(EnsembleMethod):
         else:
             st = self.svd_cache.stats
             log.info(
-                "SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)",
+                "SVD of %d layers took %.1f s: %d read from the cache %s (%.1f s), %d computed (%.1f s)%s",
                 len(self.wrapped),
                 self.svd_seconds,
                 st["hits"],
@@ -101,6 +102,7 @@ class SVE(EnsembleMethod):
                 st["read_seconds"],
                 st["misses"],
                 st["compute_seconds"],
+                self.svd_cache.written(),
             )
 
     def make_layer(self, layer: nn.Module) -> SVLinear:

@@ -7,6 +7,9 @@ The finished runs are also grouped by their overrides other than ``seed`` (``.hy
 it, by method, dataset, backbone and member count): ``summary.md`` and ``summary.csv`` give each group's test
 metrics as mean and sample standard deviation over its seeds (std 0 for a group of one run).
 
+``sve-tables <sweep dir>`` writes the three files again from what the directory holds (``is_sweep`` tells a sweep
+directory from a results store): after a rerun, or for a sweep that was stopped before its end.
+
 A finished run (``results.json``) is skipped when the same sweep directory is run again (``skip_finished``),
 so rerunning a sweep does only the failed or missing runs. Works the same with the SLURM launcher
 (``hydra/launcher=slurm``), whose jobs write to a shared disk.
@@ -200,6 +203,26 @@ def summary_tables(groups: list[dict]) -> tuple[str, str]:
     return "\n".join(lines) + "\n", table.getvalue()
 
 
+def is_sweep(directory: Path) -> bool:
+    """Whether ``directory`` is a Hydra multirun's: Hydra's ``multirun.yaml``, the summary a sweep wrote, or a
+    job directory with Hydra's ``.hydra/overrides.yaml`` (a results store holds ``runs/`` and ``tables/``)."""
+    directory = Path(directory)
+    if (directory / "multirun.yaml").is_file() or (directory / "summary.json").is_file():
+        return True
+    return directory.is_dir() and any((d / ".hydra" / "overrides.yaml").is_file() for d in directory.iterdir())
+
+
+def write_summary(sweep_dir: Path) -> tuple[dict, str]:
+    """``summary.json``, ``summary.md`` and ``summary.csv`` of ``sweep_dir`` (module docstring); returns the
+    summary and its markdown table."""
+    summary = summarize(sweep_dir)
+    write_json(sweep_dir / "summary.json", summary)
+    markdown, table = summary_tables(summary["groups"])
+    (sweep_dir / "summary.md").write_text(markdown)
+    (sweep_dir / "summary.csv").write_text(table)
+    return summary, markdown
+
+
 class SweepSummary(Callback):
     """Hydra callback: writes ``<sweep dir>/summary.json`` when a multirun ends; exits 1 if a run failed."""
 
@@ -211,11 +234,7 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        summary = summarize(sweep_dir)
-        write_json(sweep_dir / "summary.json", summary)
-        markdown, table = summary_tables(summary["groups"])
-        (sweep_dir / "summary.md").write_text(markdown)
-        (sweep_dir / "summary.csv").write_text(table)
+        summary, markdown = write_summary(sweep_dir)
         print(markdown)
         log.info(
             "sweep: %d finished, %d not: %s (see %s)",

@@ -272,3 +272,23 @@ def test_the_wrapped_modules_log_groups_names_by_block_index():
     # Two numeric parts: each part's values, and the count of modules, so nothing is hidden.
     assert grouped_names(["s.0.b.1.c", "s.1.b.0.c", "s.1.b.1.c"]) == "s.{0..1}.b.{0..1}.c (3)"
     assert grouped_names(["encoder.layer.3.output.dense"]) == "encoder.layer.3.output.dense"
+
+
+def test_a_slow_wrap_shows_a_bar_of_the_layers_it_decomposes(monkeypatch, capsys):
+    import sve
+    from sve.layers import inject as injection
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 3))
+
+    x = torch.randn(2, 6)
+    sve.wrap(mlp(), "sve", ensemble_size=2, example_input=x, svd_cache=None)
+    assert "SVD of" not in capsys.readouterr().err  # a wrap faster than PROGRESS_DELAY says nothing
+
+    monkeypatch.setattr(injection, "PROGRESS_DELAY", 0.0)  # as a slow wrap shows it
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=2, example_input=x, svd_cache=None)
+    decomposed = sum(isinstance(m, SVLinear) for m in ensemble.modules())
+    assert decomposed == len(ensemble.method.wrapped) == 3  # the three linears before the head
+    shown = capsys.readouterr().err.split("\r")[-1]  # the bar as it was left, after its last update
+    assert shown.startswith("SVE: SVD of the target layers: 100%") and f" {decomposed}/{decomposed} " in shown

@@ -137,3 +137,23 @@ def test_null_svd_cache_turns_it_off(tmp_path):
     backbone = instantiate(cfg.backbone)
     method = instantiate(cfg.method, backbone=backbone, ensemble_size=1, num_classes=2)
     assert method.svd_cache is None and "svd_cache" not in method.report()
+
+
+def test_the_log_says_where_the_cache_is_and_what_it_holds(tmp_path, caplog):
+    cfg = compose_cfg(["method=sve", "backbone=tiny_bert", "dataset=synthetic_text", f"method.svd_cache={tmp_path}"])
+    torch.manual_seed(0)
+    with caplog.at_level("INFO", logger="sve.methods.sve"):
+        _, _, method, _ = build(cfg)
+    held = sum(p.stat().st_size for p in tmp_path.rglob("*.pt"))
+    assert method.svd_cache.stats["bytes_written"] == held > 0  # an empty cache: all of it is this run's
+    message = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("SVD of"))
+    mib = f"{held / 2**20:.1f} MiB"
+    assert f"cache {tmp_path}" in message and f"wrote {mib}, the cache now holds {mib} in " in message
+    assert f"in {len(method.wrapped)} entries" in message
+    # An entry holds U and V in the factor dtype (float32 here), s in the SVD's (float64), and about 4 kB besides
+    # (torch.save's archive, the key, the checksum): the size docs/benchmark.md states.
+    factors = sum(
+        (4 * (layer.out_features + layer.in_features) + 8) * min(layer.out_features, layer.in_features)
+        for layer in method.sv_layers()
+    )
+    assert factors < held < factors + 5000 * len(method.wrapped)
