@@ -31,10 +31,10 @@ flow of a run).
   backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files),
   ``draws`` (random draws independent of the device layout), ``recompute`` (activation checkpointing that
   replays them).
-- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``plots`` (the
-  reliability diagram). ``data``, beside it: data modules (the user's own: ``image_folder``,
-  ``text_table``, sharing ``user_data``), their up-front checks, samplers, the corruption
-  generator.
+- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``collapse``
+  (collapsed members), ``plots`` (the reliability diagram). ``data``, beside it: data modules (the user's
+  own: ``image_folder``, ``text_table``, sharing ``user_data``), their up-front checks, samplers, the
+  corruption generator.
 - At the bottom, used by every role: ``members`` (the member-logit layout), ``paths`` (where things are read
   and written, the config resolvers for them), ``errors`` (user errors in one line), ``memory`` (a device's
   free memory), ``distributed`` (a whole state loaded into a sharded module), ``offline``. ``configs``: the
