@@ -23,15 +23,11 @@ sequential mode trains in rounds that only ``train.py`` drives.
 
 from __future__ import annotations
 
-import inspect
 import operator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
 from sve.api.adapter_files import (
@@ -43,57 +39,14 @@ from sve.api.adapter_files import (
     read_trained_state,
     save_adapter,
 )
-from sve.api.module_backbone import ARG, ModuleBackbone, to_batch
+from sve.api.batches import Batches, examples, loader_logits, refuse_non_finite
+from sve.api.module_backbone import ModuleBackbone, to_batch
+from sve.api.options import method_class_and_defaults, method_config, valid_options
 from sve.backbones.base import Backbone, fingerprint
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
-from sve.members import non_finite_rows
-from sve.methods import registry
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
-from sve.paths import register_path_resolvers
-
-register_path_resolvers()  # ${sve_cache:} in svd_cache's default, resolved below
-
-# Config keys that are the training recipe's, not the method's (a hand loop sets its own optimizer).
-RECIPE_KEYS = ("_target_", "name", "lr")
-
-
-def method_names() -> list[str]:
-    return registry.options()
-
-
-def method_class_and_defaults(method: str) -> tuple[type, dict]:
-    """The class of ``method`` and its config's defaults: environment defaults resolved (``svd_cache`` is
-    ``$SVE_SVD_CACHE`` or ``$XDG_CACHE_HOME/sve/svd``, as for ``train.py``), values taken from a run's recipe
-    (``sigma_init``) left to the class's own default."""
-    cfg = method_config(method)
-    cls = registry.method_class(method)
-    defaults = {}
-    for key in cfg:
-        if key in RECIPE_KEYS:
-            continue
-        try:  # an environment default resolves (the SVD cache's directory, as train.py has it) ...
-            value = cfg[key]
-        except InterpolationResolutionError:  # ... a run's recipe key does not: the class's default applies
-            continue
-        defaults[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return cls, defaults
-
-
-def method_config(method: str):
-    """The method's config as ``train.py method=<method>`` composes it (Hydra's compose, through the registry)."""
-    return registry.option_config(method)
-
-
-def valid_options(cls: type, defaults: dict) -> list[str]:
-    """Keyword arguments ``wrap`` passes on to a method: its config's keys and its classes' parameters."""
-    names = set(defaults)
-    for klass in cls.__mro__:
-        if issubclass(klass, EnsembleMethod):
-            names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "backbone")}
-    names -= {"ensemble_size", "num_classes", "task", "args", "kwargs", "common"}
-    return sorted(names)
 
 
 def positive_integer(value) -> bool:
@@ -299,7 +252,7 @@ class Ensemble(nn.Module):
         device."""
         from sve.metrics.scores import uncertainty
 
-        logits, _ = self.member_logits_of(loader, progress, "predicting")
+        logits, _ = loader_logits(self, loader, progress, "predicting")
         return uncertainty(logits, aggregate)
 
     def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True) -> dict:
@@ -308,39 +261,13 @@ class Ensemble(nn.Module):
         ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``)."""
         from sve.metrics.scores import score
 
-        logits, labels = self.member_logits_of(loader, progress, "evaluating")
+        logits, labels = loader_logits(self, loader, progress, "evaluating")
         if labels is None:
             raise InputError(
                 "evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
                 "predict_loader takes unlabelled ones"
             )
         return score(logits, labels, aggregate, n_bins)
-
-    def member_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
-        """Member logits (M, N, C) of every example of ``loader`` (on the CPU, float32), and its labels (or
-        None when a batch has none), in evaluation mode; the mode is restored."""
-        from tqdm.auto import tqdm
-
-        from sve.members import to_device
-
-        device = next((p.device for p in self.parameters()), torch.device("cpu"))
-        was_training, logits, labels = self.training, [], []
-        self.eval()
-        try:
-            with torch.no_grad():
-                seen = 0  # examples before this batch: errors name rows of the whole loader
-                for raw in tqdm(loader, desc=f"sve: {doing}", disable=not progress, leave=False):
-                    batch = to_device(as_batch(raw, labelled=False), device)
-                    labels.append(batch.pop("labels", None))
-                    refuse_non_finite(batch, doing, seen)
-                    logits.append(self(batch).float().cpu())
-                    seen += examples(batch)
-        finally:
-            self.train(was_training)
-        if not logits:
-            raise InputError("the loader gave no batches")
-        known = None if any(y is None for y in labels) else torch.cat([y.cpu() for y in labels])
-        return torch.cat(logits, 1), known
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
@@ -382,63 +309,6 @@ class Ensemble(nn.Module):
     @classmethod
     def from_pretrained(cls, model: nn.Module, directory, **overrides) -> Ensemble:
         return load_ensemble(model, directory, **overrides)
-
-
-def examples(batch: dict) -> int | None:
-    """The batch's example count (the leading dimension of its first tensor that has one); None without one."""
-    return next((v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0), None)
-
-
-def refuse_non_finite(batch: dict, doing: str, first_row: int = 0) -> None:
-    """An error naming the inputs and rows (counted from ``first_row``) that hold NaN or inf: the members would
-    predict NaN for them, and a NaN's arg-max is class 0, without a word."""
-    bad = non_finite_rows(batch)
-    if bad:
-        where = "; ".join(
-            f"{'input ' + k[len(ARG) :] if k.startswith(ARG) else k} in row(s) "
-            f"{[first_row + r for r in rows[:10]]}{' ...' if len(rows) > 10 else ''}"
-            for k, rows in bad.items()
-        )
-        raise InputError(
-            f"{doing} got NaN or inf values: {where}; the inputs must be finite, as training requires "
-            "(fix or drop those examples)"
-        )
-
-
-class Batches:
-    """A loader's batches as the framework's dicts, with the ``dataset`` (its length) that Laplace fits read."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        dataset = getattr(loader, "dataset", None)
-        self.dataset = dataset if dataset is not None else range(sum(len(as_batch(b)["labels"]) for b in loader))
-
-    def __iter__(self):
-        return (as_batch(b) for b in self.loader)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-def as_batch(batch, labelled: bool = True) -> dict:
-    """A loader's batch as the framework's dict: (inputs, labels), ((args...), labels), or a dict (labels under
-    ``labels``); with ``labelled=False`` also bare inputs (a tensor, or a 1-tuple as a TensorDataset gives)."""
-    if isinstance(batch, dict):
-        return dict(batch)
-    if not labelled and isinstance(batch, Tensor):
-        return to_batch((batch,), {})
-    if not labelled and isinstance(batch, (tuple, list)) and len(batch) == 1:
-        return to_batch(tuple(batch), {})
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        size = f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
-        raise InputError(
-            f"a batch of {type(batch).__name__}{size} is not one of the forms taken: (inputs, labels), "
-            "((args...), labels), a dict of the model's keyword arguments (labels under 'labels')"
-            + ("" if labelled else ", or bare inputs")
-        )
-    inputs, labels = batch
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    return {**to_batch(args, {}), "labels": labels}
 
 
 def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):

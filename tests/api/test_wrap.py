@@ -21,7 +21,7 @@ from transformers import (
 )
 
 import sve
-from sve.api.wrap import method_names
+from sve.api.options import method_names
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
 
