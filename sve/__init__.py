@@ -21,7 +21,8 @@ flow of a run).
   writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings from its config),
-  ``batches`` (the user's inputs as batches), ``adapter_files`` (their format).
+  ``batches`` (the user's inputs as batches), ``calibration`` (the fitted temperature), ``adapter_files``
+  (their format).
 - ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``sharding``,
   ``curves`` (learning curves), ``allocator``, ``loggers``.
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the

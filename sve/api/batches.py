@@ -68,10 +68,13 @@ def as_batch(batch, labelled: bool = True) -> dict:
     return {**to_batch(args, {}), "labels": labels}
 
 
-def loader_logits(ensemble: nn.Module, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
+def loader_logits(
+    ensemble: nn.Module, loader, progress: bool, doing: str, labelled_for: str | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Member logits (M, N, C) of every example of ``loader`` (on the CPU, float32), and its labels (or None
-    when a batch has none), in evaluation mode; the mode is restored. Batches go to the ensemble's device;
-    ``doing`` names the work in the progress bar and in errors."""
+    when a batch has none; an error naming ``labelled_for``, the call that needs them, where given), in
+    evaluation mode; the mode is restored. Batches go
+    to the ensemble's device; ``doing`` names the work in the progress bar and in errors."""
     from tqdm.auto import tqdm
 
     from sve.members import to_device
@@ -93,4 +96,9 @@ def loader_logits(ensemble: nn.Module, loader, progress: bool, doing: str) -> tu
     if not logits:
         raise InputError("the loader gave no batches")
     known = None if any(y is None for y in labels) else torch.cat([y.cpu() for y in labels])
+    if labelled_for and known is None:
+        raise InputError(
+            f"{labelled_for} needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; predict_loader "
+            "takes unlabelled ones"
+        )
     return torch.cat(logits, 1), known

@@ -5,6 +5,7 @@
     member_logits = ensemble(images)              # (M, B, C), the framework's one layout
     loss = ensemble.loss(member_logits, labels)   # Eq. 6: the mean member cross-entropy
     prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
+    ensemble.calibrate(val_loader)                # one temperature on held-out data: predict, evaluate use it
     ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
 
 The method is built from its config group (``sve/configs/method/<name>.yaml``): the same defaults as
@@ -30,6 +31,7 @@ from types import SimpleNamespace
 
 from torch import Tensor, nn
 
+from sve.api import calibration
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -212,12 +214,14 @@ class Ensemble(nn.Module):
     Attributes:
         method: the framework's method (an ``EnsembleMethod``), which holds the backbone.
         config: what ``wrap`` was asked, resolved (the adapter files record it).
+        calibration: the fitted temperature (``calibrate``), None before; the adapter files record it.
     """
 
     def __init__(self, method: EnsembleMethod, config: dict):
         super().__init__()
         self.method = method
         self.config = config
+        self.calibration: dict | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -230,44 +234,53 @@ class Ensemble(nn.Module):
             return heads.new_empty(self.method.num_members(), 0, self.method.num_classes)
         return self.method(batch)
 
-    def predict(self, *args, aggregate: str = "probs", **kwargs):
+    def predict(self, *args, aggregate: str = "probs", calibrated: bool | None = None, **kwargs):
         """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored); an input row that
-        holds NaN or inf is an error naming it (training refuses such inputs too)."""
-        from sve.metrics.scores import uncertainty
-
+        holds NaN or inf is an error naming it (training refuses such inputs too). Its predictive is
+        temperature scaled once ``calibrate`` has run (``calibrated=False``: the raw one; True: an error when
+        the ensemble is not calibrated; ``sve.api.calibration.prediction``)."""
         batch = to_batch(args, kwargs)
         refuse_non_finite(batch, "predict")
-        if examples(batch) == 0:
-            was_training = self.training
-            self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
-            try:
-                return uncertainty(self(batch), aggregate)
-            finally:
-                self.train(was_training)
-        return self.method.predict(batch, aggregate)
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
+        was_training = self.training
+        self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
+        try:
+            logits = self(batch)
+        finally:
+            self.train(was_training)
+        return calibration.prediction(logits, aggregate, temperature)
 
-    def predict_loader(self, loader, aggregate: str = "probs", progress: bool = True):
+    def predict_loader(self, loader, aggregate: str = "probs", calibrated: bool | None = None, progress: bool = True):
         """``predict`` over every batch of ``loader``: one ``sve.Prediction`` for all its examples, in order.
         Batches are bare inputs, (inputs, labels) pairs or dicts (``as_batch``); they go to the ensemble's
         device."""
-        from sve.metrics.scores import uncertainty
-
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
         logits, _ = loader_logits(self, loader, progress, "predicting")
-        return uncertainty(logits, aggregate)
+        return calibration.prediction(logits, aggregate, temperature)
 
     def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True) -> dict:
         """The metrics ``train.py`` reports, of the ensemble on a labelled ``loader``: the predictive's ``acc``,
         ``ece``, ``nll``, ``brier``, each member's (``member_acc``, ...), ``disagreement``,
-        ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``)."""
+        ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``); once
+        ``calibrate`` has run, also ``temperature``, ``ts_acc``, ``ts_ece`` and ``ts_nll`` (results.json's
+        ``test/ts_*``)."""
         from sve.metrics.scores import score
 
-        logits, labels = loader_logits(self, loader, progress, "evaluating")
-        if labels is None:
-            raise InputError(
-                "evaluate needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
-                "predict_loader takes unlabelled ones"
-            )
-        return score(logits, labels, aggregate, n_bins)
+        temperature = calibration.temperature_for(self.calibration, aggregate, None)
+        logits, labels = loader_logits(self, loader, progress, "evaluating", labelled_for="evaluate")
+        metrics = score(logits, labels, aggregate, n_bins)
+        if temperature is not None:
+            metrics.update(calibration.metrics(logits, labels, aggregate, temperature, n_bins))
+        return metrics
+
+    def calibrate(self, loader, method: str = "temperature", aggregate: str = "probs", progress: bool = True) -> dict:
+        """Fits the ensemble's temperature on a labelled, held-out ``loader`` (a validation split, never the
+        training data) by the NLL of its ``aggregate`` predictive, as ``train.py`` fits ``test/temperature``
+        on ``val``. ``predict`` and ``evaluate`` use it from then on, and ``save_pretrained`` records it.
+        Returns the record (``method``, ``temperature``, ``aggregate``, ``examples``)."""
+        logits, labels = loader_logits(self, loader, progress, "calibrating", labelled_for="calibrate")
+        self.calibration = calibration.fit(logits, labels, aggregate, method)
+        return dict(self.calibration)
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
@@ -353,4 +366,5 @@ def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
             options,
         )
         load_trained_state(ensemble.method, directory, trained)
+    ensemble.calibration = calibration.read(config.get("calibration"), directory)
     return ensemble
