@@ -1,5 +1,5 @@
-"""A method's settings as its config group states them: the defaults ``wrap`` builds with and the options it
-takes."""
+"""A method's settings as its config group states them: the defaults ``wrap`` builds with, the options it
+takes, and the learning rates it recommends (``Ensemble.parameter_groups``)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,13 @@ def valid_options(cls: type, defaults: dict) -> list[str]:
             names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "backbone")}
     names -= {"ensemble_size", "num_classes", "task", "args", "kwargs", "common"}
     return sorted(names)
+
+
+def parameter_groups(method: EnsembleMethod, option: str, lr: float | None = None) -> list[dict]:
+    """The method's optimizer groups, each with its learning rate: ``lr``, else the one given to ``wrap``
+    (``lr=``), else the rate ``train.py method=<option>`` trains at without a recipe (``registry.learning_rates``:
+    the config's ``lr``, or the default optimizer's when the config leaves it to the recipe). A group that names
+    its own rate keeps it (the singular values' ``sv_lr``, from ``wrap``'s option or the config)."""
+    if lr is None:
+        lr = method.lr if method.lr is not None else registry.learning_rates(option)["lr"]
+    return [{**group, "lr": group.get("lr", lr)} for group in method.parameter_groups()]

@@ -25,6 +25,7 @@ sequential mode trains in rounds that only ``train.py`` drives.
 from __future__ import annotations
 
 import operator
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,12 +44,14 @@ from sve.api.adapter_files import (
 )
 from sve.api.batches import Batches, examples, loader_logits, refuse_non_finite
 from sve.api.module_backbone import ModuleBackbone, to_batch
-from sve.api.options import method_class_and_defaults, method_config, valid_options
+from sve.api.options import method_class_and_defaults, method_config, parameter_groups, valid_options
+from sve.api.starts import new_head_classes, newly_initialised, warn_if_one_new_head
 from sve.backbones.base import Backbone, fingerprint
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
+from sve.metrics.collapse import collapse_warning, collapsed_members
 
 
 def positive_integer(value) -> bool:
@@ -67,6 +70,7 @@ def wrap(
     head: str | None = "auto",
     pooling: str | None = None,
     example_input=None,
+    head_is_new: bool | None = None,
     **options,
 ) -> Ensemble:
     """An ensemble of ``method`` on ``model`` (module docstring).
@@ -80,6 +84,9 @@ def wrap(
         target_modules: name patterns of the layers to adapt; None: every adaptable layer on the feature path
             (linears, and convolutions with groups = 1).
         head, pooling, example_input: how the features are read (``ModuleBackbone``).
+        head_is_new: True: the model's head is untrained, so every member draws its own (as ``num_classes=``
+            its class count); None: a head that transformers' ``from_pretrained`` initialised anew is detected
+            and, kept for every member, warned about (``sve.api.starts``); False: no such warning.
         options: the method's own settings (``sigma_init``, ``rank``, ``dropout``, ``members_at_once``, ...).
     """
     # The arguments first: a bad method name or size is named before the model is probed (which may itself
@@ -106,6 +113,8 @@ def wrap(
     )
     if isinstance(target_modules, str):
         target_modules = [target_modules]
+    # Read before the head is replaced: which parameters transformers initialised anew (sve.api.starts).
+    new_parameters = None if head_is_new is not None or isinstance(model, Backbone) else newly_initialised(model)
     with unchanged_on_error(model):
         if isinstance(model, Backbone):
             backbone = model
@@ -113,7 +122,11 @@ def wrap(
             backbone = ModuleBackbone(
                 model, target_modules=target_modules, head=head, pooling=pooling, example_input=example_input
             )
-        return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+        if head_is_new and num_classes is None:
+            num_classes = new_head_classes(backbone)
+        ensemble = build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+    warn_if_one_new_head(ensemble, new_parameters)
+    return ensemble
 
 
 def refuse_wrapped(model: nn.Module, advice: str) -> None:
@@ -263,7 +276,8 @@ class Ensemble(nn.Module):
         ``ece``, ``nll``, ``brier``, each member's (``member_acc``, ...), ``disagreement``,
         ``mutual_information`` and the ECE's ``reliability`` bins (``sve.metrics.scores.score``); once
         ``calibrate`` has run, also ``temperature``, ``ts_acc``, ``ts_ece`` and ``ts_nll`` (results.json's
-        ``test/ts_*``)."""
+        ``test/ts_*``); ``collapsed_members``: the members whose output hardly depends on the input (a warning
+        names them, ``sve.metrics.collapse``)."""
         from sve.metrics.scores import score
 
         temperature = calibration.temperature_for(self.calibration, aggregate, None)
@@ -271,6 +285,10 @@ class Ensemble(nn.Module):
         metrics = score(logits, labels, aggregate, n_bins)
         if temperature is not None:
             metrics.update(calibration.metrics(logits, labels, aggregate, temperature, n_bins))
+        metrics["collapsed_members"] = collapsed_members(logits)  # as results.json's test/collapsed_members
+        if metrics["collapsed_members"]:
+            warning = collapse_warning(metrics["collapsed_members"], len(logits), "example", "parameter_groups(lr=)")
+            warnings.warn(warning, stacklevel=2)
         return metrics
 
     def calibrate(self, loader, method: str = "temperature", aggregate: str = "probs", progress: bool = True) -> dict:
@@ -288,10 +306,13 @@ class Ensemble(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.method.trainable_parameters()
 
-    def parameter_groups(self) -> list[dict]:
-        """What to give the optimizer: ``torch.optim.AdamW(model.parameter_groups(), lr=...)``; one group unless
-        the method trains some tensors at a rate of their own (``sve_lora`` with ``sv_lr``)."""
-        return self.method.parameter_groups()
+    def parameter_groups(self, lr: float | None = None) -> list[dict]:
+        """What to give the optimizer, each group with its learning rate: ``torch.optim.AdamW(
+        ensemble.parameter_groups())``. ``lr`` (else ``wrap``'s ``lr=``, else the rate of the method's config:
+        ``sve.api.options.parameter_groups``) for every group but one that trains at a rate of its own (the
+        singular values' ``sv_lr`` of ``sve_lora``). The groups name their rates, so an ``lr=`` given to the
+        optimizer itself is not used: give it here."""
+        return parameter_groups(self.method, self.config["method"], lr)
 
     def parameter_counts(self) -> dict[str, int]:
         """``trainable``: what the optimizer updates; ``stored``: every tensor held (U and V included);
