@@ -22,7 +22,8 @@ flow of a run).
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
   from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs
-  as batches), ``calibration`` (the fitted temperature), ``adapter_files`` (their format).
+  as batches), ``calibration`` (the fitted temperature), ``export`` (a member as a plain model),
+  ``adapter_files`` (their format).
 - ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``sharding``,
   ``curves`` (learning curves), ``allocator``, ``loggers``.
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the

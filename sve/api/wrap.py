@@ -7,6 +7,7 @@
     prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
     ensemble.calibrate(val_loader)                # one temperature on held-out data: predict, evaluate use it
     ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
+    plain = ensemble.merge(member=0)              # member 0 as a plain model of the model's own class
 
 The method is built from its config group (``sve/configs/method/<name>.yaml``): the same defaults as
 ``train.py method=<name>``, overridden by keyword arguments, and the same class, so every method is reachable
@@ -32,7 +33,7 @@ from types import SimpleNamespace
 
 from torch import Tensor, nn
 
-from sve.api import calibration
+from sve.api import calibration, export
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -319,6 +320,13 @@ class Ensemble(nn.Module):
         ``base``: the backbone's own parameters before wrapping."""
         counts = self.method.parameter_counts()
         return {"trainable": counts["trainable"], "stored": counts["total"], "base": self.method.base_parameter_count}
+
+    def merge(self, member: int | None = None, mean: bool = False) -> nn.Module:
+        """Member ``member`` as a plain model of the wrapped model's class, merged weights and its head in
+        place; ``mean=True``: the model of the members' mean weights, which is one network, not the ensemble
+        (its prediction is not the ensemble's predictive). SVE, SVF, the LoRA methods, BatchEnsemble; an error
+        for methods whose members are samples, snapshots or whole copies (``sve.api.export``)."""
+        return export.merge(self, member, mean)
 
     # ----- the steps some methods take outside the optimizer ------------------------------------------------------
     def end_epoch(self) -> None:
