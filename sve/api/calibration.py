@@ -18,7 +18,7 @@ from torch import Tensor
 
 from sve.errors import InputError
 from sve.members import log_predictive
-from sve.metrics.calibration import fit_temperature, temperature_metrics, temperature_scaled
+from sve.metrics.calibration import LOG_T_BOUNDS, fit_temperature, temperature_metrics, temperature_scaled
 from sve.metrics.scores import Prediction, entropy, uncertainty
 
 METHODS = ("temperature",)
@@ -33,6 +33,14 @@ def fit(member_logits: Tensor, labels: Tensor, aggregate: str, method: str = "te
             "docs/datasets-and-backbones.md, 'Calibration')"
         )
     temperature = fit_temperature(log_predictive(member_logits, aggregate), labels)
+    if abs(math.log(temperature)) > max(abs(b) for b in LOG_T_BOUNDS) - 1e-3:
+        warnings.warn(
+            f"the fitted temperature {temperature:.3g} is at the edge of the search ({math.exp(LOG_T_BOUNDS[0]):g} "
+            f"to {math.exp(LOG_T_BOUNDS[1]):g}): the held-out labels look unrelated to the predictions (T "
+            "high: every prediction flattened to uniform) or every example is right with confidence 1 (T low); "
+            "calibrate on a held-out split of the task's own data",
+            stacklevel=3,
+        )
     return {"method": method, "temperature": temperature, "aggregate": aggregate, "examples": int(len(labels))}
 
 

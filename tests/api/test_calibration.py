@@ -145,6 +145,12 @@ def test_calibration_refuses_what_it_cannot_do():
     with pytest.raises(InputError, match="calibrate needs labelled batches"):
         ensemble.calibrate([x], progress=False)
     ensemble.calibrate([(x, y)], progress=False)
+    # Labels that are always the least likely class: the higher T, the likelier each (up to 1/3), so the fit ends
+    # at the edge of the search, as for labels unrelated to the inputs.
+    least_likely = ensemble.predict(x, calibrated=False).probs.argmin(-1)
+    with pytest.warns(UserWarning, match="at the edge of the search"):
+        assert ensemble.calibrate([(x, least_likely)], progress=False)["temperature"] > 99
+    ensemble.calibrate([(x, y)], progress=False)
     with pytest.warns(UserWarning, match="fitted for aggregate='probs'"):  # another predictive: given raw
         raw = ensemble.predict(x, aggregate="logits")
     assert torch.equal(raw.probs, ensemble.predict(x, aggregate="logits", calibrated=False).probs)
