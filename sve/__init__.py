@@ -20,8 +20,10 @@ flow of a run).
   ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
   writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
-  ``predict``, ``save_pretrained``/``from_pretrained``), ``adapter_files`` (their format), ``hf_trainer``
-  (training with ``transformers.Trainer``).
+  ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
+  from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs
+  as batches), ``calibration`` (the fitted temperature), ``export`` (a member as a plain model),
+  ``adapter_files`` (their format), ``hf_trainer`` (training with ``transformers.Trainer``).
 - ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``sharding``,
   ``curves`` (learning curves), ``allocator``, ``loggers``.
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the
@@ -32,10 +34,11 @@ flow of a run).
   backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files),
   ``draws`` (random draws independent of the device layout), ``recompute`` (activation checkpointing that
   replays them).
-- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``selective``
-  (the risk-coverage curve, AURC), ``plots`` (the reliability diagram, metrics against the shift's
-  severity). ``data``, beside it: data modules (the user's own: ``image_folder``, ``text_table``, sharing
-  ``user_data``), their up-front checks, samplers, the corruption generator.
+- ``metrics``: accuracy, ECE, NLL, Brier, OOD scores, temperature scaling (torchmetrics), ``collapse``
+  (collapsed members), ``selective`` (the risk-coverage curve, AURC), ``plots`` (the reliability diagram,
+  metrics against the shift's severity). ``data``, beside it: data modules (the user's own:
+  ``image_folder``, ``text_table``, sharing ``user_data``), their up-front checks, samplers, the corruption
+  generator.
 - At the bottom, used by every role: ``members`` (the member-logit layout), ``paths`` (where things are read
   and written, the config resolvers for them), ``errors`` (user errors in one line), ``memory`` (a device's
   free memory), ``distributed`` (a whole state loaded into a sharded module), ``offline``. ``configs``: the

@@ -39,7 +39,7 @@ def test_the_cache_root_is_xdg_cache_home_sve_else_the_home_cache(monkeypatch, t
 
 
 def test_configs_code_and_tools_put_the_cache_under_xdg_cache_home(xdg):
-    from sve.api.wrap import method_class_and_defaults
+    from sve.api.options import method_class_and_defaults
     from sve.data import CIFAR10Data
     from sve.layers import svd_cache
     from sve.runs import preflight

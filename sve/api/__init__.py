@@ -1,5 +1,6 @@
 """The library API: any method on a model the user already has (``wrap``), adapter files (``save_pretrained``,
-``from_pretrained``), predictions with uncertainty (``Ensemble.predict``)."""
+``from_pretrained``), predictions with uncertainty (``Ensemble.predict``), calibrated (``Ensemble.calibrate``),
+and members exported as plain models (``Ensemble.merge``)."""
 
 from sve.api.module_backbone import ModuleBackbone
 from sve.api.wrap import Ensemble, wrap

@@ -8,7 +8,9 @@ A directory holds:
   checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
 - ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
   of the example input (with its masks and the positions of its special tokens: a probe of zeros is not valid
-  for every model; never the text's own tokens), and ``base_fingerprint``: a hash of the frozen base (below).
+  for every model; never the text's own tokens), ``base_fingerprint``: a hash of the frozen base (below), and
+  ``calibration``: the temperature ``Ensemble.calibrate`` fitted (``sve.api.calibration``; null, or absent in
+  files written before it, for an uncalibrated ensemble).
 
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
@@ -283,6 +285,7 @@ def save_adapter(
             example_spec(backbone.probe_batch(), backbone.model) if hasattr(backbone, "example") else None
         ),
         "backbone": type(backbone).__name__,
+        "calibration": ensemble.calibration,  # the fitted temperature (sve.api.calibration), null before
     }
     directory = write_adapter(ensemble.method, directory, config)
     if push_to_hub:

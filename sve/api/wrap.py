@@ -5,7 +5,9 @@
     member_logits = ensemble(images)              # (M, B, C), the framework's one layout
     loss = ensemble.loss(member_logits, labels)   # Eq. 6: the mean member cross-entropy
     prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
+    ensemble.calibrate(val_loader)                # one temperature on held-out data: predict, evaluate use it
     ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
+    plain = ensemble.merge(member=0)              # member 0 as a plain model of the model's own class
 
 The method is built from its config group (``sve/configs/method/<name>.yaml``): the same defaults as
 ``train.py method=<name>``, overridden by keyword arguments, and the same class, so every method is reachable
@@ -23,17 +25,15 @@ sequential mode trains in rounds that only ``train.py`` drives.
 
 from __future__ import annotations
 
-import inspect
 import operator
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import InterpolationResolutionError
 from torch import Tensor, nn
 
+from sve.api import calibration, export
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -43,57 +43,16 @@ from sve.api.adapter_files import (
     read_trained_state,
     save_adapter,
 )
-from sve.api.module_backbone import ARG, ModuleBackbone, to_batch
+from sve.api.batches import Batches, examples, loader_logits, refuse_non_finite
+from sve.api.module_backbone import ModuleBackbone, to_batch
+from sve.api.options import method_class_and_defaults, method_config, parameter_groups, valid_options
+from sve.api.starts import new_head_classes, newly_initialised, warn_if_one_new_head
 from sve.backbones.base import Backbone, fingerprint
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
-from sve.members import non_finite_rows
-from sve.methods import registry
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
-from sve.paths import register_path_resolvers
-
-register_path_resolvers()  # ${sve_cache:} in svd_cache's default, resolved below
-
-# Config keys that are the training recipe's, not the method's (a hand loop sets its own optimizer).
-RECIPE_KEYS = ("_target_", "name", "lr")
-
-
-def method_names() -> list[str]:
-    return registry.options()
-
-
-def method_class_and_defaults(method: str) -> tuple[type, dict]:
-    """The class of ``method`` and its config's defaults: environment defaults resolved (``svd_cache`` is
-    ``$SVE_SVD_CACHE`` or ``$XDG_CACHE_HOME/sve/svd``, as for ``train.py``), values taken from a run's recipe
-    (``sigma_init``) left to the class's own default."""
-    cfg = method_config(method)
-    cls = registry.method_class(method)
-    defaults = {}
-    for key in cfg:
-        if key in RECIPE_KEYS:
-            continue
-        try:  # an environment default resolves (the SVD cache's directory, as train.py has it) ...
-            value = cfg[key]
-        except InterpolationResolutionError:  # ... a run's recipe key does not: the class's default applies
-            continue
-        defaults[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return cls, defaults
-
-
-def method_config(method: str):
-    """The method's config as ``train.py method=<method>`` composes it (Hydra's compose, through the registry)."""
-    return registry.option_config(method)
-
-
-def valid_options(cls: type, defaults: dict) -> list[str]:
-    """Keyword arguments ``wrap`` passes on to a method: its config's keys and its classes' parameters."""
-    names = set(defaults)
-    for klass in cls.__mro__:
-        if issubclass(klass, EnsembleMethod):
-            names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "backbone")}
-    names -= {"ensemble_size", "num_classes", "task", "args", "kwargs", "common"}
-    return sorted(names)
+from sve.metrics.collapse import collapse_warning, collapsed_members
 
 
 def positive_integer(value) -> bool:
@@ -112,6 +71,7 @@ def wrap(
     head: str | None = "auto",
     pooling: str | None = None,
     example_input=None,
+    head_is_new: bool | None = None,
     **options,
 ) -> Ensemble:
     """An ensemble of ``method`` on ``model`` (module docstring).
@@ -125,6 +85,9 @@ def wrap(
         target_modules: name patterns of the layers to adapt; None: every adaptable layer on the feature path
             (linears, and convolutions with groups = 1).
         head, pooling, example_input: how the features are read (``ModuleBackbone``).
+        head_is_new: True: the model's head is untrained, so every member draws its own (as ``num_classes=``
+            its class count); None: a head that transformers' ``from_pretrained`` initialised anew is detected
+            and, kept for every member, warned about (``sve.api.starts``); False: no such warning.
         options: the method's own settings (``sigma_init``, ``rank``, ``dropout``, ``members_at_once``, ...).
     """
     # The arguments first: a bad method name or size is named before the model is probed (which may itself
@@ -151,6 +114,8 @@ def wrap(
     )
     if isinstance(target_modules, str):
         target_modules = [target_modules]
+    # Read before the head is replaced: which parameters transformers initialised anew (sve.api.starts).
+    new_parameters = None if head_is_new is not None or isinstance(model, Backbone) else newly_initialised(model)
     with unchanged_on_error(model):
         if isinstance(model, Backbone):
             backbone = model
@@ -158,7 +123,11 @@ def wrap(
             backbone = ModuleBackbone(
                 model, target_modules=target_modules, head=head, pooling=pooling, example_input=example_input
             )
-        return build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+        if head_is_new and num_classes is None:
+            num_classes = new_head_classes(backbone)
+        ensemble = build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
+    warn_if_one_new_head(ensemble, new_parameters)
+    return ensemble
 
 
 def refuse_wrapped(model: nn.Module, advice: str) -> None:
@@ -259,12 +228,14 @@ class Ensemble(nn.Module):
     Attributes:
         method: the framework's method (an ``EnsembleMethod``), which holds the backbone.
         config: what ``wrap`` was asked, resolved (the adapter files record it).
+        calibration: the fitted temperature (``calibrate``), None before; the adapter files record it.
     """
 
     def __init__(self, method: EnsembleMethod, config: dict):
         super().__init__()
         self.method = method
         self.config = config
+        self.calibration: dict | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -277,30 +248,29 @@ class Ensemble(nn.Module):
             return heads.new_empty(self.method.num_members(), 0, self.method.num_classes)
         return self.method(batch)
 
-    def predict(self, *args, aggregate: str = "probs", **kwargs):
+    def predict(self, *args, aggregate: str = "probs", calibrated: bool | None = None, **kwargs):
         """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored); an input row that
-        holds NaN or inf is an error naming it (training refuses such inputs too)."""
-        from sve.metrics.scores import uncertainty
-
+        holds NaN or inf is an error naming it (training refuses such inputs too). Its predictive is
+        temperature scaled once ``calibrate`` has run (``calibrated=False``: the raw one; True: an error when
+        the ensemble is not calibrated; ``sve.api.calibration.prediction``)."""
         batch = to_batch(args, kwargs)
         refuse_non_finite(batch, "predict")
-        if examples(batch) == 0:
-            was_training = self.training
-            self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
-            try:
-                return uncertainty(self(batch), aggregate)
-            finally:
-                self.train(was_training)
-        return self.method.predict(batch, aggregate)
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
+        was_training = self.training
+        self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
+        try:
+            logits = self(batch)
+        finally:
+            self.train(was_training)
+        return calibration.prediction(logits, aggregate, temperature)
 
-    def predict_loader(self, loader, aggregate: str = "probs", progress: bool = True):
+    def predict_loader(self, loader, aggregate: str = "probs", calibrated: bool | None = None, progress: bool = True):
         """``predict`` over every batch of ``loader``: one ``sve.Prediction`` for all its examples, in order.
         Batches are bare inputs, (inputs, labels) pairs or dicts (``as_batch``); they go to the ensemble's
         device."""
-        from sve.metrics.scores import uncertainty
-
-        logits, _ = self.member_logits_of(loader, progress, "predicting")
-        return uncertainty(logits, aggregate)
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
+        logits, _ = loader_logits(self, loader, progress, "predicting")
+        return calibration.prediction(logits, aggregate, temperature)
 
     def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True, ood=None) -> dict:
         """The metrics ``train.py`` reports, of the ensemble on a labelled ``loader``: the predictive's ``acc``,
@@ -308,15 +278,25 @@ class Ensemble(nn.Module):
         ``mutual_information``, the ECE's ``reliability`` bins, selective prediction's ``aurc`` and its
         ``risk_coverage`` curve (``sve.metrics.scores.score``); with an ``ood`` loader (labels not needed) also
         ``ood_auroc``, ``ood_auprc``, ``ood_fpr95`` and, for more than one member, the same by mutual
-        information ``ood_auroc_mi``, ... (``sve.metrics.scores.ood_scores``)."""
+        information ``ood_auroc_mi``, ... (``sve.metrics.scores.ood_scores``); once ``calibrate`` has run, also
+        ``temperature``, ``ts_acc``, ``ts_ece`` and ``ts_nll`` (results.json's ``test/ts_*``);
+        ``collapsed_members``: the members whose output hardly depends on the input (a warning names them,
+        ``sve.metrics.collapse``)."""
         from sve.metrics.scores import ood_scores, score
 
-        logits, labels = self.labelled_logits_of(loader, progress, "evaluate")
-        out = score(logits, labels, aggregate, n_bins)
+        temperature = calibration.temperature_for(self.calibration, aggregate, None)
+        logits, labels = loader_logits(self, loader, progress, "evaluating", labelled_for="evaluate")
+        metrics = score(logits, labels, aggregate, n_bins)
+        if temperature is not None:
+            metrics.update(calibration.metrics(logits, labels, aggregate, temperature, n_bins))
         if ood is not None:
-            outside, _ = self.member_logits_of(ood, progress, "evaluating the OOD set")
-            out.update(ood_scores(logits, outside, aggregate))
-        return out
+            outside, _ = loader_logits(self, ood, progress, "evaluating the OOD set")
+            metrics.update(ood_scores(logits, outside, aggregate))
+        metrics["collapsed_members"] = collapsed_members(logits)  # as results.json's test/collapsed_members
+        if metrics["collapsed_members"]:
+            warning = collapse_warning(metrics["collapsed_members"], len(logits), "example", "parameter_groups(lr=)")
+            warnings.warn(warning, stacklevel=2)
+        return metrics
 
     def reliability_diagram(self, loader, path=None, aggregate: str = "probs", title: str = "", progress: bool = True):
         """The reliability diagram of the ensemble on a labelled ``loader``: a matplotlib Figure (shown in a
@@ -325,44 +305,17 @@ class Ensemble(nn.Module):
         from sve.members import predictive
         from sve.metrics.plots import reliability_figure
 
-        logits, labels = self.labelled_logits_of(loader, progress, "reliability_diagram")
+        logits, labels = loader_logits(self, loader, progress, "evaluating", labelled_for="reliability_diagram")
         return reliability_figure(predictive(logits, aggregate).numpy(), labels.numpy(), title, path)
 
-    def labelled_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor]:
-        """``member_logits_of`` a loader whose every batch has labels; an error naming ``doing`` otherwise."""
-        logits, labels = self.member_logits_of(loader, progress, "evaluating")
-        if labels is None:
-            raise InputError(
-                f"{doing} needs labelled batches: (inputs, labels) pairs or dicts with 'labels'; "
-                "predict_loader takes unlabelled ones"
-            )
-        return logits, labels
-
-    def member_logits_of(self, loader, progress: bool, doing: str) -> tuple[Tensor, Tensor | None]:
-        """Member logits (M, N, C) of every example of ``loader`` (on the CPU, float32), and its labels (or
-        None when a batch has none), in evaluation mode; the mode is restored."""
-        from tqdm.auto import tqdm
-
-        from sve.members import to_device
-
-        device = next((p.device for p in self.parameters()), torch.device("cpu"))
-        was_training, logits, labels = self.training, [], []
-        self.eval()
-        try:
-            with torch.no_grad():
-                seen = 0  # examples before this batch: errors name rows of the whole loader
-                for raw in tqdm(loader, desc=f"sve: {doing}", disable=not progress, leave=False):
-                    batch = to_device(as_batch(raw, labelled=False), device)
-                    labels.append(batch.pop("labels", None))
-                    refuse_non_finite(batch, doing, seen)
-                    logits.append(self(batch).float().cpu())
-                    seen += examples(batch)
-        finally:
-            self.train(was_training)
-        if not logits:
-            raise InputError("the loader gave no batches")
-        known = None if any(y is None for y in labels) else torch.cat([y.cpu() for y in labels])
-        return torch.cat(logits, 1), known
+    def calibrate(self, loader, method: str = "temperature", aggregate: str = "probs", progress: bool = True) -> dict:
+        """Fits the ensemble's temperature on a labelled, held-out ``loader`` (a validation split, never the
+        training data) by the NLL of its ``aggregate`` predictive, as ``train.py`` fits ``test/temperature``
+        on ``val``. ``predict`` and ``evaluate`` use it from then on, and ``save_pretrained`` records it.
+        Returns the record (``method``, ``temperature``, ``aggregate``, ``examples``)."""
+        logits, labels = loader_logits(self, loader, progress, "calibrating", labelled_for="calibrate")
+        self.calibration = calibration.fit(logits, labels, aggregate, method)
+        return dict(self.calibration)
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
@@ -370,16 +323,26 @@ class Ensemble(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.method.trainable_parameters()
 
-    def parameter_groups(self) -> list[dict]:
-        """What to give the optimizer: ``torch.optim.AdamW(model.parameter_groups(), lr=...)``; one group unless
-        the method trains some tensors at a rate of their own (``sve_lora`` with ``sv_lr``)."""
-        return self.method.parameter_groups()
+    def parameter_groups(self, lr: float | None = None) -> list[dict]:
+        """What to give the optimizer, each group with its learning rate: ``torch.optim.AdamW(
+        ensemble.parameter_groups())``. ``lr`` (else ``wrap``'s ``lr=``, else the rate of the method's config:
+        ``sve.api.options.parameter_groups``) for every group but one that trains at a rate of its own (the
+        singular values' ``sv_lr`` of ``sve_lora``). The groups name their rates, so an ``lr=`` given to the
+        optimizer itself is not used: give it here."""
+        return parameter_groups(self.method, self.config["method"], lr)
 
     def parameter_counts(self) -> dict[str, int]:
         """``trainable``: what the optimizer updates; ``stored``: every tensor held (U and V included);
         ``base``: the backbone's own parameters before wrapping."""
         counts = self.method.parameter_counts()
         return {"trainable": counts["trainable"], "stored": counts["total"], "base": self.method.base_parameter_count}
+
+    def merge(self, member: int | None = None, mean: bool = False) -> nn.Module:
+        """Member ``member`` as a plain model of the wrapped model's class, merged weights and its head in
+        place; ``mean=True``: the model of the members' mean weights, which is one network, not the ensemble
+        (its prediction is not the ensemble's predictive). SVE, SVF, the LoRA methods, BatchEnsemble; an error
+        for methods whose members are samples, snapshots or whole copies (``sve.api.export``)."""
+        return export.merge(self, member, mean)
 
     # ----- the steps some methods take outside the optimizer ------------------------------------------------------
     def end_epoch(self) -> None:
@@ -404,63 +367,6 @@ class Ensemble(nn.Module):
     @classmethod
     def from_pretrained(cls, model: nn.Module, directory, **overrides) -> Ensemble:
         return load_ensemble(model, directory, **overrides)
-
-
-def examples(batch: dict) -> int | None:
-    """The batch's example count (the leading dimension of its first tensor that has one); None without one."""
-    return next((v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0), None)
-
-
-def refuse_non_finite(batch: dict, doing: str, first_row: int = 0) -> None:
-    """An error naming the inputs and rows (counted from ``first_row``) that hold NaN or inf: the members would
-    predict NaN for them, and a NaN's arg-max is class 0, without a word."""
-    bad = non_finite_rows(batch)
-    if bad:
-        where = "; ".join(
-            f"{'input ' + k[len(ARG) :] if k.startswith(ARG) else k} in row(s) "
-            f"{[first_row + r for r in rows[:10]]}{' ...' if len(rows) > 10 else ''}"
-            for k, rows in bad.items()
-        )
-        raise InputError(
-            f"{doing} got NaN or inf values: {where}; the inputs must be finite, as training requires "
-            "(fix or drop those examples)"
-        )
-
-
-class Batches:
-    """A loader's batches as the framework's dicts, with the ``dataset`` (its length) that Laplace fits read."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        dataset = getattr(loader, "dataset", None)
-        self.dataset = dataset if dataset is not None else range(sum(len(as_batch(b)["labels"]) for b in loader))
-
-    def __iter__(self):
-        return (as_batch(b) for b in self.loader)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-def as_batch(batch, labelled: bool = True) -> dict:
-    """A loader's batch as the framework's dict: (inputs, labels), ((args...), labels), or a dict (labels under
-    ``labels``); with ``labelled=False`` also bare inputs (a tensor, or a 1-tuple as a TensorDataset gives)."""
-    if isinstance(batch, dict):
-        return dict(batch)
-    if not labelled and isinstance(batch, Tensor):
-        return to_batch((batch,), {})
-    if not labelled and isinstance(batch, (tuple, list)) and len(batch) == 1:
-        return to_batch(tuple(batch), {})
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        size = f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
-        raise InputError(
-            f"a batch of {type(batch).__name__}{size} is not one of the forms taken: (inputs, labels), "
-            "((args...), labels), a dict of the model's keyword arguments (labels under 'labels')"
-            + ("" if labelled else ", or bare inputs")
-        )
-    inputs, labels = batch
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    return {**to_batch(args, {}), "labels": labels}
 
 
 def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
@@ -505,4 +411,5 @@ def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
             options,
         )
         load_trained_state(ensemble.method, directory, trained)
+    ensemble.calibration = calibration.read(config.get("calibration"), directory)
     return ensemble

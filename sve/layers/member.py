@@ -264,7 +264,12 @@ class MemberLayer(nn.Module):
         nn.Linear, also for a Hugging Face Conv1D), for export or single-member inference."""
         if not 0 <= member < self.num_members():
             raise IndexError(f"member {member} out of range for {self.num_members()} members")
-        W, b = self.member_weight(member), self.member_bias(member)
+        return self.plain(self.member_weight(member), self.member_bias(member))
+
+    @torch.no_grad()
+    def plain(self, W: Tensor, b: Tensor | None) -> nn.Module:
+        """A plain layer of this layer's geometry (as ``merge`` gives) with the weight ``W`` (out, in') and the
+        bias ``b``: a member's, or the mean of the members' (``sve.api.export``)."""
         if self.kind == "conv":
             layer = CONV_TYPES[self.conv_dims - 1](
                 self.in_channels,

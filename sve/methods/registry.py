@@ -70,6 +70,21 @@ def option_config(option: str):
     return cfg
 
 
+@functools.cache
+def learning_rates(option: str) -> dict[str, float]:
+    """The learning rates ``train.py method=<option>`` trains at without a recipe: ``lr``, the option's own
+    ``lr`` (Appendix C.3's rates) or else the default optimizer's, and ``sv_lr``, the singular values' own rate,
+    where the option sets one."""
+    from hydra import compose
+
+    with _hydra():
+        cfg = compose("train", overrides=[f"{GROUP}={option}"])
+    rates = {"lr": float(cfg[GROUP].lr if cfg[GROUP].get("lr") is not None else cfg.optimizer.lr)}
+    if cfg[GROUP].get("sv_lr") is not None:
+        rates["sv_lr"] = float(cfg[GROUP].sv_lr)
+    return rates
+
+
 def method_class(option: str) -> type:
     """The registered class that ``option`` builds (its ``_target_``)."""
     from hydra.utils import get_class

@@ -1,5 +1,6 @@
-"""Metrics: accuracy, ECE, NLL, Brier and OOD scores as torchmetrics (``scores``), and temperature scaling
-(``calibration``). The names of both are importable from here (``from sve.metrics import classification_metrics``)."""
+"""Metrics: accuracy, ECE, NLL, Brier and OOD scores as torchmetrics (``scores``), temperature scaling
+(``calibration``), collapsed members (``collapse``). The names of the first two are importable from here
+(``from sve.metrics import classification_metrics``)."""
 
 from sve.metrics.calibration import (  # noqa: F401 - the package's names
     LOG_T_BOUNDS,

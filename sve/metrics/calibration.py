@@ -18,9 +18,12 @@ import torch
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
+from sve.metrics.scores import predictive_metrics
+
 # T is searched in [1/100, 100]: wider than any model needs (Guo et al. report 1 to 3); a value on an edge
 # means the validation set is degenerate (e.g. all correct with confidence 1).
 LOG_T_BOUNDS = (-math.log(100), math.log(100))
+TEMPERATURE_METRICS = ("acc", "ece", "nll")  # ts_brier would be one more column nobody asked for
 
 
 def scaled_log_probs(log_probs: Tensor, temperature: float) -> Tensor:
@@ -50,3 +53,10 @@ def fit_temperature(log_probs: Tensor, labels: Tensor) -> float:
 def temperature_scaled(log_probs: Tensor, temperature: float) -> Tensor:
     """Calibrated probabilities (N, C)."""
     return torch.exp(scaled_log_probs(log_probs, temperature))
+
+
+def temperature_metrics(log_probs: Tensor, labels: Tensor, temperature: float, n_bins: int = 15) -> dict[str, float]:
+    """``temperature`` and the ``ts_acc``, ``ts_ece``, ``ts_nll`` of the calibrated probabilities of ``log_probs``
+    (N, C): the names of results.json (``test/ts_*``) and of ``Ensemble.evaluate``."""
+    scaled = predictive_metrics(temperature_scaled(log_probs, temperature), labels, n_bins)
+    return {"temperature": temperature, **{f"ts_{k}": scaled[k] for k in TEMPERATURE_METRICS}}

@@ -19,7 +19,7 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
   ``ood_auprc``, ``ood_fpr95`` and, with more than one member, the same by mutual information
   ``test/ood_auroc_mi`` etc. (``sve.metrics.scores.ood_scores``);
   ``test/examples``, ``test/seconds``; ``test/collapsed_members``: the members whose output hardly depends on
-  the input (``collapsed_members``; a warning names them);
+  the input (``sve.metrics.collapse``; a warning names them);
 - ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
 - ``risk_coverage``: {"test": {"coverage", "risk"}}, at most 100 points of the test set's risk-coverage curve
   (``sve.metrics.selective.curve_record``), whose mean over all N coverages is ``test/aurc``;
@@ -44,20 +44,15 @@ import torch
 
 from sve.data.base import SHIFT
 from sve.members import log_predictive, predictive
-from sve.metrics.calibration import fit_temperature, temperature_scaled
+from sve.metrics.calibration import fit_temperature, temperature_metrics
+from sve.metrics.collapse import collapse_warning, collapsed_members
 from sve.metrics.scores import classification_metrics, ood_scores, predictive_metrics, score
 from sve.runs.prediction_files import PREDICTIONS, PREDICTIVE, write_predictions, write_predictive
 from sve.training.loops import limited_batches, stop_if_asked
 
 log = logging.getLogger(__name__)
 
-# A member whose class logits (centred per example) vary across the test set by less than this (standard
-# deviation) gives one answer whatever the input: it collapsed in training. Seen on MPNet-base with SVE at a rate
-# tuned on a smaller model: one member of four at 7e-5, the other three at 1.3-1.6; members of runs that
-# barely learn (SST-2 from random weights) stay above 0.04.
-COLLAPSED_BELOW = 1e-3
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
-TEMPERATURE_METRICS = ("acc", "ece", "nll")  # ts_brier would be one more column nobody asked for
 
 
 def seed_pass(seed: int, name: str) -> None:
@@ -146,10 +141,10 @@ def evaluate(
     # The temperature is fitted on log-probabilities computed as such (not the log of the probabilities, which
     # loses the digits of confident predictions).
     temperature = fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)
-    scaled = temperature_scaled(log_predictive(kept["test"].member_logits, aggregate), temperature)
-    metrics["test/temperature"] = temperature
-    scaled_metrics = predictive_metrics(scaled, kept["test"].labels)
-    metrics.update({f"test/ts_{k}": scaled_metrics[k] for k in TEMPERATURE_METRICS})
+    scaled = temperature_metrics(
+        log_predictive(kept["test"].member_logits, aggregate), kept["test"].labels, temperature
+    )
+    metrics.update({f"test/{k}": v for k, v in scaled.items()})
     if "ood" in kept:
         detection = ood_scores(
             kept["test"].member_logits, kept["ood"].member_logits, aggregate, kept_probs["test"], kept_probs["ood"]
@@ -158,13 +153,7 @@ def evaluate(
     collapsed = collapsed_members(kept["test"].member_logits)
     metrics["test/collapsed_members"] = collapsed
     if collapsed and trainer.is_global_zero:
-        log.warning(
-            f"member(s) {collapsed} of {kept['test'].member_logits.shape[0]} give nearly the same output "
-            f"for every test example (their centred logits vary by less than {COLLAPSED_BELOW}"
-            "), and the ensemble averages them in: most often they collapsed in training, which a lower "
-            "learning rate (method.lr) usually avoids; a tiny or random backbone whose features hardly "
-            "depend on the input does the same"
-        )
+        log.warning(collapse_warning(collapsed, kept["test"].member_logits.shape[0], "test example", "method.lr"))
     metrics["test/examples"] = len(kept["test"].labels)
     metrics["test/seconds"] = seconds["test"]
     check_finite(metrics)
@@ -184,31 +173,6 @@ def evaluate(
         logger.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=trainer.global_step)
         logger.save()
     return record
-
-
-def collapsed_members(member_logits: torch.Tensor) -> list[int]:
-    """The members (indices into the first axis of (M, N, C) logits) whose every class logit, centred on each
-    example, has a standard deviation across the N examples below ``COLLAPSED_BELOW``. Centred on the mean of
-    the classes every example has, so a constant added to a member's logits changes nothing, and neither do
-    options some examples lack (-inf: ARC's questions with fewer answers), which are left out of their class's
-    deviation. One example cannot show it: none is returned. One member at a time in float64, so the check
-    needs a member's logits twice over, not the whole ensemble's (ImageNet-size test sets)."""
-    if member_logits.shape[1] < 2:
-        return []
-    common = torch.isfinite(member_logits).all(dim=1).all(dim=0)  # (C,): the classes of every example
-    collapsed = []
-    for m, logits in enumerate(member_logits):
-        logits = logits.double()  # (N, C)
-        finite = torch.isfinite(logits)
-        if common.any():
-            centred = logits - logits[:, common].mean(-1, keepdim=True)
-        else:  # no class shared by all examples: log-probabilities (their normaliser moves with the options)
-            centred = torch.log_softmax(logits, dim=-1)
-        centred = torch.where(finite, centred, torch.nan)
-        std = (centred - centred.nanmean(0)).square().nanmean(0).sqrt()  # (C,); a class seen once: 0
-        if float(std.nan_to_num(0.0).max()) < COLLAPSED_BELOW:
-            collapsed.append(m)
-    return collapsed
 
 
 def check_finite(metrics: dict) -> None:

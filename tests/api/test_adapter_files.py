@@ -11,7 +11,7 @@ from torch import nn
 
 import sve
 from sve.api import adapter_files
-from sve.api.wrap import method_names
+from sve.api.options import method_names
 from sve.errors import InputError
 
 torch.set_num_threads(1)

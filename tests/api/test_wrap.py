@@ -21,9 +21,10 @@ from transformers import (
 )
 
 import sve
-from sve.api.wrap import method_names
+from sve.api.options import method_names
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
+from sve.metrics.collapse import COLLAPSED_BELOW
 
 torch.set_num_threads(1)
 # Zero init noise on the model's own head is what makes the members equal the model (the warning says so).
@@ -516,6 +517,22 @@ def test_the_reliability_diagram_draws_the_bins_of_the_predictions_and_writes_fi
         ensemble.reliability_diagram([x], progress=False)
 
 
+def test_evaluate_names_a_collapsed_member_as_a_run_does():
+    # Member 1's head reads nothing (zero weights): its logits are its bias whatever the input, as a member that
+    # collapsed in training gives; the others answer per input.
+    x, y = torch.randn(30, 6), torch.randint(0, 3, (30,))
+    ensemble = sve.wrap(mlp(), "sve", ensemble_size=3, num_classes=3, example_input=x[:1])
+    with torch.no_grad():
+        ensemble.method.heads.weight[1].zero_()
+        ensemble.eval()
+        z = ensemble(x).double().numpy()
+    spread = (z - z.mean(-1, keepdims=True)).std(axis=1).max(axis=-1)  # per member: its most input-dependent class
+    assert [m for m, s in enumerate(spread) if s < COLLAPSED_BELOW] == [1]
+    with pytest.warns(UserWarning, match=r"member\(s\) \[1\] of 3 give nearly the same output"):
+        metrics = ensemble.evaluate([(x, y)], progress=False)
+    assert metrics["collapsed_members"] == [1]
+
+
 def test_default_targets_are_the_layers_of_the_methods_types(tmp_path):
     # A CNN with a linear bottleneck: SVE takes the convolution and the linear, Bayes-LoRA (LA) (linears only)
     # takes the linear, instead of refusing the default targets for holding a convolution.
@@ -839,7 +856,7 @@ def test_sve_on_torchvision_vit_trains_in_member_chunks_and_its_members_are_thei
     ]
     assert "encoder.layers.encoder_layer_0.self_attention.out_proj" in ensemble.method.wrapped
     method, before = ensemble.method, ensemble.method.state_dict()["backbone.model.conv_proj.singular_values"].clone()
-    optimizer = torch.optim.AdamW(ensemble.parameter_groups(), lr=1e-2)
+    optimizer = torch.optim.AdamW(ensemble.parameter_groups(lr=1e-2))
     ensemble.train()
     for _ in range(3):  # as sve.training.module.chunked_step trains members_at_once=k: chunk by chunk
         for members in method.training_chunks():

@@ -71,7 +71,7 @@ def test_wrap_hands_the_optimizer_the_groups():
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)), torch.randn(4, 6)
     ensemble = sve.wrap(model, "sve_lora", ensemble_size=2, num_classes=3, example_input=x, sv_lr=0.02)
-    first, rest = torch.optim.AdamW(ensemble.parameter_groups(), lr=1e-4).param_groups
+    first, rest = torch.optim.AdamW(ensemble.parameter_groups(lr=1e-4)).param_groups
     assert (first["lr"], rest["lr"]) == (0.02, 1e-4)
     assert len(first["params"]) + len(rest["params"]) == len(ensemble.trainable_parameters())
     assert all(p.dim() == 2 and p.shape[0] == 2 for p in first["params"])  # (M, r) singular values
