@@ -54,6 +54,18 @@ def test_the_own_model_examples_run_verbatim_and_every_adapter_reloads_exactly(t
     with torch.no_grad():
         assert torch.equal(ensemble(images), scope["again"](images))  # the example's own reload
 
+    # The calls of the first block do what their comments say.
+    metrics = scope["metrics"]
+    assert metrics["temperature"] == scope["ensemble"].calibration["temperature"]  # calibrate ran: ts_* beside
+    assert {"ts_nll", "ts_ece", "ts_acc", "aurc", "ood_auroc", "ood_auroc_mi"} <= set(metrics)
+    assert (tmp_path / "plots" / "reliability.png").is_file()
+    assert type(scope["member"]) is type(bases[id(ensemble)])  # the original class, not a wrapper
+    with torch.no_grad():
+        torch.testing.assert_close(scope["member"].eval()(images), ensemble(images)[0], rtol=1e-4, atol=1e-4)
+    # The Trainer block trained the text ensemble and evaluated it with the framework's metrics.
+    assert scope["trainer"].state.global_step == 2
+    assert (tmp_path / "bert-sve-trainer" / "checkpoint-2" / "adapter_config.json").is_file()
+
     built = [scope[k] for k in ("ensemble", "plain", "text", "vit")]
     assert len(bases) == len(built)
     for i, wrapped in enumerate(built):
