@@ -15,10 +15,10 @@ flow of a run).
   ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
   (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
-  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation),
-  ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
-  ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
-  writes), ``resolvers``.
+  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation) with
+  ``eval_config`` (the config a finished run is evaluated with), ``prediction_files`` (the per-set files an
+  evaluation writes), ``plan`` with ``layout``, ``live_memory``, ``architectures`` and ``plan_report`` (the
+  memory plan), ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
   from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs

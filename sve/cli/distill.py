@@ -9,8 +9,8 @@ from sve.errors import InputError, one_line_errors
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
     """``sve-distill``'s own options (``OPTIONS`` of ``sve.runs.distillation``, typed and checked) and the
     overrides of the student's config."""
+    from sve.cli.run_options import command_options
     from sve.runs.distillation import OPTIONS
-    from sve.runs.evaluate import command_options
     from sve.training.distill import check_objective
 
     options, overrides = command_options(argv, OPTIONS)

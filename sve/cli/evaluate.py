@@ -45,8 +45,9 @@ def evaluate(argv: list[str]) -> int:
     """``sve-eval``'s arguments: its own options (``OPTIONS`` of ``sve.runs.evaluate``) and the overrides of the
     run's config, then ``sve.runs.evaluate.evaluate_run``."""
     from sve.cli.configs import module_doc
+    from sve.cli.run_options import command_options
     from sve.errors import InputError
-    from sve.runs.evaluate import OPTIONS, command_options, evaluate_run
+    from sve.runs.evaluate import OPTIONS, evaluate_run
 
     options, overrides = command_options(argv, OPTIONS)
     if not options["run_dir"]:

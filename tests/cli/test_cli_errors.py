@@ -157,7 +157,7 @@ def test_sve_train_help_lists_every_group_directory_with_its_options_and_every_k
 
 
 def test_sve_eval_refuses_an_added_key_that_nothing_reads():
-    from sve.runs.evaluate import apply_overrides
+    from sve.runs.eval_config import apply_overrides
     from tests.conftest import compose_cfg
 
     cfg = compose_cfg([])

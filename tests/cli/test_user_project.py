@@ -96,7 +96,7 @@ def test_sve_eval_finds_a_dataset_option_of_ones_own_config_folder_as_sve_train_
     from omegaconf import OmegaConf
 
     from sve.errors import InputError
-    from sve.runs.evaluate import apply_overrides, check_same_model
+    from sve.runs.eval_config import apply_overrides, check_same_model
 
     (tmp_path / "conf" / "dataset").mkdir(parents=True)
     (tmp_path / "conf" / "dataset" / "mine.yaml").write_text(
