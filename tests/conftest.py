@@ -103,3 +103,16 @@ def config_options(group: str) -> list[str]:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_run_id():
+    """``sve.runs.rundir.run_id`` keeps a process's run id in ``SVE_RUN_ID`` so that its child ranks share it: a
+    test that composed a run config in this process must not hand its id to the next test's runs (two runs
+    started together then shared one directory)."""
+    before = os.environ.get("SVE_RUN_ID")
+    yield
+    if before is None:
+        os.environ.pop("SVE_RUN_ID", None)
+    else:
+        os.environ["SVE_RUN_ID"] = before

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
 from torch import Tensor, nn
 
 from sve.api import calibration, export
@@ -259,7 +260,8 @@ class Ensemble(nn.Module):
         was_training = self.training
         self.eval()  # the predictive's member count (samples, snapshots) is the evaluation one
         try:
-            logits = self(batch)
+            with torch.no_grad():  # a prediction, not a step: no graph is kept (call the ensemble for gradients)
+                logits = self(batch)
         finally:
             self.train(was_training)
         return calibration.prediction(logits, aggregate, temperature)

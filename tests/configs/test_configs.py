@@ -57,10 +57,29 @@ def test_every_option_instantiates(group, tmp_path):
         if group == "logger" and option == "wandb":
             node = OmegaConf.merge(node, {"offline": True})
         obj = hydra.utils.instantiate(node)
-        if group == "callbacks":
-            assert all(obj[k] is not None for k in obj)
-        else:
-            assert obj is not None
+        built = {k: (node[k], obj[k]) for k in obj} if group == "callbacks" else {option: (node, obj)}
+        for key, (config, made) in built.items():
+            _check_built(f"{group}/{option}.{key}", config, made)
+
+
+def _check_built(where: str, config, made) -> None:
+    """What ``instantiate`` made is the config's target (a partial of it, for ``_partial_``), given the config's
+    values: a partial carries them as keywords; an object keeps those it stores under their own names."""
+    import functools
+
+    target = hydra.utils.get_object(config._target_)
+    values = {
+        k: v
+        for k, v in OmegaConf.to_container(config, resolve=True).items()
+        if not k.startswith("_") and not isinstance(v, (dict, list))
+    }
+    if config.get("_partial_"):
+        assert isinstance(made, functools.partial) and made.func is target, where
+        assert {k: made.keywords[k] for k in values} == values, where
+        return
+    assert isinstance(made, target), (where, type(made), target)
+    kept = {k: getattr(made, k) for k in values if k in vars(made) and not callable(getattr(made, k))}
+    assert all(kept[k] == values[k] for k in kept), (where, kept, values)
 
 
 @pytest.mark.parametrize("method", config_options("method"))

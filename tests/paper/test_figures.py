@@ -86,7 +86,9 @@ def test_singular_values_file_holds_each_sv_layer(tmp_path):
     assert save_singular_values(torch.nn.Linear(2, 2), tmp_path / "none") is None  # no SV layers, no file
 
 
-def test_figures_4_to_6_from_a_run_directory(tmp_path):
+def test_figures_4_to_6_from_a_run_directory(tmp_path, monkeypatch):
+    from sve.paper import figures
+
     run = write_run(tmp_path, "oxford_pets_dinov2", "sve", 4, 0, {"acc": 0.9}).parent
     rng = np.random.default_rng(0)
     arrays = {}
@@ -96,9 +98,23 @@ def test_figures_4_to_6_from_a_run_directory(tmp_path):
             arrays[f"backbone.blocks.{block}.{layer}.pretrained"] = s
             arrays[f"backbone.blocks.{block}.{layer}.members"] = s * (1 + 0.02 * rng.standard_normal((4, 12)))
     np.savez(run / FILENAME, **arrays)
+    drawn = {}
+    save = figures.save_figure
+    monkeypatch.setattr(
+        figures, "save_figure", lambda fig, out, name: drawn.setdefault(name, fig) and save(fig, out, name)
+    )
     build("figureB", root=tmp_path)
-    for name in ("figure4_qkv", "figure5_attn_out", "figure6_fc1"):
+    for name, layer in (("figure4_qkv", "attn.qkv"), ("figure5_attn_out", "attn.proj"), ("figure6_fc1", "mlp.fc1")):
         assert_figure(tmp_path / "figures" / f"{name}.png")
+        panels = [ax for ax in drawn[name].axes if ax.get_title()]
+        assert [ax.get_title() for ax in panels] == [f"backbone.blocks.{b}.{layer}" for b in range(3)]
+        for b, ax in enumerate(panels):  # one line per member: its top singular values' change in percent
+            key = f"backbone.blocks.{b}.{layer}"
+            expected = 100 * (arrays[f"{key}.members"] / arrays[f"{key}.pretrained"] - 1)
+            lines = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
+            top = len(lines[0].get_ydata())
+            assert len(lines) == 4 and 0 < top <= 12
+            np.testing.assert_allclose([line.get_ydata() for line in lines], expected[:, :top], rtol=1e-9)
 
 
 def test_reliability_bins_match_the_ece_binning():
@@ -116,17 +132,36 @@ def test_reliability_bins_match_the_ece_binning():
     assert ece == pytest.approx(float(metric.compute()))
 
 
-def test_reliability_diagrams_from_saved_predictions(tmp_path):
+def test_reliability_diagrams_from_saved_predictions(tmp_path, monkeypatch):
+    from sve.paper import figures
+
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((4, 50, 5))
+    labels = rng.integers(0, 5, 50)
     for method, members in (("sve", 4), ("single", 1)):
         run = write_run(
             tmp_path, "sst2_bert", method, members, 0, {"acc": 0.5}, predictions={"test": "predictions/test.npz"}
         ).parent
         (run / "predictions").mkdir()
-        np.savez(run / "predictions" / "test.npz", member_logits=logits[:members], labels=rng.integers(0, 5, 50))
+        np.savez(run / "predictions" / "test.npz", member_logits=logits[:members], labels=labels)
+    drawn = {}
+    save = figures.save_figure
+    monkeypatch.setattr(
+        figures, "save_figure", lambda fig, out, name: drawn.setdefault(name, fig) and save(fig, out, name)
+    )
     build("table2", root=tmp_path)
     assert_figure(tmp_path / "figures" / "table2_reliability_sst2_bert.png")
+    # One panel per row that has predictions, its bars the reliability bins of the saved predictive.
+    fig = drawn["table2_reliability_sst2_bert"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["Single", "SV-Ensemble (M=4)"] or titles == ["SV-Ensemble (M=4)", "Single"]
+    for title, members in (("Single", 1), ("SV-Ensemble (M=4)", 4)):
+        ax = next(ax for ax in fig.axes if ax.get_title() == title)
+        z = logits[:members] - logits[:members].max(-1, keepdims=True)
+        probs = (np.exp(z) / np.exp(z).sum(-1, keepdims=True)).mean(0)
+        bins = reliability_bins(probs, labels)
+        heights = [bar.get_height() for bar in ax.containers[0]]
+        np.testing.assert_allclose(heights, bins["accuracy"][bins["count"] > 0], atol=1e-12)
 
 
 def test_learning_curves_average_the_seeds_at_shared_steps(tmp_path):

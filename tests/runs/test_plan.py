@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,10 +27,11 @@ from sve.paper import plan_tables
 from sve.paths import CONFIGS
 from sve.runs import architectures, layout, plan_report
 from sve.runs import plan as P
+from tests.conftest import ROOT
 
 TOTAL_TOLERANCE = 0.10
 STEP_TOLERANCE = 0.20
-MEASURE = Path(__file__).with_name("plan_measure.py")
+MEASURE = ROOT / "tests" / "plan_measure.py"
 TABLES = ["table1", "table2", "table3", "table4", "table5", "table6"]
 
 BERT_BASE_WIDTH = [

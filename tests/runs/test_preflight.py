@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 
 from sve.errors import InputError, OfflineError
 from sve.runs import preflight
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 @pytest.fixture
