@@ -599,8 +599,8 @@ def test_a_stopped_sweep_passes_sigterm_on_to_its_run(tmp_path):
         "from sve.paper.sweep_runs import forwarded_sigterm\n"
         f"child = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, text=True)\n"
         "child.stdout.readline()\n"
-        "print('waiting', flush=True)\n"
         "with forwarded_sigterm(child) as stopped:\n"
+        "    print('waiting', flush=True)  # the handler is in place from here on\n"
         "    code = child.wait()\n"
         "print('stopped' if stopped else 'not stopped', code, flush=True)\n"
     )
