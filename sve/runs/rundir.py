@@ -61,9 +61,20 @@ def _holder() -> dict:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of ``/proc/<pid>/stat``): a pid that a
+    later process reuses has another. None where there is no such entry (no /proc, or no such process)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()[19]  # the fields after the command's name start at field 3
 
 
 def _alive(pid: int) -> bool:
@@ -80,8 +91,20 @@ def _stale(record: dict) -> bool:
     """True when the lock's record cannot be running any more."""
     if record.get("slurm_job") and record["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
         return True  # an earlier attempt of this (requeued) job
-    pids = [record.get("pid", -1), *record.get("run_pids", [])]  # the claimant, and a run that adopted its lock
-    return record.get("host") == socket.gethostname() and not any(_alive(int(pid)) for pid in pids)
+    # The claimant, and a run that adopted its lock, each with its start time where the lock recorded it: a
+    # session's processes end with it, and their pids are handed to others (a sweep resumed in a new session
+    # took a lock held by a long-dead run for a live one and skipped the job).
+    pids = [(record.get("pid", -1), record.get("pid_start"))]
+    pids += list(zip(record.get("run_pids", []), record.get("run_starts", [None] * len(record.get("run_pids", [])))))
+    return record.get("host") == socket.gethostname() and not any(_same_process(int(p), start) for p, start in pids)
+
+
+def _same_process(pid: int, start: str | None) -> bool:
+    """``pid`` is alive and, where its start time was recorded, is the process that recorded it."""
+    if not _alive(pid):
+        return False
+    now = process_start(pid)
+    return start is None or now is None or now == start
 
 
 def holder(directory: Path) -> dict | None:
@@ -144,6 +167,10 @@ def _adopt(lock: Path) -> bool:
     if record.get("pid") == os.getpid():
         return True  # the same process (a sweep running a small run in process)
     record["run_pids"] = [*record.get("run_pids", []), os.getpid()]
+    record["run_starts"] = [
+        *record.get("run_starts", [None] * (len(record["run_pids"]) - 1)),
+        process_start(os.getpid()),
+    ]
     partial = lock.with_name(f"{LOCK}.{os.getpid()}")
     partial.write_text(json.dumps(record))
     os.replace(partial, lock)  # atomic: a reader sees the old record or the new one, never half of it

@@ -421,6 +421,30 @@ def test_holder_tells_a_live_lock_from_a_dead_or_absent_one(tmp_path):
     assert holder(tmp_path) is None
 
 
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
+    # A session's runs end with it and their pids go to other processes: the recorded start time tells them apart.
+    import json
+    import socket
+
+    from sve.runs.rundir import process_start
+
+    me, started = os.getpid(), process_start(os.getpid())
+    assert started is not None and started == process_start(me)  # stable for a living process
+    record = {"host": socket.gethostname(), "pid": me, "pid_start": started, "slurm_job": None}
+    (tmp_path / ".lock").write_text(json.dumps(record))
+    assert holder(tmp_path)["pid"] == me  # this very process: live
+    (tmp_path / ".lock").write_text(json.dumps({**record, "pid_start": str(int(started) - 1)}))
+    assert holder(tmp_path) is None  # a live pid, started at another time: the recorded run is gone
+    reused = {**record, "pid": 999_999_999, "run_pids": [me], "run_starts": [str(int(started) - 1)]}
+    (tmp_path / ".lock").write_text(json.dumps(reused))
+    assert holder(tmp_path) is None  # the adopting run's pid was reused too
+    (tmp_path / ".lock").write_text(json.dumps({**reused, "run_starts": [started]}))
+    assert holder(tmp_path)["run_pids"] == [me]
+    legacy = {k: v for k, v in record.items() if k != "pid_start"}  # a lock written before start times
+    (tmp_path / ".lock").write_text(json.dumps(legacy))
+    assert holder(tmp_path)["pid"] == me
+
+
 def result(job) -> dict:
     return {
         "method": job.method,
