@@ -125,7 +125,16 @@ def run_subprocess(job: Job) -> dict:
     job.dir.mkdir(parents=True, exist_ok=True)
     # This interpreter and this installed package (not whichever ``sve-train`` is first on the PATH), in the
     # current directory: relative data paths and the store resolve as they do for the sweep itself.
-    command = [sys.executable, "-m", "sve.cli.train", *job.overrides, f"hydra.run.dir={job.dir}"]
+    # Hydra's own file handler writes train.log too (its job is named train): the run's log goes to the file
+    # once, through the console output captured below, which also holds warnings, tracebacks and progress bars.
+    command = [
+        sys.executable,
+        "-m",
+        "sve.cli.train",
+        *job.overrides,
+        f"hydra.run.dir={job.dir}",
+        "hydra.job_logging.root.handlers=[console]",
+    ]
     env = {**os.environ, HELD_LOCK: str((job.dir / LOCK).resolve())}  # the run adopts the lock this sweep holds
     with open_log(job) as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

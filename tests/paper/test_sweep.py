@@ -175,6 +175,19 @@ def test_failures_do_not_stop_the_sweep_and_reruns_skip_finished_runs(tmp_path, 
     assert "cifar100_dino sve M=4 seed 0: done earlier" in capsys.readouterr().out
 
 
+def test_a_run_started_by_the_sweep_logs_each_line_once(tmp_path, monkeypatch):
+    # The real runs go through a subprocess whose output is train.log; Hydra's file handler wrote the same file,
+    # so every log line appeared twice.
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # this checkout's sve, whichever is installed
+    overrides = ["trainer=debug", "callbacks=none", "backbone=tiny_vit", "method=sve", "ensemble_size=2", "seed=3"]
+    job = sweep_jobs.Job("exp", "sve", 2, 3, overrides, tmp_path / "run")
+    results = sweep_runs.run_subprocess(job)
+    assert results["seed"] == 3 and results["num_members"] == 2
+    log = (job.dir / "train.log").read_text()
+    assert log.count("Seed set to 3") == 1 and log.count("sweep attempt") == 1
+
+
 def test_a_run_with_a_collapsed_member_says_so_in_the_sweep_log(tmp_path, monkeypatch, capsys):
     def fake_run(job):  # SVE's member 1 answers the same for every input; the other rows are healthy
         collapsed = [1] if job.method == "sve" else []
