@@ -15,6 +15,7 @@ the LM. A member's scores come from its own forward pass through the LM, lm_head
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from sve.backbones.hf import HFCausalLMBackbone
 from sve.errors import InputError
+from sve.layers.recompute import is_checkpointing
 from sve.members import expected_rows, member_rows
 
 
@@ -97,7 +99,7 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         stem_length = stem_mask.sum(1)  # the stems are right-padded
         repeat = lambda t: t.repeat_interleave(C, dim=0)  # noqa: E731 - stem n -> its C rows, member-major kept
         mask = torch.cat([repeat(stem_mask), option_mask], 1)  # the stem's padding is masked out
-        if self.model.is_gradient_checkpointing and self.training:
+        if is_checkpointing(self.model) and self.training:
             with continuations:
                 hidden = base(
                     input_ids=torch.cat([repeat(stem), option], 1),
@@ -107,11 +109,13 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
             last_stem, continued = hidden[torch.arange(N * C), repeat(stem_length) - 1], hidden[:, S:]
         else:
             out = base(input_ids=stem, attention_mask=stem_mask, use_cache=True)
-            out.past_key_values.batch_repeat_interleave(C)
+            name = cache_keyword(base)
+            cache = getattr(out, name)
+            cache.batch_repeat_interleave(C)
             positions = repeat(stem_length)[:, None] + torch.arange(L, device=stem.device)
             with continuations:
                 continued = base(
-                    input_ids=option, attention_mask=mask, position_ids=positions, past_key_values=out.past_key_values
+                    input_ids=option, attention_mask=mask, position_ids=positions, **{name: cache}
                 ).last_hidden_state
             last_stem = repeat(out.last_hidden_state[torch.arange(N), stem_length - 1])
         # Option token l is predicted at the position before it: the stem's last token for l = 0. Only those
@@ -138,3 +142,9 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         if lm_bias is not None:
             bias = lm_bias[ids].detach().float().clone()
         return weight, bias
+
+
+def cache_keyword(model) -> str:
+    """The name of the key/value cache, as a forward argument and an output field: ``cache`` from transformers
+    5.25 (``past_key_values`` warns there and goes in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -41,11 +41,32 @@ def _as_noted(noted) -> Iterator[None]:
         yield
 
 
+# transformers 5.25 renamed gradient checkpointing to activation checkpointing; the old names warn there and go in
+# v6. Each helper below takes the new name where the model has it.
+
+
 def enable_checkpointing(model: nn.Module, **kwargs) -> None:
     """Hugging Face gradient checkpointing, non-reentrant, with each block recomputed as it ran."""
-    model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": recompute_context, **kwargs}
-    )
+    options = {"use_reentrant": False, "context_fn": recompute_context, **kwargs}
+    if hasattr(type(model), "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
 
-__all__ = ["enable_checkpointing", "recompute_context"]
+def disable_checkpointing(model: nn.Module) -> None:
+    if hasattr(type(model), "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Whether a Hugging Face model recomputes its blocks; False for any other module."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+__all__ = ["disable_checkpointing", "enable_checkpointing", "is_checkpointing", "recompute_context"]

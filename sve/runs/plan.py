@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
 
 from sve.errors import InputError
-from sve.layers.recompute import enable_checkpointing
+from sve.layers.recompute import disable_checkpointing, enable_checkpointing, is_checkpointing
 from sve.runs.architectures import offline_backbone
 from sve.runs.layout import CUDA_CONTEXT, GIB, PRECISIONS, Layout, device_layout, gib
 from sve.runs.live_memory import BLOCK, LiveMemory, tensor_bytes
@@ -119,7 +119,7 @@ def plan(cfg: DictConfig, capacity_gib: float | None = None, alternatives: bool 
         # its torchmetrics states on fake tensors corrupted the heap now and then, torch 2.14.)
         if bool(cfg.get("exact_draws", True)):
             unfuse_attention_dropout(method.backbone)
-        if getattr(backbone.model, "is_gradient_checkpointing", False):
+        if is_checkpointing(backbone.model):
             checkpointing(backbone.model, True)  # the same checkpointing, without stashing fake RNG states
         how = PRECISIONS[layout.precision]
         if how is not None and how[0] == "cast":
@@ -367,7 +367,7 @@ def alternative_steps(method, batch: dict, factory, how, clip, block: int = 1) -
     out = {}
     model = method.backbone.model
     if getattr(model, "supports_gradient_checkpointing", False):
-        on = bool(model.is_gradient_checkpointing)
+        on = is_checkpointing(model)
         checkpointing(model, not on)
         try:
             name = f"backbone.gradient_checkpointing={str(not on).lower()}"
@@ -391,7 +391,7 @@ def checkpointing(model: nn.Module, on: bool) -> None:
     if on:
         enable_checkpointing(model, preserve_rng_state=False)
     else:
-        model.gradient_checkpointing_disable()
+        disable_checkpointing(model)
 
 
 def eval_step(method, batch: dict, how, block: int = 1) -> dict[str, int]:

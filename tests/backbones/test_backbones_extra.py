@@ -7,6 +7,7 @@ import torch
 from sve.backbones.resnet_cifar import ResNetCIFAR, ResNetCIFARBackbone
 from sve.errors import InputError
 from sve.layers import SVLinear
+from sve.layers.recompute import is_checkpointing
 from sve.methods.sve import SVE
 from sve.runs.run import instantiate
 from tests.conftest import compose_cfg, installed, shared_path
@@ -89,7 +90,7 @@ def test_llama2_7b_settings_bf16_frozen_checkpointed_float32_singular_values():
     )
     assert cfg.backbone.torch_dtype == "bfloat16" and cfg.backbone.gradient_checkpointing
     backbone = instantiate(cfg.backbone)
-    assert backbone.model.is_gradient_checkpointing and backbone.model.dtype == torch.bfloat16
+    assert is_checkpointing(backbone.model) and backbone.model.dtype == torch.bfloat16
     backbone.answer_tokens = list("ABCDE")
     method = SVE(backbone, ensemble_size=2, num_classes=5).train()
     layer = next(m for m in method.modules() if isinstance(m, SVLinear))

@@ -100,6 +100,8 @@ def test_member_chunks_train_through_gradient_checkpointing_as_without_it(tmp_pa
 def one_step_gradients(method: str, members: list[int], checkpointing: str, ensemble_size: int = 4) -> dict:
     """Gradients of one training pass of ``members`` (in their exact draws) on tiny BERT, dropout on, with
     ``checkpointing`` 'off', 'replayed' (as the backbone enables it) or 'plain' (PyTorch's own, no context)."""
+    from torch.utils.checkpoint import noop_context_fn
+
     from sve.layers.recompute import enable_checkpointing
     from sve.runs.run import instantiate
 
@@ -117,8 +119,8 @@ def one_step_gradients(method: str, members: list[int], checkpointing: str, ense
     m, datamodule = method_on(cfg, backbone, ensemble_size)
     if checkpointing == "replayed":
         enable_checkpointing(backbone.model)
-    elif checkpointing == "plain":
-        backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif checkpointing == "plain":  # torch's default: no recompute context
+        enable_checkpointing(backbone.model, context_fn=noop_context_fn)
     batch = next(iter(datamodule.train_dataloader()))
     B = batch["labels"].shape[0]
     m.train()
