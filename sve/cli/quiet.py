@@ -4,6 +4,7 @@ Each filter matches one notice by its text (and its logger or warning class), ne
 warning that says something about the run still shows:
 
 - torch: "`torch.jit.script` is deprecated" (a FutureWarning raised by libraries that script at import);
+- Lightning on torch 2.14: "`isinstance(treespec, LeafSpec)` is deprecated" (Lightning's own call, at every fit);
 - laplace-torch: "... backend not available ..." (optional backends it logs at import, with a pip command);
 - Lightning: its "💡 Tip: ..." advertisements, and "Found N module(s) in eval mode at the start of training"
   (the frozen backbone is in eval mode on purpose: dropout off in the pretrained part).
@@ -18,6 +19,7 @@ import warnings
 
 WARNINGS = (
     (r"`torch\.jit\.script` is deprecated", FutureWarning),
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     (r"Found \d+ module\(s\) in eval mode at the start of training", Warning),
 )
 # logger name -> what its records say, for records that are only noise

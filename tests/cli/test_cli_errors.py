@@ -207,7 +207,12 @@ def test_a_refused_run_keeps_a_directory_that_was_there_or_that_it_wrote_into(tm
 
 # ----- quiet by default -----------------------------------------------------------------------------------------
 
-NOISE = ("`torch.jit.script` is deprecated", "backend not available", "💡 Tip:")
+NOISE = (
+    "`torch.jit.script` is deprecated",
+    "`isinstance(treespec, LeafSpec)` is deprecated",
+    "backend not available",
+    "💡 Tip:",
+)
 
 
 def test_a_tiny_run_prints_none_of_the_libraries_notices(tmp_path):
