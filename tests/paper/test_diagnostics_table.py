@@ -59,3 +59,30 @@ def test_a_row_reads_its_numbers_and_the_spread_against_its_initial_value(tmp_pa
 def test_a_run_without_results_is_named(tmp_path):
     with pytest.raises(Exception, match="no results.json in .*unfinished"):
         SCRIPT["table"]([tmp_path / "unfinished"], tmp_path)
+
+
+def test_a_difference_is_the_paired_mean_with_its_test_set_interval(tmp_path):
+    # Two runs on the same 600 examples: the NLL difference is the mean of the per-example differences, and
+    # the interval's half-width that of a paired mean, 1.96 sd(d) / sqrt(n) (the bootstrap's own estimate of
+    # the same quantity: within 10%).
+    import numpy as np
+    import torch
+
+    from sve.runs.prediction_files import write_predictive
+
+    generator = torch.Generator().manual_seed(0)
+    labels, index = torch.randint(0, 4, (600,), generator=generator), torch.arange(600)
+    nll = {}
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        probs = (scale * torch.randn(600, 4, generator=generator, dtype=torch.float64)).softmax(-1)
+        (tmp_path / name / "predictive").mkdir(parents=True)
+        write_predictive(tmp_path / name / "predictive" / "test.npz", "test", probs, labels, index)
+        nll[name] = -probs[torch.arange(600), labels].log().float().numpy()
+    rows = SCRIPT["differences"]([tmp_path / "a", tmp_path / "b"], tmp_path / "b", tmp_path).splitlines()
+    assert len(rows) == 3 and rows[2].startswith("| `a` |")  # the reference's own row is left out
+    point, low, high = (
+        float(x) for x in rows[2].split("|")[4].replace("[", " ").replace("]", " ").replace(",", " ").split()
+    )
+    d = nll["a"] - nll["b"]
+    assert point == pytest.approx(d.mean(), abs=5e-4)
+    assert (high - low) / 2 == pytest.approx(1.96 * d.std(ddof=1) / np.sqrt(600), rel=0.1)
