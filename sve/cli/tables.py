@@ -14,7 +14,10 @@ from sve.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sve.cli.quiet import hide_noise
     from sve.paper.store import is_table, table_names
+
+    hide_noise()  # the row labels compose each method option, importing its library (laplace-torch's notice)
 
     # The docstring after its usage line (``...``: ...), whole: its first line alone stopped mid-sentence.
     description = " ".join(__doc__.replace("``", "").split()).split("): ", 1)[-1]
