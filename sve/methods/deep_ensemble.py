@@ -48,6 +48,7 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 from sve.distributed import load_state
 from sve.errors import InputError
@@ -131,7 +132,7 @@ class DeepEnsemble(EnsembleMethod):
     def hold_members(self) -> None:
         """Working copies: all M members in memory, or one chunk. Copy 0 is the backbone itself."""
         backbone = self.backbone
-        self.members = nn.ModuleList([backbone] + [copy.deepcopy(backbone) for _ in range(self.chunk_size - 1)])
+        self.members = nn.ModuleList([backbone] + [copy_module(backbone) for _ in range(self.chunk_size - 1)])
         self.initial = cpu_state(backbone) if self.mode == "sequential" else None
         self.initial_heads = cpu_state(self.heads) if self.mode == "sequential" else None  # before sharding
 
@@ -359,3 +360,15 @@ class DeepEnsembleLoRA(DeepEnsemble):
 
     def report(self) -> dict:
         return {**super().report(), "rank": self.rank, "alpha": self.alpha, "dropout": self.dropout}
+
+
+def copy_module(module: nn.Module) -> nn.Module:
+    """``copy.deepcopy`` of a member's backbone. On fake tensors (a memory plan, ``sve.runs.plan``) each tensor is
+    cloned beforehand into deepcopy's memo: ``Tensor.__deepcopy__`` reads a fake tensor's data pointer, which
+    torch 2.14 calls undefined behaviour, and planning Table 2's deep ensemble (M = 8) died of a corrupted heap."""
+    if not any(is_fake(t) for t in [*module.parameters(), *module.buffers()]):
+        return copy.deepcopy(module)
+    with torch.no_grad():
+        memo = {id(p): nn.Parameter(p.clone(), requires_grad=p.requires_grad) for p in module.parameters()}
+        memo.update({id(b): b.clone() for b in module.buffers()})
+    return copy.deepcopy(module, memo)
