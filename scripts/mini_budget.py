@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from sve.cli.quiet import hide_noise
 from sve.errors import one_line_errors
 from sve.paper.budget import report
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="runs trained at a time")
     args = parser.parse_args(argv)
+    hide_noise()  # the method options' libraries are imported as their rows are read (laplace-torch's notice)
     from sve.paper.store import table_names
 
     unknown = sorted(set(args.tables or ()) - set(table_names()))
