@@ -15,6 +15,7 @@ the LM. A member's scores come from its own forward pass through the LM, lm_head
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import nullcontext
 from pathlib import Path
@@ -146,5 +147,11 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
 
 def cache_keyword(model) -> str:
     """The name of the key/value cache, as a forward argument and an output field: ``cache`` from transformers
-    5.25 (``past_key_values`` warns there and goes in 5.40), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    5.25 (``past_key_values`` warns there and goes in 5.40), ``past_key_values`` before. Read once per class:
+    it is asked at every forward."""
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
