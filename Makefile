@@ -83,7 +83,7 @@ gpu-check: ## On a CUDA machine: every method under bf16/fp16 mixed precision, S
 # (results/mini/README.md). Each part is a table sweep under results/mini/: resumable (finished runs are
 # skipped, a killed run resumes from its checkpoint), so `make mini` can span several sittings.
 MINI_PARTS := mini-table2 mini-table3 mini-table1 mini-figure2 mini-table4 mini-figure3 mini-figure2-vision mini-table2-mpnet \
-	mini-table1-vit mini-table2-rates mini-table1-rates
+	mini-table1-vit mini-table2-rates mini-table1-rates mini-table3-sized
 CIFAR10_JPG ?= $(SVE_CACHE)/data/cifar10_jpg
 
 # Two workers with one thread each (small models use two single-threaded runs better than one run on two
@@ -106,6 +106,7 @@ mini-budget: ## The budget measured for every method from the runs (minutes per 
 mini-table2: ## Mini Table 2: SST-2 with MiniLM-L6, 9 methods, M=4, 3 seeds, learning rates tuned on validation
 mini-figure2: ## Mini Fig. 2: SST-2 from random weights against pretrained (Single, LoRA-Ensemble, SVE)
 mini-table3: ## Mini Tables 3 and 6: ARC-Easy with SmolLM2-135M (cloze), SVF and SVE at M=1,2,4, LoRA-Ensemble
+mini-table3-sized: ## Mini Tables 3 and 6 at the pilot's size: ARC-Easy, 500 test questions, each ensemble's diversity knob tuned beside its rate (long: about 10 h on 2 cores)
 mini-table1: ## Mini Table 1: ImageNet EfficientNet-Lite0 transferred to CIFAR-10 JPEG, fresh heads, 6 methods
 mini-table4: ## Mini Table 4: OOD detection (Fashion-MNIST) with mini Table 1's pretrained runs
 mini-figure3: ## Mini Fig. 3: generated corruptions at severities 1-5 with mini Table 1's pretrained runs
@@ -121,7 +122,7 @@ mini-table2-mpnet: mini-table2 $(if $(SMOKE),,mpnet)
 mini-table1-vit: $(if $(SMOKE),,mini-data vit-s14)
 mini-table2-rates: mini-table2
 mini-table1-rates: mini-table1
-mini-table3: $(if $(SMOKE),,mini-smollm2)
+mini-table3 mini-table3-sized: $(if $(SMOKE),,mini-smollm2)
 # The distillation table's two experiments run side by side (MINI_JOBS processes), each training its teachers
 # again where their state was left behind, then distilling them; each writes the table when it ends.
 DISTILL_EXPERIMENTS := mini_sst2_minilm mini_cifar10_effnet

@@ -39,16 +39,28 @@ class LoRALayer(MemberLayer):
     rank: r.
     alpha: scaling numerator; the update is scaled by alpha / r (C.3: r = alpha = 8, i.e. scale 1).
     dropout: rate of the dropout on the low-rank path's input (peft's ``lora_dropout``; module docstring).
+    init_scale: A's initial draw times this factor (1.0: nn.Linear's default init, as peft). The members' A
+        differ only by their draws, so this sets how far apart the members start: LoRA-Ensemble's diversity knob,
+        as sigma_init is SVE's. B still starts at zero, so every member still equals the base layer at init.
     """
 
     def __init__(
-        self, base: nn.Module, ensemble_size: int = 1, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0
+        self,
+        base: nn.Module,
+        ensemble_size: int = 1,
+        rank: int = 8,
+        alpha: float = 8.0,
+        dropout: float = 0.0,
+        init_scale: float = 1.0,
     ):
         super().__init__(base, ensemble_size)
         if rank < 1:
             raise InputError(f"rank must be a positive integer, got {rank}")
         if not 0 <= dropout < 1:
             raise InputError(f"LoRA dropout must be in [0, 1), got {dropout}")
+        if not (isinstance(init_scale, (int, float)) and init_scale > 0 and math.isfinite(init_scale)):
+            raise InputError(f"LoRA init_scale must be a positive number, got {init_scale!r}")
+        self.init_scale = float(init_scale)
         self.base = base.requires_grad_(False)
         self.rank = rank
         self.scaling = alpha / rank
@@ -60,10 +72,12 @@ class LoRALayer(MemberLayer):
 
     @torch.no_grad()
     def reset(self, members) -> None:
-        """Draws ``members``' adapters afresh: A as nn.Linear's default init, one independent draw per member,
-        and B = 0, so each starts as the base layer (a deep ensemble re-draws each round's members)."""
+        """Draws ``members``' adapters afresh: A as nn.Linear's default init times ``init_scale``, one independent
+        draw per member, and B = 0, so each starts as the base layer (a deep ensemble re-draws each round's members)."""
         for m in members:
             nn.init.kaiming_uniform_(self.lora_A[m], a=math.sqrt(5))
+            if self.init_scale != 1.0:  # 1.0 leaves the draw bit for bit as peft's
+                self.lora_A[m].mul_(self.init_scale)
             self.lora_B[m].zero_()
 
     @property

@@ -23,6 +23,8 @@ class LoRAEnsemble(EnsembleMethod):
     rank: LoRA rank r (C.3: 8).
     alpha: LoRA alpha (C.3: 8); the update is scaled by alpha / r.
     dropout: LoRA dropout on the low-rank path's input in training (0.0: none; Yang et al., 2024: 0.1).
+    init_scale: the factor on each member's initial A draw (1.0: peft's init): how far apart the members start,
+        LoRA-Ensemble's own diversity knob (``sve.layers.lora.LoRALayer``).
     """
 
     display_name = "LoRA-Ensemble"
@@ -38,17 +40,20 @@ class LoRAEnsemble(EnsembleMethod):
         rank: int = 8,
         alpha: float = 8.0,
         dropout: float = 0.0,
+        init_scale: float = 1.0,
         **common,
     ):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         if not 0 <= dropout < 1:
             raise InputError(f"method.dropout={dropout} is not valid: the LoRA dropout must be in [0, 1)")
-        self.rank, self.alpha, self.dropout = rank, alpha, float(dropout)
+        if not (isinstance(init_scale, (int, float)) and not isinstance(init_scale, bool) and init_scale > 0):
+            raise InputError(f"method.init_scale={init_scale!r} is not valid: it must be a positive number")
+        self.rank, self.alpha, self.dropout, self.init_scale = rank, alpha, float(dropout), float(init_scale)
         self.adapt()
 
     def make_layer(self, layer: nn.Module) -> LoRALayer:
         members = self.ensemble_size if self.adapters_per_member else 1
-        return LoRALayer(layer, members, self.rank, self.alpha, self.dropout)
+        return LoRALayer(layer, members, self.rank, self.alpha, self.dropout, self.init_scale)
 
     def lora_layers(self) -> list[LoRALayer]:
         return [m for m in self.modules() if isinstance(m, LoRALayer)]

@@ -142,6 +142,19 @@ def check_spec(spec: DictConfig, path: Path) -> None:
             )
         if tune.metric not in METRICS:
             raise bad(f"{where}.metric", tune.metric, f"choose from {sorted(METRICS)}")
+    for i, row in enumerate(rows):
+        knob = row.get("knob")
+        if knob is None:
+            continue
+        if not spec.get("tune") and not row.get("tune"):
+            raise bad(f"rows[{i}].knob", knob, "a knob is tuned at the row's tuned rate: give the table a tune block")
+        if (
+            not OmegaConf.is_dict(knob)
+            or set(knob) != {"key", "grid"}
+            or not OmegaConf.is_list(knob.grid)
+            or len(knob.grid) < 2
+        ):
+            raise bad(f"rows[{i}].knob", knob, "expected {key: sigma_init, grid: [<the default>, <another>]}")
 
 
 def results_root(smoke: bool = False, root: Path | None = None) -> Path:

@@ -34,7 +34,9 @@ e.g. BERT-size rows at the learning rates tuned for the small model)
 copied into its own ``tuned.json`` with a ``from`` key. A row's own ``tune:`` block replaces the table's for that
 row. A row with ``fix_tuned: method:members`` keeps that row's tuned value (of whatever key its own table tuned)
 fixed in every run, tuning runs included, while this row tunes its own key: a hybrid's singular-value rate tuned
-at the adapter rate its plain row chose.
+at the adapter rate its plain row chose. A row with ``knob: {key, grid}`` also tunes its method's own diversity knob
+(SVE's sigma_init, LoRA-Ensemble's init scale) at its chosen rate, on that fixed grid (``sve.paper.sweep_tuning``,
+``tune_knob``); the choice is recorded under ``knob`` in its tuned.json.
 """
 
 from __future__ import annotations
@@ -60,7 +62,15 @@ from sve.paper.sweep_runs import (
     run_subprocess,
     who,
 )
-from sve.paper.sweep_tuning import borrowed_choice, borrowed_from, fixed_choice, smoke_skips_tuning, tune_row
+from sve.paper.sweep_tuning import (
+    borrowed_choice,
+    borrowed_from,
+    fixed_choice,
+    smoke_skips_tuning,
+    tune_knob,
+    tune_row,
+    with_knob,
+)
 from sve.runs.multirun import clear_failure, record_failure
 from sve.runs.results import UnreadableFile, read_results, write_json
 from sve.runs.rundir import DirectoryInUse, claim, holder
@@ -91,6 +101,7 @@ class Sweep:
         self.later: list[tuple[object, Job, str, dict]] = []  # (spec, job, prefix, first jobs) left to another process
         self.left: set[Path] = set()  # run directories found held by another process
         self.pending: set[Path] = set()  # rows whose tuning another process was training when the sweep reached them
+        self.knobs: dict[Path, dict | None] = {}  # row directory -> its knob's choice (tuned.json "knob")
 
     def attempt(self, spec, job: Job, prefix: str) -> dict | None:
         """The run's results (trained now, or found); None when it failed; ``HELD`` when another process is
@@ -179,6 +190,9 @@ class Sweep:
             else:
                 source = borrowed_from(job, first_jobs) if job.tune_as else job
                 source_dir = source.dir.parent
+            own_row = source is job
+            if own_row and job.knob is not None:  # its rate is tuned at the knob's first value, named
+                source = replace(job, overrides=with_knob(job.overrides, job.knob.key, job.knob.grid[0]))
             if source_dir not in self.chosen:
                 if source_dir in self.pending:
                     return HELD  # tried at the row's first job of this pass
@@ -188,16 +202,21 @@ class Sweep:
                     return HELD
                 self.chosen[source_dir] = choice
             choice = self.chosen[source_dir]
-            if choice is not None and source is not job and not self.dry_run and not (row_dir / TUNED).exists():
+            if choice is not None and not own_row and not self.dry_run and not (row_dir / TUNED).exists():
                 origin = f"{job.tune_from}/{source_dir.name}" if job.tune_from else source_dir.name
-                own = {**choice, "from": origin, "note": f"the choice of {origin}, not tuned here"}
+                rate_only = {k: v for k, v in choice.items() if k != "knob"}  # the source's knob is its own
+                own = {**rate_only, "from": origin, "note": f"the choice of {origin}, not tuned here"}
                 write_json(row_dir / TUNED, own)
             if choice is None:
                 if not self.dry_run:
                     self.failures.append(f"{job}: not run, its row has no tuned {spec.tune.key}")
                 return None
-            job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             chosen_run = row_dir / "tune" / f"{choice['key']}_{choice['value']}"
+            if job.knob is not None:
+                return self.with_knob(
+                    spec, job, f"{choice['key']}={choice['value']}", chosen_run if own_row else None, prefix
+                )
+            job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
             own_seed = source is not None and source.dir == job.dir and job.seed == int(spec.tune.seed)
             if (
                 own_seed
@@ -207,6 +226,32 @@ class Sweep:
                 and holder(job.dir) is None
             ):
                 reuse_tuning_run(chosen_run, job.dir)
+        return self.attempt(spec, job, prefix)
+
+    def with_knob(self, spec, job: Job, rate: str, rate_run: Path | None, prefix: str) -> object:
+        """Tunes the row's diversity knob at its chosen ``rate`` (``sve.paper.sweep_tuning.tune_knob``), then runs
+        the job with both; the chosen knob run is the tuning seed's run, copied rather than trained twice."""
+        row_dir = job.dir.parent
+        if row_dir not in self.knobs:
+            knob = tune_knob(spec, job, rate, rate_run, self.attempt, self.dry_run, self.failures)
+            if knob is HELD:
+                return HELD
+            self.knobs[row_dir] = knob
+        knob = self.knobs[row_dir]
+        if knob is None:
+            if not self.dry_run:
+                self.failures.append(f"{job}: not run, its row has no tuned {job.knob.key}")
+            return None
+        job = replace(job, overrides=[*job.overrides[:-1], f"{knob['key']}={knob['value']}", rate, job.overrides[-1]])
+        chosen_run = job.dir.parent / "tune" / f"{knob['key']}_{knob['value']}"
+        if (
+            job.seed == int(spec.tune.seed)
+            and not self.dry_run
+            and not (job.dir / "results.json").exists()
+            and (chosen_run / "results.json").exists()
+            and holder(job.dir) is None
+        ):
+            reuse_tuning_run(chosen_run, job.dir)
         return self.attempt(spec, job, prefix)
 
     def run(self, names: list[str]) -> list[str]:

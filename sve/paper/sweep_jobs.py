@@ -32,6 +32,7 @@ class Job:
     tune_from: str | None = None  # the experiment of that row, when it is another one
     fix_tuned: tuple[str, int] | None = None  # (method, members) of the row whose tuned value this row keeps fixed
     tune: object = None  # the row's own ``tune:`` block (DictConfig), replacing the table's for this row
+    knob: object = None  # the row's ``knob:`` block {key, grid}: its method's diversity knob, tuned at its rate
 
     def __str__(self) -> str:
         return f"{self.experiment} {self.method} M={self.members} seed {self.seed}" + (
@@ -75,6 +76,7 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
                         tune_from=tune_from or None,
                         fix_tuned=fix_tuned,
                         tune=row.get("tune"),
+                        knob=row.get("knob"),
                     ),
                 )
     return list(out.values())

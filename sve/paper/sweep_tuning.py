@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from sve.errors import InputError
 from sve.paper.registry import METRICS
 from sve.paper.store import TUNED, run_dir
 from sve.paper.sweep_jobs import Job
-from sve.paper.sweep_runs import HELD
+from sve.paper.sweep_runs import HELD, reuse_tuning_run
+from sve.paper.tuning import best_of, next_value, settings
 from sve.paper.tuning import choice as tuning_choice
-from sve.paper.tuning import next_value, settings
 from sve.runs.results import UnreadableFile, read_json, write_json
+from sve.runs.rundir import holder
 
 
 def tuning_jobs(spec, job: Job, values: list) -> list[Job]:
@@ -175,3 +178,92 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
         flush=True,
     )
     return choice
+
+
+# --- a row's diversity knob ------------------------------------------------------------------------------------
+# A row with ``knob: {key: sigma_init, grid: [0.01, 0.03]}`` tunes its method's own diversity knob besides its
+# rate: the rate first, at the grid's first value (the method's default), then the knob's values at the chosen
+# rate, each one run at the tuning seed in ``<row>/tune/<key>_<value>``. The grid is fixed (it never grows: the
+# knob is a second coordinate, not a search), the best value on the table's validation metric is kept, and the
+# choice goes into the row's tuned.json under ``knob``. Overrides are ordered [..., knob, rate, seed] in every run
+# of the row, so the run of the rate tuning at the knob's first value *is* that knob run and is copied, not
+# trained twice; likewise the chosen knob run is the tuning seed's run.
+
+
+def with_knob(overrides: list[str], key: str, value) -> list[str]:
+    """``overrides`` (ending in ``seed=...``) with ``key=value`` before the seed."""
+    return [*overrides[:-1], f"{key}={value}", overrides[-1]]
+
+
+def knob_jobs(spec, job: Job, rate: str) -> list[Job]:
+    """One run per knob value at the tuning seed, at the row's chosen ``rate`` (``key=value``)."""
+    knob, seed = job.knob, int(spec.tune.seed)
+    return [
+        Job(
+            job.experiment,
+            job.method,
+            job.members,
+            seed,
+            [*job.overrides[:-1], f"{knob.key}={value}", rate, f"seed={seed}"],
+            job.dir.parent / "tune" / f"{knob.key}_{value}",
+            tuning=f"{knob.key}={value}",
+        )
+        for value in knob.grid
+    ]
+
+
+def tune_knob(spec, job: Job, rate: str, rate_run: Path | None, attempt, dry_run: bool, failures: list[str]):
+    """The row's knob choice (the record under ``knob`` in its tuned.json), its runs trained or found; None when
+    it cannot be made; ``HELD`` while another process trains one of them. ``rate_run``: the row's own rate-tuning
+    run at the chosen rate (at the knob's first value), reused as that value's run."""
+    knob, row_dir = job.knob, job.dir.parent
+    tuned_path = row_dir / TUNED
+    recorded = read_json(tuned_path, "delete it to tune again").get("knob") if tuned_path.exists() else None
+    if recorded is not None:
+        if recorded.get("key") != knob.key or recorded.get("grid") != [str(v) for v in knob.grid]:
+            failures.append(
+                f"{tuned_path} chose {recorded.get('key')} over {recorded.get('grid')}, but the row's knob is "
+                f"{knob.key} over {[str(v) for v in knob.grid]}; delete its knob entry (or the file) to tune again"
+            )
+            return None
+        return recorded
+    runs = knob_jobs(spec, job, rate)
+    first = runs[0]
+    if (
+        rate_run is not None
+        and not dry_run
+        and (rate_run / "results.json").exists()
+        and not (first.dir / "results.json").exists()
+        and holder(first.dir) is None
+    ):
+        reuse_tuning_run(rate_run, first.dir)
+    found = [(run, attempt(spec, run, f"  knob {run}")) for run in runs]
+    if any(r is HELD for _, r in found):
+        return HELD
+    if dry_run:
+        return {"key": knob.key, "value": f"<best on validation of {list(knob.grid)}>"}
+    try:  # the table's metric, named by the knob's key in what it says
+        scores = grid_scores(OmegaConf.merge(spec, {"tune": {"key": knob.key}}), found, list(knob.grid), row_dir)
+    except RuntimeError as err:
+        failures.append(str(err))
+        return None
+    metric = METRICS[spec.tune.metric]
+    best = best_of(scores, metric.higher_is_better)
+    record = {
+        "key": knob.key,
+        "value": str(best),
+        "metric": f"val/{spec.tune.metric}",
+        "scores": {str(v): scores[v] for v in knob.grid},
+        "grid": [str(v) for v in knob.grid],
+        "rate": rate,
+        "seed": int(spec.tune.seed),
+        "note": "the method's diversity knob: a fixed grid, chosen on the validation split at the row's rate",
+    }
+    choice = read_json(tuned_path, "delete it to tune again")
+    write_json(tuned_path, {**choice, "knob": record})
+    print(
+        f"  {job.experiment} {job.method} M={job.members}: {knob.key}={record['value']} "
+        f"(validation {spec.tune.metric}: {record['scores']})",
+        flush=True,
+    )
+    return record

@@ -208,3 +208,19 @@ def test_lora_options_refuse_bad_values_naming_them():
         make("mc_dropout_lora", "method.num_samples=0", ensemble_size=1)
     with pytest.raises(Exception, match=r"method.dropout=-0.1 is not valid"):
         make("single_lora", "method.dropout=-0.1", ensemble_size=1)
+
+
+def test_lora_init_scale_scales_each_members_a_draw_and_keeps_the_base_at_init():
+    base = torch.nn.Linear(6, 5)
+    torch.manual_seed(3)
+    plain = LoRALayer(base, ensemble_size=3, rank=2)
+    torch.manual_seed(3)
+    wide = LoRALayer(base, ensemble_size=3, rank=2, init_scale=3.0)
+    torch.testing.assert_close(wide.lora_A, 3.0 * plain.lora_A, rtol=0, atol=1e-7)  # the same draws, 3x apart
+    assert not wide.lora_B.any()  # B = 0: every member is still the base layer
+    x = torch.randn(3 * 4, 6)  # member-major (M*B, in)
+    torch.testing.assert_close(wide(x), base(x))
+    with pytest.raises(Exception, match=r"init_scale must be a positive number, got 0"):
+        LoRALayer(base, ensemble_size=2, init_scale=0)
+    with pytest.raises(Exception, match=r"method.init_scale=-1.0 is not valid"):
+        make("lora_ensemble", "method.init_scale=-1.0")

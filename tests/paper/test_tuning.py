@@ -214,3 +214,79 @@ def test_a_rows_own_tune_block_is_checked_when_loaded(tmp_path):
     )
     with pytest.raises(InputError, match=r"rows\[0\].tune: missing \['metric', 'seed'\]"):
         load_spec(str(path), smoke=False)
+
+
+def test_a_rows_diversity_knob_is_tuned_at_its_rate_and_its_runs_are_reused(tmp_path, monkeypatch):
+    # mini_table3_sized: SVE takes SVF's rate and tunes sigma_init at it; LoRA-Ensemble tunes its own rate at the
+    # knob's first value, then its init scale at the chosen rate. Fake runs: NLL best at lr 1e-2, SVE best at the
+    # wider sigma_init, LoRA-Ensemble best at its default scale.
+    def value(job, key, default):
+        found = [o.split("=")[1] for o in job.overrides if o.startswith(f"{key}=")]
+        assert len(found) <= 1, job.overrides  # a key given twice would be Hydra's error
+        return float(found[0]) if found else default
+
+    def fake_run(job):
+        lr, sigma, scale = (
+            value(job, "method.lr", 1.0),
+            value(job, "sigma_init", 0.01),
+            value(job, "method.init_scale", 1),
+        )
+        nll = abs(math.log10(lr) + 2) + (0.3 if sigma == 0.01 else 0.1) + abs(scale - 1)
+        trained.append((job.method, job.seed, lr, sigma, scale, job.tuning))
+        results = {
+            "method": job.method,
+            "seed": job.seed,
+            "num_members": job.members,
+            "ensemble_size": job.members,
+            "experiment": job.experiment,
+            "metrics": {"test/acc": 0.5, "val/nll": nll},
+        }
+        job.dir.mkdir(parents=True, exist_ok=True)
+        (job.dir / "results.json").write_text(json.dumps(results))
+        return results
+
+    trained = []
+    monkeypatch.setattr(sweep, "run_in_process", fake_run)
+    monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
+    assert sweep.sweep("mini_table3_sized", smoke=True, root=tmp_path) == []
+    rows = run_dir(tmp_path / "smoke", "mini_arc_sized_smollm2", "sve", 2, 0).parent.parent
+    sve = json.loads((rows / "sve_m2" / "tuned.json").read_text())
+    assert (sve["value"], sve["from"]) == ("0.01", "svf_m1")
+    assert (sve["knob"]["key"], sve["knob"]["value"], sve["knob"]["grid"]) == ("sigma_init", "0.03", ["0.01", "0.03"])
+    assert sve["knob"]["rate"] == "method.lr=0.01"
+    assert "knob" not in json.loads((rows / "svf_m1" / "tuned.json").read_text())  # SVF has none
+    lora = json.loads((rows / "lora_ensemble_m2" / "tuned.json").read_text())
+    assert (lora["value"], lora["knob"]["value"]) == ("0.01", "1.0")
+    # SVE: both knob values trained at SVF's rate; its seed-0 run is the chosen knob run, copied.
+    assert sorted((s, t) for m, _, _, s, _, t in trained if m == "sve") == [
+        (0.01, "sigma_init=0.01"),
+        (0.03, "sigma_init=0.03"),
+    ]
+    assert (rows / "sve_m2" / "seed0" / "REUSED.txt").exists()
+    # LoRA-Ensemble: its rate grid at the knob's first value, then only the other knob value: the rate run at
+    # the chosen rate is the knob's first run.
+    assert [(lr, scale, t) for m, _, lr, _, scale, t in trained if m == "lora_ensemble"] == [
+        (1e-3, 1.0, "method.lr=0.001"),
+        (1e-2, 1.0, "method.lr=0.01"),
+        (1e-2, 3.0, "method.init_scale=3.0"),
+    ]
+    knob_run = json.loads((rows / "lora_ensemble_m2" / "tune" / "method.init_scale_1.0" / "sweep.json").read_text())
+    assert knob_run["overrides"][-3:] == ["method.init_scale=1.0", "method.lr=0.01", "seed=0"]
+    trained.clear()
+    assert sweep.sweep("mini_table3_sized", smoke=True, root=tmp_path) == []
+    assert trained == []  # a rerun finds every run and both choices
+
+
+def test_a_knob_needs_a_tuned_rate_and_two_values(tmp_path):
+    path = tmp_path / "mine.yaml"
+    head = "kind: metrics\nexperiments: {mini_sst2_minilm: x}\nseeds: [0]\nmetrics: [acc]\n"
+    path.write_text(head + "rows:\n  - {method: sve, members: 4, knob: {key: sigma_init, grid: [0.01, 0.03]}}\n")
+    with pytest.raises(InputError, match=r"rows\[0\].knob.*give the table a tune block"):
+        load_spec(str(path), smoke=False)
+    path.write_text(
+        head
+        + "tune: {key: method.lr, grid: [0.001], metric: nll, seed: 0}\n"
+        + "rows:\n  - {method: sve, members: 4, knob: {key: sigma_init, grid: [0.01]}}\n"
+    )
+    with pytest.raises(InputError, match=r"rows\[0\].knob.*expected \{key: sigma_init, grid"):
+        load_spec(str(path), smoke=False)
