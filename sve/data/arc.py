@@ -123,7 +123,7 @@ class ARCEasyData(TextClassificationData):
 
     num_classes = len(LETTERS)
     name = "arc_easy"
-    model_keys = ("scoring",)  # letters: a head on the hidden state; cloze: on the option scores
+    model_keys = ("scoring", "max_length")  # letters: a head on the hidden state; cloze: on the option scores
 
     def __init__(
         self,

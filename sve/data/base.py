@@ -7,7 +7,9 @@ which also decide what each process sees under DDP.
 
 A trained model is evaluated on named sets (``evaluation_sets``): ``val`` (temperature scaling is fitted on
 it), ``test``, ``ood`` when an OOD data module is attached, and for image data with ``corruptions`` set, the
-test split under each corruption and severity, ``shift/<corruption>/<severity>``.
+test split under each corruption and severity, ``shift/<corruption>/<severity>``, and ``shifted/<name>`` for
+each data module given as ``shifted``: another set of the same task and format whose test split is a natural
+distribution shift (ARC-Challenge beside ARC-Easy), scored beside the test set with the run's own temperature.
 
 Checking the data (``check_data``): before the backbone exists, every data file the run will use is read,
 parsed and checked (each split, the OOD module's test split, the subset sizes, and for image files every image
@@ -33,6 +35,7 @@ from sve.errors import InputError
 
 log = logging.getLogger(__name__)
 SHIFT = "shift"  # evaluation sets shift/<corruption>/<severity>
+SHIFTED = "shifted"  # evaluation sets shifted/<name>: another data module's test split (``shifted``)
 SPLITS = ("train", "val", "test")
 
 
@@ -57,6 +60,9 @@ class ClassificationData(pl.LightningDataModule):
         num_workers: DataLoader workers.
         ood: another data module whose test split is the out-of-distribution set (e.g. CIFAR-10 for
             CIFAR-100, Table 4); the test loop then also reports OOD AUROC, AUPRC and FPR@95%TPR.
+        shifted: {name: data module} whose test splits are shifted sets of the same task and classes (e.g.
+            ARC-Challenge for an ARC-Easy run); each is evaluated as ``shifted/<name>``, and takes this module's
+            ``model_keys`` values (what shapes the model: ARC's scoring, the lengths), whatever its own config says.
     """
 
     modality: str  # "image" or "text"; must match the backbone's
@@ -75,6 +81,7 @@ class ClassificationData(pl.LightningDataModule):
         subset_seed: int = 0,
         num_workers: int = 0,
         ood: ClassificationData | None = None,
+        shifted: dict[str, ClassificationData] | None = None,
     ):
         super().__init__()
         check_data_options(
@@ -92,6 +99,14 @@ class ClassificationData(pl.LightningDataModule):
         self.used_splits = SPLITS  # the splits a run reads (an OOD module: its test split only)
         if ood is not None:
             ood.key, ood.used_splits = "dataset.ood", ("test",)
+        self.shifted = dict(shifted or {})
+        for name, module in self.shifted.items():
+            if not isinstance(module, ClassificationData):
+                raise InputError(
+                    f"dataset.shifted.{name}: expected a data module config with a _target_ (e.g. "
+                    f"+shifted=arc_challenge), got {type(module).__name__}"
+                )
+            module.key, module.used_splits = f"dataset.shifted.{name}", ("test",)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
@@ -116,8 +131,16 @@ class ClassificationData(pl.LightningDataModule):
                 f"{type(backbone).__name__} takes {backbone.modality} inputs; pick a matching pair"
             )
         self.backbone = backbone
-        if self.ood is not None:
-            self.ood.attach(backbone)
+        for module in self.shifted.values():  # the values that shape the model are the trained run's
+            for key in self.model_keys:
+                setattr(module, key, getattr(self, key))
+        for module in self.companions():
+            module.attach(backbone)
+
+    def companions(self) -> list[ClassificationData]:
+        """The data modules evaluated beside this one (``ood``, then each of ``shifted``): each reads only its test
+        split, is attached to the same backbone and checked with this module."""
+        return ([self.ood] if self.ood is not None else []) + list(self.shifted.values())
 
     @property
     def what(self) -> str:
@@ -158,8 +181,8 @@ class ClassificationData(pl.LightningDataModule):
                 check_labels(dataset, self.num_classes, f"{self.what} {split} split")
             self.check_parsed(parsed)
             self.parsed = parsed
-        if self.ood is not None:
-            self.ood._parse()
+        for module in self.companions():
+            module._parse()
 
     def _verify(self) -> None:
         if not self._verified:
@@ -170,8 +193,8 @@ class ClassificationData(pl.LightningDataModule):
                 }
             )
             self._verified = True
-        if self.ood is not None:
-            self.ood._verify()
+        for module in self.companions():
+            module._verify()
 
     def check_parsed(self, parsed: dict[str, Dataset]) -> None:
         """Checks of the parsed splits beyond their sizes and labels (a subclass's hook)."""
@@ -200,8 +223,8 @@ class ClassificationData(pl.LightningDataModule):
     def distribute(self, world_size: int, rank: int, accumulate: int = 1) -> None:
         """Which share of every batch this process takes (``run`` calls it once the trainer exists)."""
         self.world_size, self.rank, self.accumulate = world_size, rank, accumulate
-        if self.ood is not None:
-            self.ood.distribute(world_size, rank, accumulate)
+        for module in self.companions():
+            module.distribute(world_size, rank, accumulate)
 
     def per_device_batch_size(self) -> int:
         return -(-self.batch_size // (self.world_size * self.accumulate))
@@ -268,7 +291,7 @@ class ClassificationData(pl.LightningDataModule):
 
     def evaluation_sets(self) -> list[str]:
         """The sets a trained model is evaluated on, in order (see the module docstring)."""
-        return ["val", "test"] + (["ood"] if self.ood is not None else [])
+        return ["val", "test"] + (["ood"] if self.ood is not None else []) + [f"{SHIFTED}/{n}" for n in self.shifted]
 
     def evaluation_loader(self, name: str) -> DataLoader:
         """A one-use loader of the evaluation set ``name``."""
@@ -276,6 +299,10 @@ class ClassificationData(pl.LightningDataModule):
         if name == "ood" and self.ood is not None:
             self.ood.setup()
             return self.ood.eval_loader(self.ood.splits["test"], persistent=False)
+        if name.startswith(f"{SHIFTED}/") and name.split("/", 1)[1] in self.shifted:
+            module = self.shifted[name.split("/", 1)[1]]
+            module.setup()
+            return module.eval_loader(module.splits["test"], persistent=False)
         if name not in ("val", "test"):
             raise ValueError(f"{type(self).__name__} has no evaluation set {name!r}; it has {self.evaluation_sets()}")
         return self.eval_loader(self.splits[name], persistent=False)
@@ -302,6 +329,7 @@ class TextClassificationData(ClassificationData):
     """
 
     modality = "text"
+    model_keys = ("max_length",)  # what the model reads of each text: a shifted set is read as the run read its own
 
     def __init__(self, max_length: int = 128, **kwargs):
         super().__init__(**kwargs)

@@ -162,3 +162,36 @@ def severity_figure(
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+SHIFTED_PANELS = {
+    "acc": ("accuracy (%)", 100),
+    "ece": ("ECE (%)", 100),
+    "nll": ("NLL", 1),
+    "mutual_information": ("mutual information (nats)", 1),
+}
+
+
+def shifted_figure(sets: dict, title: str = "", metrics=tuple(SHIFTED_PANELS)):
+    """The test set beside each shifted set (a results.json ``shifted.sets`` record: {set: {metric: value}}), one
+    panel per metric, one bar per set; the temperature-scaled value of accuracy, ECE and NLL (with the run's own
+    temperature) as a hollow bar beside it. Returns the figure."""
+    names = list(sets)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.0 * len(metrics), 3.0), squeeze=False)
+    x = np.arange(len(names))
+    for ax, key in zip(axes[0], metrics):
+        label, scale = SHIFTED_PANELS[key]
+        scaled = f"ts_{key}"
+        width = 0.38 if all(scaled in sets[n] for n in names) else 0.7
+        ax.bar(x - (width / 2 if width < 0.5 else 0), [scale * sets[n][key] for n in names], width, label="raw")
+        if width < 0.5:
+            values = [scale * sets[n][scaled] for n in names]
+            ax.bar(x + width / 2, values, width, fill=False, hatch="//", label="run's temperature")
+        ax.set(ylabel=label, xticks=x, xticklabels=names)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

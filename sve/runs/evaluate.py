@@ -60,7 +60,14 @@ from sve.runs.eval_config import (
 from sve.runs.evaluation import evaluate
 from sve.runs.prediction_files import PREDICTIONS
 from sve.runs.results import git_commit, read_results, results_record, write_json
-from sve.runs.run import build, instantiate, make_trainer, prediction_options, run_severity_figure
+from sve.runs.run import (
+    build,
+    instantiate,
+    make_trainer,
+    prediction_options,
+    run_severity_figure,
+    run_shifted_figure,
+)
 from sve.runs.rundir import claim
 from sve.runs.validate import check_accelerator
 from sve.runs.writable import check_writable
@@ -68,7 +75,7 @@ from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
 from sve.training.loops import stopped_by_sigterm
 
 EVALUATIONS = "evaluations"
-EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "risk_coverage", "shift")
+EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "risk_coverage", "shift", "shifted")
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
 # A run trained on a GPU, evaluated where there is none: the keys that keep the rest of its trainer (trainer=cpu
 # would replace all of it).
@@ -217,7 +224,8 @@ def evaluate_run(
             write_json(run_dir / EVALUATIONS / f"{name}.json", record)
             if update_results:
                 merge_into_results(run_dir / "results.json", record)
-            figures = run_severity_figure(record, run_dir if update_results else run_dir / EVALUATIONS / name)
+            figure_dir = run_dir if update_results else run_dir / EVALUATIONS / name
+            figures = run_severity_figure(record, figure_dir) + run_shifted_figure(record, figure_dir)
             print(summary(record, run_dir, update_results, figures))
     return record
 
@@ -246,6 +254,11 @@ def summary(record: dict, run_dir: Path, update_results: bool, figures: list[Pat
         by_severity = record["shift"]["by_severity"]
         lines.append(
             "shift, acc by severity: " + ", ".join(f"{s}: {100 * v['acc']:.2f}%" for s, v in by_severity.items())
+        )
+    for name, m in ((record.get("shifted") or {}).get("sets") or {}).items():
+        lines.append(
+            f"{name}: acc {100 * m['acc']:.2f}%, ece {100 * m['ece']:.2f}%, nll {m['nll']:.4f}, "
+            f"mutual information {m['mutual_information']:.4f}, disagreement {m['disagreement']:.4f}"
         )
     lines.append(
         f"written: {run_dir / EVALUATIONS / (record['name'] + '.json')}"

@@ -27,6 +27,11 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
   ``by_severity`` {"0": the clean test set, "1".."5": the mean over corruptions of each metric at that
   severity, as Fig. 3 plots it (Ovadia et al., 2019)}; ``pooled``: the metrics of all corrupted sets taken
   as one (the single number CIFAR-100-C used to give; its ECE is not the mean of the per-set ECEs).
+- ``shifted`` (sets ``shifted/<name>`` only, ``sve.data.base``): the test set and each shifted set side by side,
+  ``sets`` {"test" and each name: {``acc``, ``ece``, ``nll``, ``brier``, ``disagreement``, ``mutual_information``,
+  ``aurc``, ``member_acc``, ``examples`` and ``ts_acc``, ``ts_ece``, ``ts_nll``}}, the ``ts_*`` with the run's own
+  temperature (``temperature``, fitted on the in-distribution ``val`` set: a deployed model has no labels of the
+  shifted data to fit one on).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sve.data.base import SHIFT
+from sve.data.base import SHIFT, SHIFTED
 from sve.members import log_predictive, predictive
 from sve.metrics.calibration import fit_temperature, temperature_metrics
 from sve.metrics.collapse import collapse_warning, collapsed_members
@@ -53,6 +58,8 @@ from sve.training.loops import limited_batches, stop_if_asked
 log = logging.getLogger(__name__)
 
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
+# What the shifted record keeps of each set's scores (sve.metrics.scores.score), beside the temperature-scaled ones.
+SHIFTED_METRICS = ("acc", "ece", "nll", "brier", "disagreement", "mutual_information", "aurc", "member_acc")
 
 
 def seed_pass(seed: int, name: str) -> None:
@@ -169,10 +176,29 @@ def evaluate(
     if by_corruption:
         pooled = {k: float(v) for k, v in pooled.compute().items()}
         record["shift"] = shift_record(by_corruption, test, pooled)
+    shifted = [name for name in kept if name.startswith(f"{SHIFTED}/")]
+    if shifted:
+        record["shifted"] = shifted_record(
+            {"test": kept["test"], **{n: kept[n] for n in shifted}}, aggregate, temperature
+        )
     for logger in trainer.loggers:
         logger.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=trainer.global_step)
         logger.save()
     return record
+
+
+def shifted_record(sets: dict, aggregate: str, temperature: float) -> dict:
+    """The ``shifted`` record (module docstring) of ``sets`` {"test" or ``shifted/<name>``: predictions}."""
+    out = {}
+    for name, found in sets.items():
+        scores = score(found.member_logits, found.labels, aggregate)
+        scaled = temperature_metrics(log_predictive(found.member_logits, aggregate), found.labels, temperature)
+        out[name.removeprefix(f"{SHIFTED}/")] = {
+            **{k: scores[k] for k in SHIFTED_METRICS},
+            **{k: v for k, v in scaled.items() if k != "temperature"},
+            "examples": len(found.labels),
+        }
+    return {"temperature": temperature, "temperature_fitted_on": "val (in-distribution)", "sets": out}
 
 
 def check_finite(metrics: dict) -> None:

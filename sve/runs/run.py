@@ -334,7 +334,11 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             "aggregate": cfg.aggregate,
             "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
             "units": {f"test/{k}": v for k, v in UNITS.items()},
-            **{k: evaluation[k] for k in ("predictions", "reliability", "risk_coverage", "shift") if k in evaluation},
+            **{
+                k: evaluation[k]
+                for k in ("predictions", "reliability", "risk_coverage", "shift", "shifted")
+                if k in evaluation
+            },
             "parameters": {
                 **method.parameter_counts(),
                 "backbone": getattr(method, "base_parameter_count", None),
@@ -363,6 +367,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
         write_json(out_dir / "results.json", results)
         run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
         run_severity_figure(results, out_dir)  # severity.png, with shift sets: the metrics against the severity
+        run_shifted_figure(results, out_dir)  # shifted.png, with shifted sets: each beside the test set
         print(format_table(results))
         log.info("results written to %s", out_dir / "results.json")
     return results
@@ -405,6 +410,22 @@ def run_severity_figure(results: dict, out_dir: Path) -> list[Path]:
 
     fig = severity_figure(by_severity, title=f"{method_label(results)} · {results.get('dataset')}: shifted test sets")
     return save_figure(fig, Path(out_dir), "severity")
+
+
+def run_shifted_figure(results: dict, out_dir: Path) -> list[Path]:
+    """``shifted.png``/``.pdf``: accuracy, ECE, NLL and the members' mutual information on the test set and on each
+    shifted set (``shifted.sets``); nothing without shifted sets."""
+    sets = (results.get("shifted") or {}).get("sets")
+    if not sets:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    from sve.metrics.plots import save_figure, shifted_figure
+
+    members = results.get("num_members")
+    title = f"{method_label(results)} (M={members}) · trained on {results.get('dataset')}: test set and shifted sets"
+    return save_figure(shifted_figure(sets, title), Path(out_dir), "shifted")
 
 
 def method_label(results: dict) -> str:

@@ -251,10 +251,62 @@ def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, capl
         record = evaluate_run(run_dir, challenge)
     assert record["dataset"] == "arc_challenge" and record["metrics"]["test/examples"] == 2  # 2 debug batches of 1
     evaluated = record["config"]["dataset"]  # the option's own values but the one that shapes the model
-    assert (evaluated["scoring"], evaluated["max_length"], evaluated["hub_config"]) == ("cloze", 512, "ARC-Challenge")
+    # The run's scoring and its max_length (64, not the option's 512): the shifted questions are read as the
+    # run read its own.
+    assert (evaluated["scoring"], evaluated["max_length"], evaluated["hub_config"]) == ("cloze", 64, "ARC-Challenge")
     assert [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()] == [
-        "dataset=arc_challenge keeps the run's dataset.scoring=cloze: it shapes the trained model"
+        "dataset=arc_challenge keeps the run's dataset.scoring=cloze, dataset.max_length=64: it shapes the trained model"
     ]
     # What the command line gives wins; the checkpoint then refuses the model, naming the key that differs.
     with pytest.raises(InputError, match=r"does not fit the model .* dataset.scoring=letters \(trained with cloze\)"):
         evaluate_run(run_dir, [*challenge, "dataset.scoring=letters"])
+
+
+def test_an_arc_easy_run_reports_arc_challenge_beside_its_test_set(tmp_path):
+    # +shifted=arc_challenge: the shifted set is read as the run reads its own questions (cloze, the run's
+    # max_length, whatever the option's own values), scored with the run's own temperature, and drawn.
+    import numpy as np
+    from sklearn.metrics import accuracy_score, log_loss
+
+    from sve.runs.prediction_files import read_predictions
+
+    _write_arc(tmp_path / "easy")
+    _write_arc(tmp_path / "challenge", copies=2, subset="ARC-Challenge")
+    out = tmp_path / "run"
+    cfg = compose_cfg(
+        TINY_CHOICE_LLM
+        + [
+            "dataset=arc_easy",
+            f"dataset.root={tmp_path / 'easy'}",
+            "method=sve",
+            "dataset.scoring=cloze",
+            "dataset.max_length=48",
+            "ensemble_size=2",
+            "dataset.batch_size=4",
+            "+shifted=arc_challenge",
+            f"dataset.shifted.arc_challenge.root={tmp_path / 'challenge'}",
+        ],
+        out,
+    )
+    datamodule = instantiate(cfg.dataset)
+    assert datamodule.evaluation_sets() == ["val", "test", "shifted/arc_challenge"]
+    datamodule.attach(instantiate(cfg.backbone))
+    challenge = datamodule.shifted["arc_challenge"]
+    assert (challenge.scoring, challenge.max_length, challenge.key) == ("cloze", 48, "dataset.shifted.arc_challenge")
+    results = run(cfg)
+    record = results["shifted"]
+    assert list(record["sets"]) == ["test", "arc_challenge"] and record["temperature_fitted_on"].startswith("val")
+    assert record["temperature"] == results["metrics"]["test/temperature"]  # the run's own, not refitted
+    test = record["sets"]["test"]
+    assert test["acc"] == results["metrics"]["test/acc"] and test["nll"] == results["metrics"]["test/nll"]
+    # The shifted set's numbers against sklearn, from its saved member logits.
+    saved = read_predictions(out / results["predictions"]["shifted/arc_challenge"])
+    logits, labels = torch.from_numpy(saved["member_logits"]).double(), saved["labels"]
+    probs = logits.softmax(-1).mean(0).numpy()
+    shifted = record["sets"]["arc_challenge"]
+    assert shifted["examples"] == len(labels) == 2 * len(QUESTIONS)
+    assert shifted["acc"] == pytest.approx(accuracy_score(labels, probs.argmax(1)))
+    assert shifted["nll"] == pytest.approx(log_loss(labels, probs, labels=range(probs.shape[1])), rel=1e-5)
+    scaled = torch.log_softmax(torch.from_numpy(np.log(probs)) / record["temperature"], -1).exp().numpy()
+    assert shifted["ts_nll"] == pytest.approx(log_loss(labels, scaled, labels=range(probs.shape[1])), rel=1e-4)
+    assert (out / "shifted.png").stat().st_size > 0
