@@ -4,7 +4,8 @@ SOURCE TARGET`` (e.g. a clean clone's ``results/mini`` into this checkout's).
 The miniature trains in a clean clone at a committed commit, so that its runs name code that exists; this
 brings what finished back, from runs/ and diagnostics/. A run is finished when its directory holds
 ``results.json``. Copied: what the repository keeps of a run (results.json, run_config.yaml, train.log,
-predictive/, an adapter/ of at most 1 MiB), each row's tuned.json, the lines of ``sittings.jsonl`` of the runs
+predictive/, an adapter/ whose files are at most 1 MiB each and 8 MiB together), each row's tuned.json, the
+lines of ``sittings.jsonl`` of the runs
 copied (the store's wall time), and of each teacher that ``scripts/mini_distill.py`` trained again its
 results.json and reproduced.json.
 Left behind: checkpoints, CSV logs, predictions, larger adapters and tuning runs' adapters, Hydra's folder,
@@ -27,12 +28,21 @@ SKIPPED = {"checkpoints", "csv", "predictions", ".hydra", ".lock", "failed.json"
 # A run's adapter/ is kept when small (SVE's singular values and heads: well under 1 MB): with it a committed
 # run is evaluated again, or distilled, on any machine (sve-eval run_dir=<run>/adapter). A full fine-tune's is
 # the whole model again (100+ MB): left behind.
-MAX_ADAPTER_BYTES = 2**20  # the repository takes no file over 1 MiB
+MAX_ADAPTER_FILE_BYTES = (
+    2**20
+)  # the repository takes no file over 1 MiB (a run may shard its adapter: adapter.shard_mb)
+MAX_ADAPTER_BYTES = 8 * 2**20  # SVE at M = 4 on SmolLM2-135M: about 4 MB; a LoRA-Ensemble's (39 MB) stays behind
 REPRODUCED = "reproduced.json"  # beside scripts/mini_distill.py's retrained teachers (TEACHERS)
 
 
 def size_of(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def too_large(adapter: Path) -> bool:
+    """An adapter the repository does not take: a file over 1 MiB, or over 8 MiB in all."""
+    files = [f for f in adapter.rglob("*") if f.is_file()]
+    return any(f.stat().st_size > MAX_ADAPTER_FILE_BYTES for f in files) or size_of(adapter) > MAX_ADAPTER_BYTES
 
 
 def finished_runs(store: Path) -> list[Path]:
@@ -47,7 +57,7 @@ def copy_run(source: Path, target: Path) -> None:
     for item in source.iterdir():
         if item.name in SKIPPED or (item.name == "predictive" and "tune" in source.parts):
             continue  # tuning runs' per-example statistics: the chosen run is a seed run as well
-        if item.name == "adapter" and (size_of(item) > MAX_ADAPTER_BYTES or "tune" in source.parts):
+        if item.name == "adapter" and (too_large(item) or "tune" in source.parts):
             continue
         if item.is_dir():
             shutil.copytree(item, target / item.name)

@@ -3,7 +3,10 @@
 A directory holds:
 
 - ``adapter_model.safetensors``: every trainable tensor of the method (singular values, member biases, heads,
-  LoRA factors; every weight for the full fine-tunes), by its name in the method's state dict;
+  LoRA factors; every weight for the full fine-tunes), by its name in the method's state dict; or, written with
+  ``max_shard_bytes`` and larger than that, shards ``adapter_model-00001-of-0000N.safetensors`` of at most that
+  size each and an index ``adapter_model.safetensors.index.json`` ({"metadata": {"total_size"}, "weight_map":
+  {tensor: file}}, Hugging Face's layout), so that a repository that takes no large file keeps a run's adapter;
 - ``extra_state.pt`` (only for methods that have one): what ``after_fit`` built (a Laplace posterior, a
   checkpoint ensemble's snapshots), plain types only, read with ``weights_only=True``;
 - ``adapter_config.json``: the method, its settings, the member count, how the features are read, the shapes
@@ -40,6 +43,9 @@ from sve.errors import InputError
 ADAPTER = "adapter"  # a run's adapter directory, beside its results.json
 CONFIG = "adapter_config.json"
 TENSORS = "adapter_model.safetensors"
+INDEX = "adapter_model.safetensors.index.json"
+SHARD = "adapter_model-{:05d}-of-{:05d}.safetensors"
+HEADER_ROOM = 64 * 1024  # bytes kept free in each shard for the safetensors header (names, shapes, offsets)
 EXTRA = "extra_state.pt"
 FORMAT = "sve-adapter"
 VERSION = 2  # 2: the fingerprint hashes every value; 1: a sample of each tensor (module docstring)
@@ -58,14 +64,49 @@ def trained_state(method: nn.Module) -> tuple[dict[str, Tensor], dict]:
     return tensors, extra
 
 
-def write_adapter(method: nn.Module, directory: str | Path, config: dict) -> Path:
-    """Writes the three files (module docstring); ``config`` is recorded with the format and fingerprint."""
+def shards(tensors: dict[str, Tensor], max_shard_bytes: int) -> list[dict[str, Tensor]]:
+    """``tensors`` in state-dict order, packed into groups whose data fits ``max_shard_bytes`` with room for the
+    header (a tensor larger than that is a group of its own)."""
+    room = max(max_shard_bytes - HEADER_ROOM, 1)
+    groups, size = [{}], 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > room:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += nbytes
+    return groups
+
+
+def write_tensors(tensors: dict[str, Tensor], directory: Path, max_shard_bytes: int | None) -> None:
+    """One safetensors file, or shards and their index when ``max_shard_bytes`` is given and exceeded; the files
+    of an earlier write in the other layout are removed, so a directory never holds both."""
     from safetensors.torch import save_file
 
+    for old in [directory / TENSORS, directory / INDEX, *directory.glob("adapter_model-*-of-*.safetensors")]:
+        old.unlink(missing_ok=True)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if max_shard_bytes is None or total + HEADER_ROOM <= max_shard_bytes:
+        save_file(tensors, str(directory / TENSORS))
+        return
+    groups = shards(tensors, max_shard_bytes)
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        name = SHARD.format(i, len(groups))
+        save_file(group, str(directory / name))
+        weight_map.update(dict.fromkeys(group, name))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_adapter(method: nn.Module, directory: str | Path, config: dict, max_shard_bytes: int | None = None) -> Path:
+    """Writes the three files (module docstring); ``config`` is recorded with the format and fingerprint.
+    ``max_shard_bytes``: the largest tensor file to write (None: one file, whatever its size)."""
     directory = Path(directory).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     tensors, extra = trained_state(method)
-    save_file(tensors, str(directory / TENSORS))
+    write_tensors(tensors, directory, max_shard_bytes)
     if extra:
         torch.save(extra, directory / EXTRA)
     elif (directory / EXTRA).exists():
@@ -128,19 +169,25 @@ def read_trained_state(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
     from safetensors.torch import load_file
 
     directory = Path(directory).expanduser()
-    path = directory / TENSORS
-    if not path.is_file():
-        raise InputError(
-            f"{path}: no such file; an adapter directory holds {CONFIG} and {TENSORS} (written "
-            "together by save_pretrained): copy or download the whole directory"
-        )
-    try:
-        tensors = load_file(str(path))
-    except Exception as err:  # safetensors' own error type, or an OSError: the file is damaged either way
-        raise InputError(
-            f"{path} is not a readable safetensors file ({type(err).__name__}: {err}); it is "
-            "truncated or damaged: copy or download the adapter directory again"
-        ) from err
+    if (directory / TENSORS).is_file() or not (directory / INDEX).is_file():
+        files = [directory / TENSORS]
+    else:
+        index = json.loads((directory / INDEX).read_text())
+        files = [directory / name for name in sorted(set(index.get("weight_map", {}).values()))]
+    tensors = {}
+    for path in files:
+        if not path.is_file():
+            raise InputError(
+                f"{path}: no such file; an adapter directory holds {CONFIG} and {TENSORS} (or its shards and "
+                f"{INDEX}), written together by save_pretrained: copy or download the whole directory"
+            )
+        try:
+            tensors.update(load_file(str(path)))
+        except Exception as err:  # safetensors' own error type, or an OSError: the file is damaged either way
+            raise InputError(
+                f"{path} is not a readable safetensors file ({type(err).__name__}: {err}); it is "
+                "truncated or damaged: copy or download the adapter directory again"
+            ) from err
     extra = {}
     if (directory / EXTRA).exists():
         try:

@@ -308,6 +308,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
                 "class_names": datamodule.class_names(),
                 "config": OmegaConf.to_container(cfg, resolve=True),
             },
+            adapter_shard_bytes(cfg),
         )
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
     if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
@@ -410,6 +411,12 @@ def run_severity_figure(results: dict, out_dir: Path) -> list[Path]:
 
     fig = severity_figure(by_severity, title=f"{method_label(results)} · {results.get('dataset')}: shifted test sets")
     return save_figure(fig, Path(out_dir), "severity")
+
+
+def adapter_shard_bytes(cfg) -> int | None:
+    """The largest adapter file a run writes (``adapter.shard_mb``, in MiB; None: one file of any size)."""
+    shard_mb = (cfg.get("adapter") or {}).get("shard_mb")
+    return None if shard_mb is None else int(float(shard_mb) * 2**20)
 
 
 def run_shifted_figure(results: dict, out_dir: Path) -> list[Path]:

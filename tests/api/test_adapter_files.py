@@ -258,3 +258,31 @@ def test_from_pretrained_on_the_wrapped_model_itself_says_it_is_already_wrapped(
     ensemble.save_pretrained(tmp_path)
     with pytest.raises(InputError, match=r"Sequential is already wrapped .*from_pretrained needs the base model"):
         sve.from_pretrained(model, tmp_path)
+
+
+def test_an_adapter_written_in_shards_reads_back_whole_and_each_file_keeps_the_limit(tmp_path):
+    # A run with adapter.shard_mb writes shards and an index, so that a repository that takes no large file keeps
+    # it; the reader gives the same tensors as one file, and a missing shard is named.
+    ensemble, x = trained("sve")
+    tensors, _ = adapter_files.trained_state(ensemble.method)
+    whole = sum(t.numel() * t.element_size() for t in tensors.values())
+    limit = adapter_files.HEADER_ROOM + whole // 3  # about three shards
+    adapter_files.write_adapter(ensemble.method, tmp_path / "one", {})
+    adapter_files.write_adapter(ensemble.method, tmp_path / "sharded", {}, max_shard_bytes=limit)
+    files = sorted((tmp_path / "sharded").glob("adapter_model-*-of-*.safetensors"))
+    assert len(files) >= 3 and not (tmp_path / "sharded" / adapter_files.TENSORS).exists()
+    assert all(f.stat().st_size <= limit for f in files)
+    index = json.loads((tmp_path / "sharded" / adapter_files.INDEX).read_text())
+    assert sorted(index["weight_map"]) == sorted(tensors) and index["metadata"]["total_size"] == whole
+    read, _ = adapter_files.read_trained_state(tmp_path / "sharded")
+    assert sorted(read) == sorted(tensors) and all(torch.equal(read[k], tensors[k]) for k in tensors)
+    assert load_file(str(tmp_path / "one" / adapter_files.TENSORS)).keys() == read.keys()
+    # Written again without a limit: one file, and no shard of the earlier write is left to be read.
+    adapter_files.write_adapter(ensemble.method, tmp_path / "sharded", {})
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one").iterdir()
+    )
+    adapter_files.write_adapter(ensemble.method, tmp_path / "cut", {}, max_shard_bytes=limit)
+    sorted((tmp_path / "cut").glob("adapter_model-*.safetensors"))[1].unlink()
+    with pytest.raises(InputError, match=r"adapter_model-00002-of-000\d\d.safetensors: no such file"):
+        adapter_files.read_trained_state(tmp_path / "cut")

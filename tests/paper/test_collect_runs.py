@@ -96,3 +96,18 @@ def test_a_source_that_is_not_a_store_is_one_line(tmp_path, monkeypatch, capsys)
         runpy.run_path(str(ROOT / "scripts" / "collect_runs.py"), run_name="__main__")
     assert ended.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'nope' / 'runs'} does not exist")
+
+
+def test_a_sharded_adapter_is_kept_while_each_file_and_the_whole_fit(tmp_path):
+    source, target = tmp_path / "source" / "results" / "mini", tmp_path / "target"
+    for run, shards, size in (("sve_m4", 3, 2**19), ("lora_ensemble_m4", 12, 2**20)):  # 1.5 MiB; 12 MiB in all
+        seed0 = source / "runs" / "exp" / run / "seed0"
+        write(seed0 / "results.json", "{}")
+        (seed0 / "adapter").mkdir()
+        for i in range(1, shards + 1):
+            with open(seed0 / "adapter" / f"adapter_model-{i:05d}-of-{shards:05d}.safetensors", "wb") as shard:
+                shard.truncate(size)
+    target.mkdir(parents=True)
+    collect_module()["collect"](source, target)
+    assert len(list((target / "runs" / "exp" / "sve_m4" / "seed0" / "adapter").iterdir())) == 3
+    assert not (target / "runs" / "exp" / "lora_ensemble_m4" / "seed0" / "adapter").exists()  # over 8 MiB
