@@ -172,6 +172,7 @@ class Prediction:
     mutual_information: Tensor  # (B,) nats, in [0, log M]
     disagreement: Tensor  # (B,) in [0, 1]
     member_probs: Tensor  # (M, B, C)
+    sets: Tensor | None = None  # (B, C) bool: the conformal sets, once the ensemble is conformalized
 
 
 def uncertainty(member_logits: Tensor, aggregate: str = "probs") -> Prediction:
