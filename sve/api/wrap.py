@@ -6,7 +6,7 @@
     loss = ensemble.loss(member_logits, labels)   # Eq. 6: the mean member cross-entropy
     prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
     ensemble.calibrate(val_loader)                # one temperature on held-out data: predict, evaluate use it
-    ensemble.conformalize(val_loader, alpha=0.1)  # a set threshold: predict gives sets holding the label 90% of the time
+    ensemble.conformalize(val_loader, alpha=0.1)  # predict gives sets that hold the label 90% of the time
     ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
     plain = ensemble.merge(member=0)              # member 0 as a plain model of the model's own class
 

@@ -141,13 +141,15 @@ def record(
     thr_mi is left out without it). Keys of ``by_alpha`` are the alphas as strings ("0.1")."""
     options = {**DEFAULTS, **options}
     (cal_probs, cal_labels, cal_mi), (test_probs, test_labels, test_mi) = calibration, test
-    usable = [score_name(s) for s in scores if score_name(s) != "thr_mi" or (cal_mi is not None and test_mi is not None)]
+    with_mi = cal_mi is not None and test_mi is not None
+    usable = [score_name(s) for s in scores if score_name(s) != "thr_mi" or with_mi]
     by_alpha = {}
     for alpha in alphas:
         for score in usable:
             q = threshold(label_scores(cal_probs, cal_labels, score, cal_mi, **options), alpha)
             sets = prediction_sets(test_probs, q, score, test_mi, **options)
-            by_alpha.setdefault(str(alpha), {})[score] = {"threshold": json_threshold(q), **set_metrics(sets, test_labels)}
+            metrics = {"threshold": json_threshold(q), **set_metrics(sets, test_labels)}
+            by_alpha.setdefault(str(alpha), {})[score] = metrics
     return {
         "calibration_split": calibration_split,
         "test_split": test_split,

@@ -35,7 +35,8 @@ def test_the_threshold_and_sets_are_the_finite_sample_quantile_of_one_minus_p():
     record = ensemble.conformalize(loader(x, y), alpha=0.1, progress=False)
     p = numpy_probs(ensemble, x)
     k = math.ceil(60 * 0.9)  # (n + 1)(1 - alpha) = 54 for n = 59
-    assert record["threshold"] == pytest.approx(np.sort(1 - p[np.arange(59), y.numpy()])[k - 1], abs=1e-6)  # float32 logits, other batches
+    expected = np.sort(1 - p[np.arange(59), y.numpy()])[k - 1]
+    assert record["threshold"] == pytest.approx(expected, abs=1e-6)  # float32 logits, in other batches
     assert record | {"threshold": 0} == {
         "score": "thr",
         "alpha": 0.1,
