@@ -57,7 +57,12 @@ def test_the_own_model_examples_run_verbatim_and_every_adapter_reloads_exactly(t
     # The calls of the first block do what their comments say.
     metrics = scope["metrics"]
     assert metrics["temperature"] == scope["ensemble"].calibration["temperature"]  # calibrate ran: ts_* beside
-    assert {"ts_nll", "ts_ece", "ts_acc", "aurc", "ood_auroc", "ood_auroc_mi"} <= set(metrics)
+    assert {"ts_nll", "ts_ece", "ts_acc", "aurc", "augrc", "adaptive_ece", "ood_auroc", "ood_auroc_mi"} <= set(metrics)
+    conformal = ensemble.conformal  # fitted on held_out, of the temperature-scaled predictive
+    assert (conformal["score"], conformal["alpha"], conformal["examples"]) == ("aps", 0.1, 40)
+    assert conformal["temperature"] == ensemble.calibration["temperature"]
+    assert scope["prediction"].sets.shape == (8, 10) and scope["again"].conformal == conformal
+    assert set(metrics["conformal"]["by_alpha"]) == {"0.1", "0.05"} and metrics["conformal"]["calibration_overlap"] == 0
     assert (tmp_path / "plots" / "reliability.png").is_file()
     assert type(scope["member"]) is type(bases[id(ensemble)])  # the original class, not a wrapper
     with torch.no_grad():

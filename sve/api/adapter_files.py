@@ -13,7 +13,9 @@ A directory holds:
   of the example input (with its masks and the positions of its special tokens: a probe of zeros is not valid
   for every model; never the text's own tokens), ``base_fingerprint``: a hash of the frozen base (below), and
   ``calibration``: the temperature ``Ensemble.calibrate`` fitted (``sve.api.calibration``; null, or absent in
-  files written before it, for an uncalibrated ensemble).
+  files written before it, for an uncalibrated ensemble), and ``conformal``: the set threshold
+  ``Ensemble.conformalize`` fitted with its score, alpha, options and predictive (``sve.api.conformal``; null or
+  absent likewise).
 
 Not written: the base weights and what follows from them, U, V and the pretrained singular values, which
 ``from_pretrained`` recomputes (or reads from the SVD cache, ``svd_cache=...``). So a file is about the size
@@ -333,6 +335,7 @@ def save_adapter(
         ),
         "backbone": type(backbone).__name__,
         "calibration": ensemble.calibration,  # the fitted temperature (sve.api.calibration), null before
+        "conformal": ensemble.conformal,  # the fitted set threshold (sve.api.conformal), null before
     }
     directory = write_adapter(ensemble.method, directory, config)
     if push_to_hub:

@@ -6,6 +6,7 @@
     loss = ensemble.loss(member_logits, labels)   # Eq. 6: the mean member cross-entropy
     prediction = ensemble.predict(images)         # probabilities, entropy, mutual information, ...
     ensemble.calibrate(val_loader)                # one temperature on held-out data: predict, evaluate use it
+    ensemble.conformalize(val_loader, alpha=0.1)  # predict gives sets that hold the label 90% of the time
     ensemble.save_pretrained("my-adapter")        # what training changed, as safetensors + JSON
     plain = ensemble.merge(member=0)              # member 0 as a plain model of the model's own class
 
@@ -28,13 +29,14 @@ from __future__ import annotations
 import operator
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
 
-from sve.api import calibration, export
+from sve.api import calibration, conformal, export
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -230,6 +232,7 @@ class Ensemble(nn.Module):
         method: the framework's method (an ``EnsembleMethod``), which holds the backbone.
         config: what ``wrap`` was asked, resolved (the adapter files record it).
         calibration: the fitted temperature (``calibrate``), None before; the adapter files record it.
+        conformal: the fitted set threshold (``conformalize``), None before; the adapter files record it.
     """
 
     def __init__(self, method: EnsembleMethod, config: dict):
@@ -237,6 +240,8 @@ class Ensemble(nn.Module):
         self.method = method
         self.config = config
         self.calibration: dict | None = None
+        self.conformal: dict | None = None
+        self.conformal_calibration: dict | None = None  # conformalize's examples, in memory only (sve.api.conformal)
 
     @property
     def ensemble_size(self) -> int:
@@ -253,7 +258,8 @@ class Ensemble(nn.Module):
         """``sve.Prediction`` of the inputs, in evaluation mode (the mode is restored); an input row that
         holds NaN or inf is an error naming it (training refuses such inputs too). Its predictive is
         temperature scaled once ``calibrate`` has run (``calibrated=False``: the raw one; True: an error when
-        the ensemble is not calibrated; ``sve.api.calibration.prediction``)."""
+        the ensemble is not calibrated; ``sve.api.calibration.prediction``). Once ``conformalize`` has run, its
+        ``sets`` (B, C) are each example's conformal set (``sve.api.conformal``)."""
         batch = to_batch(args, kwargs)
         refuse_non_finite(batch, "predict")
         temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
@@ -264,7 +270,14 @@ class Ensemble(nn.Module):
                 logits = self(batch)
         finally:
             self.train(was_training)
-        return calibration.prediction(logits, aggregate, temperature)
+        return self.with_sets(logits, calibration.prediction(logits, aggregate, temperature))
+
+    def with_sets(self, logits: Tensor, prediction):
+        """``prediction`` with the conformal sets of ``logits``, of the predictive the threshold was fitted on."""
+        if self.conformal is None:
+            return prediction
+        fitted = calibration.prediction(logits, self.conformal["aggregate"], self.conformal["temperature"])
+        return replace(prediction, sets=conformal.sets(self.conformal, fitted))
 
     def predict_loader(self, loader, aggregate: str = "probs", calibrated: bool | None = None, progress: bool = True):
         """``predict`` over every batch of ``loader``: one ``sve.Prediction`` for all its examples, in order.
@@ -272,7 +285,7 @@ class Ensemble(nn.Module):
         device."""
         temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
         logits, _ = loader_logits(self, loader, progress, "predicting")
-        return calibration.prediction(logits, aggregate, temperature)
+        return self.with_sets(logits, calibration.prediction(logits, aggregate, temperature))
 
     def evaluate(self, loader, aggregate: str = "probs", n_bins: int = 15, progress: bool = True, ood=None) -> dict:
         """The metrics ``train.py`` reports, of the ensemble on a labelled ``loader``: the predictive's ``acc``,
@@ -283,7 +296,10 @@ class Ensemble(nn.Module):
         information ``ood_auroc_mi``, ... (``sve.metrics.scores.ood_scores``); once ``calibrate`` has run, also
         ``temperature``, ``ts_acc``, ``ts_ece`` and ``ts_nll`` (results.json's ``test/ts_*``);
         ``collapsed_members``: the members whose output hardly depends on the input (a warning names them,
-        ``sve.metrics.collapse``)."""
+        ``sve.metrics.collapse``); once ``conformalize`` has run, ``conformal``: the coverage, mean and median
+        set size, size-stratified and class-conditional coverage at the fitted threshold (``fitted``) and, while
+        the calibration examples are in memory, of every score at alpha 0.1 and 0.05 (``by_alpha``;
+        ``sve.api.conformal.evaluation``)."""
         from sve.metrics.scores import ood_scores, score
 
         temperature = calibration.temperature_for(self.calibration, aggregate, None)
@@ -294,6 +310,10 @@ class Ensemble(nn.Module):
         if ood is not None:
             outside, _ = loader_logits(self, ood, progress, "evaluating the OOD set")
             metrics.update(ood_scores(logits, outside, aggregate))
+        if self.conformal is not None:
+            fitted = calibration.prediction(logits, self.conformal["aggregate"], self.conformal["temperature"])
+            held, keys = self.conformal_calibration, conformal.example_keys(logits)
+            metrics["conformal"] = conformal.evaluation(self.conformal, held, fitted, labels, keys)
         metrics["collapsed_members"] = collapsed_members(logits)  # as results.json's test/collapsed_members
         if metrics["collapsed_members"]:
             warning = collapse_warning(metrics["collapsed_members"], len(logits), "example", "parameter_groups(lr=)")
@@ -318,6 +338,36 @@ class Ensemble(nn.Module):
         logits, labels = loader_logits(self, loader, progress, "calibrating", labelled_for="calibrate")
         self.calibration = calibration.fit(logits, labels, aggregate, method)
         return dict(self.calibration)
+
+    def conformalize(
+        self,
+        loader,
+        alpha: float = 0.1,
+        score: str = "thr",
+        aggregate: str = "probs",
+        calibrated: bool | None = None,
+        progress: bool = True,
+        **options,
+    ) -> dict:
+        """Fits the conformal threshold on a labelled, held-out ``loader`` (never the training data nor the test
+        set): from then on ``predict`` gives each example's set (``Prediction.sets``), which holds the true class
+        with probability at least 1 - ``alpha``, ``evaluate`` reports the sets' metrics and ``save_pretrained``
+        records the threshold. ``score``: ``thr`` (= ``lac``), ``aps``, ``raps`` (``options`` ``k_reg``, ``lam``)
+        or ``thr_mi``, whose sets grow with the members' disagreement (``beta``); ``sve.metrics.conformal``. The
+        predictive is the temperature scaled one where ``calibrate`` ran (``calibrated`` as ``predict``'s).
+        Returns the record (``score``, ``alpha``, ``threshold``, ``options``, ``aggregate``, ``temperature``,
+        ``examples``)."""
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
+        logits, labels = loader_logits(self, loader, progress, "conformalizing", labelled_for="conformalize")
+        fitted = calibration.prediction(logits, aggregate, temperature)
+        self.conformal = conformal.fit(fitted, labels, alpha, score, aggregate, temperature, options)
+        self.conformal_calibration = {
+            "probs": fitted.probs,
+            "labels": labels,
+            "mutual_information": fitted.mutual_information,
+            "keys": set(conformal.example_keys(logits)),
+        }
+        return dict(self.conformal)
 
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
@@ -414,4 +464,5 @@ def load_ensemble(model: nn.Module, name_or_path: str | Path, **overrides):
         )
         load_trained_state(ensemble.method, directory, trained)
     ensemble.calibration = calibration.read(config.get("calibration"), directory)
+    ensemble.conformal = conformal.read(config.get("conformal"), directory)
     return ensemble

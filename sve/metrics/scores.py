@@ -111,6 +111,24 @@ class ExpectedCalibrationError(Metric):
         return {"count": count, "confidence": mean(self.bin_confidence), "accuracy": mean(self.bin_correct)}
 
 
+def adaptive_ece(probs: Tensor, labels: Tensor, n_bins: int = 15) -> float:
+    """The equal-mass (adaptive) ECE (Nixon et al., 2019): the examples sorted by confidence and cut into
+    ``n_bins`` bins of equal count (the first N mod n_bins bins one example larger, as ``torch.tensor_split``
+    cuts), then the ECE's sum over bins of |correct - confidence| / N. Tied confidences cut by a bin edge would make
+    the number depend on the data's order; each example counts its tie group's accuracy instead (as the
+    risk-coverage curve does, ``sve.metrics.selective``): a bin's count of correct examples is then its expectation
+    over the orders of the tie, the same in every order. Without ties it is torch-uncertainty's
+    ``AdaptiveCalibrationError`` (l1)."""
+    confidence, predicted = probs.double().max(-1)
+    correct = (predicted == labels.long()).double()
+    order = torch.argsort(confidence, stable=True)
+    confidence, correct = confidence[order], correct[order]
+    _, group, size = torch.unique_consecutive(confidence, return_inverse=True, return_counts=True)
+    correct = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, correct) / size)[group]
+    gaps = [(c.sum() - a.sum()).abs() for c, a in zip(confidence.tensor_split(n_bins), correct.tensor_split(n_bins))]
+    return float(sum(gaps) / len(confidence))
+
+
 def classification_metrics(n_bins: int = 15, **kwargs) -> MetricCollection:
     """The metric set reported for every run, keyed as in ``results.json``; ``kwargs`` go to every metric
     (``sync_on_compute=False`` where each process already holds the whole set)."""
@@ -141,6 +159,8 @@ UNITS = {
     "ood_auprc_mi": "as ood_auprc with score = minus the mutual information (runs of more than one member)",
     "ood_fpr95_mi": "as ood_fpr95 with score = minus the mutual information (runs of more than one member)",
     "aurc": "fraction in [0, 1]: the mean error rate of the k most confident examples over k = 1..N (lower is better)",
+    "augrc": "fraction in [0, 1]: the mean over k = 1..N of the errors among the k most confident examples / N",
+    "adaptive_ece": "fraction in [0, 1], 15 equal-count bins of the examples sorted by confidence",
     "disagreement": "fraction in [0, 1] of (member, example) pairs whose argmax differs from the predictive's",
     "mutual_information": "nats per example: predictive entropy minus mean member entropy",
     "temperature": "T > 0 fitted on the validation split; calibrated probabilities = softmax(log p / T)",
@@ -172,6 +192,7 @@ class Prediction:
     mutual_information: Tensor  # (B,) nats, in [0, log M]
     disagreement: Tensor  # (B,) in [0, 1]
     member_probs: Tensor  # (M, B, C)
+    sets: Tensor | None = None  # (B, C) bool: the conformal sets, once the ensemble is conformalized
 
 
 def uncertainty(member_logits: Tensor, aggregate: str = "probs") -> Prediction:
@@ -216,8 +237,8 @@ def predictive_metrics(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[
 def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 15, probs: Tensor | None = None) -> dict:
     """Every metric of one evaluation set from its member logits (M, N, C) and labels (N,): the predictive's
     ``acc``, ``ece``, ``nll``, ``brier``; per member ``member_acc`` etc. (lists of length M); ``disagreement``,
-    ``mutual_information``; ``aurc`` and its ``risk_coverage`` curve (``sve.metrics.selective``); and
-    ``reliability`` (the ECE's bins). Each process must hold the whole set.
+    ``mutual_information``; ``adaptive_ece``; ``aurc``, ``augrc`` and the ``risk_coverage`` curve
+    (``sve.metrics.selective``); and ``reliability`` (the ECE's bins). Each process must hold the whole set.
     ``probs``: the predictive ``predictive(member_logits, aggregate)``, where the caller holds it already."""
     labels = labels.long()
     probs = predictive(member_logits, aggregate) if probs is None else probs
@@ -230,6 +251,7 @@ def score(member_logits: Tensor, labels: Tensor, aggregate: str, n_bins: int = 1
             out.setdefault(f"member_{k}", []).append(v)
     out["disagreement"] = disagreement(member_logits, probs)
     out["mutual_information"] = mutual_information(member_logits)
+    out["adaptive_ece"] = adaptive_ece(probs, labels, n_bins)
     out.update(selective_scores(probs, labels))
     return out
 

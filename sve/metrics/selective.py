@@ -15,6 +15,11 @@ the risks at the N coverages k/N, k = 1..N: lower is better, in [0, 1]. torch-un
 the same points with the trapezoid rule over [1/N, 1] and rescales by 1 / (1 - 1/N), which weighs the two end
 points by half: it is this AURC + (mean r - (r_1 + r_N) / 2) / (N - 1), the same to O(1/N); it orders ties as
 its sort happens to.
+
+AUGRC (Traub et al., 2024, "Overcoming common flaws in the evaluation of selective classification systems"): the
+mean over k = 1..N of the generalized risk at coverage k/N, the errors among the k kept examples divided by N (not
+by k): the share of all examples that are accepted and wrong. It weighs the low coverages, where AURC's risk rests
+on few examples, by their coverage. torch-uncertainty's ``AUGRC`` relates to it as its AURC to ours (above).
 """
 
 from __future__ import annotations
@@ -61,8 +66,12 @@ def curve_record(coverage: Tensor, risk: Tensor, points: int = CURVE_POINTS) -> 
 
 
 def selective_scores(probs: Tensor, labels: Tensor) -> dict:
-    """``aurc`` and the ``risk_coverage`` record (``curve_record``) of a predictive (N, C) on its labels, by the
-    maximum probability; the predicted class is the first maximum, as the accuracy's."""
+    """``aurc``, ``augrc`` and the ``risk_coverage`` record (``curve_record``) of a predictive (N, C) on its labels, by
+    the maximum probability; the predicted class is the first maximum, as the accuracy's."""
     confidence, predicted = probs.double().max(-1)
     coverage, risk = risk_coverage(confidence, predicted == labels.long())
-    return {"aurc": float(risk.mean()), "risk_coverage": curve_record(coverage, risk)}
+    return {
+        "aurc": float(risk.mean()),
+        "augrc": float((risk * coverage).mean()),  # errors among the k kept / N (module docstring)
+        "risk_coverage": curve_record(coverage, risk),
+    }

@@ -75,7 +75,16 @@ from sve.training.checkpoint import FINAL, CheckpointMismatch, read_checkpoint
 from sve.training.loops import stopped_by_sigterm
 
 EVALUATIONS = "evaluations"
-EVALUATION_KEYS = ("num_members", "metrics", "predictions", "reliability", "risk_coverage", "shift", "shifted")
+EVALUATION_KEYS = (
+    "num_members",
+    "metrics",
+    "predictions",
+    "reliability",
+    "risk_coverage",
+    "conformal",
+    "shift",
+    "shifted",
+)
 OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
 # A run trained on a GPU, evaluated where there is none: the keys that keep the rest of its trainer (trainer=cpu
 # would replace all of it).

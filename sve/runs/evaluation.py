@@ -21,6 +21,10 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
   ``test/examples``, ``test/seconds``; ``test/collapsed_members``: the members whose output hardly depends on
   the input (``sve.metrics.collapse``; a warning names them);
 - ``reliability``: {"test": {"count", "confidence", "accuracy"}}, 15 bins as the ECE's (None: empty bin);
+- ``conformal``: split conformal sets calibrated on ``val`` (disjoint from ``test`` by the data module's split) and
+  measured on ``test``, of the raw predictive, for every score at alpha 0.1 and 0.05: ``calibration_split``,
+  ``test_split``, their example counts, the scores' ``options`` and ``by_alpha`` {alpha: {score: {threshold,
+  coverage, mean_size, median_size, size_stratified, class_conditional}}} (``sve.metrics.conformal.record``);
 - ``risk_coverage``: {"test": {"coverage", "risk"}}, at most 100 points of the test set's risk-coverage curve
   (``sve.metrics.selective.curve_record``), whose mean over all N coverages is ``test/aurc``;
 - ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
@@ -49,9 +53,10 @@ import torch
 
 from sve.data.base import SHIFT, SHIFTED
 from sve.members import log_predictive, predictive
+from sve.metrics import conformal
 from sve.metrics.calibration import fit_temperature, temperature_metrics
 from sve.metrics.collapse import collapse_warning, collapsed_members
-from sve.metrics.scores import classification_metrics, ood_scores, predictive_metrics, score
+from sve.metrics.scores import classification_metrics, ood_scores, predictive_metrics, score, uncertainty
 from sve.runs.prediction_files import PREDICTIONS, PREDICTIVE, write_predictions, write_predictive
 from sve.training.loops import limited_batches, stop_if_asked
 
@@ -152,6 +157,11 @@ def evaluate(
         log_predictive(kept["test"].member_logits, aggregate), kept["test"].labels, temperature
     )
     metrics.update({f"test/{k}": v for k, v in scaled.items()})
+    calibration_set, test_set = (
+        (kept_probs[name], kept[name].labels, uncertainty(kept[name].member_logits).mutual_information)
+        for name in ("val", "test")
+    )
+    sets = conformal.record(calibration_set, test_set, "val")
     if "ood" in kept:
         detection = ood_scores(
             kept["test"].member_logits, kept["ood"].member_logits, aggregate, kept_probs["test"], kept_probs["ood"]
@@ -170,6 +180,7 @@ def evaluate(
         "metrics": metrics,
         "reliability": {"test": reliability},
         "risk_coverage": {"test": risk_coverage},
+        "conformal": sets,
     }
     if save:
         record["predictions"] = paths

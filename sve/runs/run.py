@@ -48,6 +48,8 @@ from sve.training.module import EnsembleModule
 from sve.training.sharding import is_sharded, unshard_method
 
 log = logging.getLogger(__name__)
+# The parts of the evaluation record (sve.runs.evaluation) that results.json keeps as they are.
+EVALUATION_RECORDS = ("predictions", "reliability", "risk_coverage", "conformal", "shift", "shifted")
 
 
 def instantiate(node: DictConfig, **kwargs):
@@ -335,11 +337,7 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             "aggregate": cfg.aggregate,
             "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
             "units": {f"test/{k}": v for k, v in UNITS.items()},
-            **{
-                k: evaluation[k]
-                for k in ("predictions", "reliability", "risk_coverage", "shift", "shifted")
-                if k in evaluation
-            },
+            **{k: evaluation[k] for k in EVALUATION_RECORDS if k in evaluation},
             "parameters": {
                 **method.parameter_counts(),
                 "backbone": getattr(method, "base_parameter_count", None),

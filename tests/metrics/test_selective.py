@@ -1,6 +1,6 @@
 """Selective prediction: the risk-coverage curve and AURC against numpy references written here (a plain sort
 without ties; the mean over every order of the tied examples with ties), the compact record of results.json, and
-torch-uncertainty's AURC where it is installed."""
+torch-uncertainty's AURC and AUGRC."""
 
 import itertools
 import math
@@ -140,8 +140,9 @@ def test_torch_uncertainty_integrates_the_same_points_with_the_trapezoid():
     assert trapezoid == pytest.approx(ours + (risk.mean() - (risk[0] + risk[-1]) / 2) / (n - 1), abs=1e-12)
 
 
-def test_against_torch_uncertainty_if_installed():
-    metrics = pytest.importorskip("torch_uncertainty.metrics")
+def test_against_torch_uncertainty():
+    from torch_uncertainty import metrics  # a test dependency (pyproject.toml's dev extra)
+
     rng = np.random.default_rng(4)
     probs = torch.from_numpy(rng.dirichlet(np.ones(4), 300))  # distinct confidences: its sort order is ours
     labels = torch.from_numpy(rng.integers(0, 4, 300))
@@ -151,3 +152,28 @@ def test_against_torch_uncertainty_if_installed():
     risk = risk_coverage(confidence, predicted == labels)[1].numpy()
     expected = aurc(confidence, predicted == labels) + (risk.mean() - (risk[0] + risk[-1]) / 2) / (len(risk) - 1)
     assert float(theirs.compute()) == pytest.approx(expected, abs=1e-6)
+
+
+def test_augrc_against_torch_uncertainty():
+    """torch-uncertainty's AUGRC is the trapezoid over the coverages 1/N..1 of the generalized risk g = c r,
+    rescaled by 1 / (1 - 1/N): ours (the mean of g) plus (mean g - (g_1 + g_N) / 2) / (N - 1)."""
+    from torch_uncertainty import metrics
+
+    rng = np.random.default_rng(5)
+    probs = torch.from_numpy(rng.dirichlet(np.ones(4), 300))
+    labels = torch.from_numpy(rng.integers(0, 4, 300))
+    theirs = metrics.AUGRC()
+    theirs.update(probs, labels)
+    got = selective_scores(probs, labels)
+    confidence, predicted = probs.max(-1)
+    coverage, risk = risk_coverage(confidence, predicted == labels)
+    g = (coverage * risk).numpy()
+    assert got["augrc"] == pytest.approx(g.mean(), abs=1e-15)
+    assert float(theirs.compute()) == pytest.approx(got["augrc"] + (g.mean() - (g[0] + g[-1]) / 2) / 299, abs=1e-6)
+
+
+def test_augrc_by_hand():
+    """Three examples by falling confidence, right, wrong, right: errors among the first k are 0, 1, 1, so the
+    generalized risks are 0, 1/3, 1/3 and their mean 2/9."""
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.4, 0.6]], dtype=torch.float64)
+    assert selective_scores(probs, torch.tensor([0, 0, 1]))["augrc"] == pytest.approx(2 / 9, abs=1e-15)

@@ -96,7 +96,8 @@ def test_the_committed_checkpoint_evaluates_to_its_results(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     trained = json.loads((CHECKPOINTED / "results.json").read_text())
     again = json.loads((run_dir / "evaluations" / "again.json").read_text())
-    assert set(again["metrics"]) == set(trained["metrics"])
+    # Metrics added since the run was trained (test/augrc, test/adaptive_ece) are new keys; none is lost.
+    assert set(trained["metrics"]) <= set(again["metrics"])
     # Exactly where the kernels are the run's (its numerics record: CPU, instruction set, threads), else to
     # float32 rounding: another instruction set takes other MKL and ATen code paths (docs/results-format.md).
     # The committed run predates the record, so on any machine it is compared to the rounding.

@@ -94,6 +94,18 @@ def test_saved_predictions_recompute_every_metric(aggregate, tmp_path):
     assert saved["risk_coverage"]["test"]["coverage"] == pytest.approx(np.arange(1, 22) / 21, abs=1e-15)
     val_ref = reference(ensemble_probs(val["member_logits"], aggregate), val["labels"])
     assert m["val/acc"] == pytest.approx(val_ref["acc"], abs=TOL)
+    # Conformal sets calibrated on val (13 examples: k = ceil(14 * 0.9) = 13, the largest score; at alpha 0.05
+    # k = 14 > 13, no finite threshold), measured on test: thr's threshold and coverage with numpy.
+    sets = saved["conformal"]
+    assert (sets["calibration_split"], sets["test_split"], sets["calibration_examples"]) == ("val", "test", 13)
+    val_probs = ensemble_probs(val["member_logits"], aggregate)
+    q = np.sort(1 - val_probs[np.arange(13), val["labels"]])[12]
+    thr = sets["by_alpha"]["0.1"]["thr"]
+    assert thr["threshold"] == pytest.approx(q, abs=TOL)
+    assert thr["coverage"] == pytest.approx(np.mean(1 - probs[np.arange(21), test["labels"]] <= q), abs=1e-12)
+    assert sets["by_alpha"]["0.05"]["aps"]["threshold"] is None and sets["by_alpha"]["0.05"]["aps"]["coverage"] == 1
+    assert set(sets["by_alpha"]["0.1"]) == {"thr", "aps", "raps", "thr_mi"}
+    assert m["test/augrc"] == pytest.approx(np.mean(risk * np.arange(1, 22) / 21), abs=TOL)
 
     # Reliability bins: the ECE's, as the figures module reads them back (null, an empty bin, becomes NaN).
     from sve.metrics.plots import reliability_bins
