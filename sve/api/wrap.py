@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from sve.api import calibration, export
+from sve.api import calibration, export, rates
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -177,6 +177,7 @@ def build_ensemble(
     """The method on a built backbone; ``wrap``'s second half, and ``from_pretrained``'s after the fingerprint
     check."""
     cls, defaults = method_class_and_defaults(method)
+    defaults.update(rates.default_options(method))  # a measured sv_lr, not the config's grid start
     valid = valid_options(cls, defaults)
     unknown = sorted(set(options) - set(valid))
     if unknown:
