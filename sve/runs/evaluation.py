@@ -12,6 +12,7 @@ The files of each set, ``<out_dir>/predictions/<set>.npz`` (member logits) and `
 What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.runs.run``):
 
 - ``num_members``; ``predictions``: {set: path relative to the run directory};
+- ``temperature_from``: where the T of ``test/ts_*`` came from (``evaluate``'s docstring);
 - ``metrics``: the test set's ``test/acc``, ``ece``, ``nll``, ``brier``; per member ``test/member_acc`` etc.
   (lists of length M); ``test/disagreement``, ``test/mutual_information``, ``test/aurc`` (``sve.metrics.scores``,
   ``sve.metrics.selective``); temperature scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``,
@@ -53,6 +54,7 @@ from sve.training.loops import limited_batches, stop_if_asked
 log = logging.getLogger(__name__)
 
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
+IN_DISTRIBUTION = "run (in-distribution validation)"  # where test/temperature comes from unless told otherwise
 
 
 def seed_pass(seed: int, name: str) -> None:
@@ -82,9 +84,19 @@ def evaluate(
     save_to: str = PREDICTIONS,
     save: bool = True,
     float16_above_mb: float = 256.0,
+    temperature: float | None = None,
+    temperature_from: str | None = IN_DISTRIBUTION,
+    refit_on: str | None = None,
 ) -> dict:
     """Evaluates ``module`` on every set of ``datamodule``; returns the record of the module docstring.
-    Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0)."""
+    Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0).
+
+    ``temperature``: the T of ``test/ts_*``, and ``temperature_from`` where it came from (``record
+    ["temperature_from"]``). By default T is fitted on ``val``, the run's in-distribution validation split. A shift
+    evaluation (``sve-eval`` on other data) passes the run's own T: fitting it on the shifted set's labels would
+    repair the shift with labels a deployed model never has; with no T to pass (``temperature_from=None``) it
+    reports no ``ts_*``. ``refit_on`` (the evaluated set's name, asked for with ``refit_temperature=true``) adds
+    T refitted on the evaluated data's ``val``, as ``test/refit_temperature`` and ``test/refit_ts_*``."""
     aggregate = module.aggregate
     kept, kept_probs, paths, by_corruption, seconds, members = {}, {}, {}, {}, {}, set()
     pooled = classification_metrics(sync_on_compute=False)
@@ -140,11 +152,16 @@ def evaluate(
     metrics.update({f"val/{k}": v for k, v in predictive_metrics(kept_probs["val"], val.labels).items()})
     # The temperature is fitted on log-probabilities computed as such (not the log of the probabilities, which
     # loses the digits of confident predictions).
-    temperature = fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)
-    scaled = temperature_metrics(
-        log_predictive(kept["test"].member_logits, aggregate), kept["test"].labels, temperature
-    )
-    metrics.update({f"test/{k}": v for k, v in scaled.items()})
+    test_log_probs = log_predictive(kept["test"].member_logits, aggregate)
+    fitted = lambda: fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)  # noqa: E731
+    if temperature is None and temperature_from == IN_DISTRIBUTION:
+        temperature = fitted()  # this is the run's own data: its val split is the in-distribution one
+    if temperature is not None:
+        scaled = temperature_metrics(test_log_probs, kept["test"].labels, temperature)
+        metrics.update({f"test/{k}": v for k, v in scaled.items()})
+    if refit_on is not None:  # asked for: labels of the shifted set that a deployed model would not have
+        scaled = temperature_metrics(test_log_probs, kept["test"].labels, fitted())
+        metrics.update({f"test/refit_{k}": v for k, v in scaled.items()})
     if "ood" in kept:
         detection = ood_scores(
             kept["test"].member_logits, kept["ood"].member_logits, aggregate, kept_probs["test"], kept_probs["ood"]
@@ -161,9 +178,12 @@ def evaluate(
     record = {
         "num_members": members.pop(),
         "metrics": metrics,
+        "temperature_from": temperature_from if temperature is not None else None,
         "reliability": {"test": reliability},
         "risk_coverage": {"test": risk_coverage},
     }
+    if refit_on is not None:
+        record["refit_temperature_from"] = f"refit on {refit_on} (validation labels of the evaluated data)"
     if save:
         record["predictions"] = paths
     if by_corruption:
