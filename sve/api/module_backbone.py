@@ -66,13 +66,15 @@ class FeatureTap(nn.Module):
 
 
 def model_output(out) -> Tensor | None:
-    """The tensor a model returns: itself, the ``logits`` of a Hugging Face output or of a plain dict, or a
+    """The tensor a model returns: itself, the ``logits`` of a Hugging Face output or of a plain dict, else its
+    ``last_hidden_state`` (a headless encoder's output, e.g. ``BertModel``'s: (N, T, D), for ``pooling=``), or a
     tuple's first element."""
     if isinstance(out, Tensor):
         return out
-    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
+    for key in ("logits", "last_hidden_state"):
+        found = out.get(key) if isinstance(out, Mapping) else getattr(out, key, None)
+        if isinstance(found, Tensor):
+            return found
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         return out[0]
     return None

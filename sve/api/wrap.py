@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from sve.api import calibration, conformal, export
+from sve.api import calibration, conformal, export, rates
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -179,6 +179,7 @@ def build_ensemble(
     """The method on a built backbone; ``wrap``'s second half, and ``from_pretrained``'s after the fingerprint
     check."""
     cls, defaults = method_class_and_defaults(method)
+    defaults.update(rates.default_options(method))  # a measured sv_lr, not the config's grid start
     valid = valid_options(cls, defaults)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -320,15 +321,28 @@ class Ensemble(nn.Module):
             warnings.warn(warning, stacklevel=2)
         return metrics
 
-    def reliability_diagram(self, loader, path=None, aggregate: str = "probs", title: str = "", progress: bool = True):
+    def reliability_diagram(
+        self,
+        loader,
+        path=None,
+        aggregate: str = "probs",
+        title: str = "",
+        progress: bool = True,
+        calibrated: bool | None = None,
+    ):
         """The reliability diagram of the ensemble on a labelled ``loader``: a matplotlib Figure (shown in a
         notebook), written to ``path`` when given (a file type's suffix writes that file; none writes
-        ``<path>.png`` and ``<path>.pdf``). ``sve.metrics.plots.reliability_figure``."""
-        from sve.members import predictive
+        ``<path>.png`` and ``<path>.pdf``). ``sve.metrics.plots.reliability_figure``. The predictive drawn is
+        ``predict``'s: temperature scaled once ``calibrate`` has run (``calibrated=False``: the raw one; True: an
+        error when the ensemble is not calibrated), and the title says which, with T."""
         from sve.metrics.plots import reliability_figure
 
+        temperature = calibration.temperature_for(self.calibration, aggregate, calibrated)
         logits, labels = loader_logits(self, loader, progress, "evaluating", labelled_for="reliability_diagram")
-        return reliability_figure(predictive(logits, aggregate).numpy(), labels.numpy(), title, path)
+        probs = calibration.prediction(logits, aggregate, temperature).probs
+        # Without this the figure of a calibrated ensemble could not be told from the raw one's.
+        which = "raw predictive" if temperature is None else f"temperature-scaled predictive (T = {temperature:.3g})"
+        return reliability_figure(probs.numpy(), labels.numpy(), f"{title}: {which}" if title else which, path)
 
     def calibrate(self, loader, method: str = "temperature", aggregate: str = "probs", progress: bool = True) -> dict:
         """Fits the ensemble's temperature on a labelled, held-out ``loader`` (a validation split, never the

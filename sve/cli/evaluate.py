@@ -11,6 +11,7 @@ OPTIONS = {
     "name": "the evaluation's name: evaluations/<name>.json (default: the evaluated dataset's name)",
     "ckpt_path": "another checkpoint of the run (default: checkpoints/final.ckpt)",
     "update_results": "true: replace the evaluation keys of the run's results.json (default false)",
+    "refit_temperature": "true: on other data, also test/refit_ts_* with T refitted on its val labels (default false)",
 }
 # What the trained model and its training are made of (an evaluation cannot swap these groups), and what an
 # evaluation does not read (no optimiser, no logger, no callbacks).
@@ -57,12 +58,15 @@ def evaluate(argv: list[str]) -> int:
         return 2
     if options["update_results"] not in ("true", "false"):
         raise InputError(f"update_results={options['update_results']!r} is not valid; expected true or false")
+    if options["refit_temperature"] not in ("true", "false"):
+        raise InputError(f"refit_temperature={options['refit_temperature']!r} is not valid; expected true or false")
     evaluate_run(
         options["run_dir"],
         overrides,
         options["name"] or None,
         options["ckpt_path"] or None,
         options["update_results"] == "true",
+        options["refit_temperature"] == "true",
     )
     return 0
 

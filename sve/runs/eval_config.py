@@ -352,10 +352,9 @@ SAME_DATA_KEYS = (
 )
 
 
-def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
-    """``update_results=true`` replaces the run's metrics in results.json, whose ``dataset`` and ``config`` keys
-    stay the trained ones: metrics of other data (another dataset, other splits or subsets) would be filed as the
-    run's own, and a table would show them. Such an evaluation keeps its own file."""
+def changed_data(cfg: DictConfig, trained: DictConfig) -> list[str]:
+    """The dataset keys (``dataset.<key>=<value> (trained with ...)``) by which the evaluated data is other data
+    than the run's own: another dataset, other splits or subsets; not where the files are or how they are read."""
 
     def splits(config: DictConfig) -> dict:
         node = OmegaConf.to_container(config.dataset, resolve=True)
@@ -363,8 +362,21 @@ def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
 
     evaluated, own = splits(cfg), splits(trained)
     changed = sorted(k for k in set(evaluated) | set(own) if evaluated.get(k) != own.get(k))
+    return [f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in changed]
+
+
+def same_data(cfg: DictConfig, trained: DictConfig) -> bool:
+    """The evaluation is on the run's own data (its val split is the in-distribution one)."""
+    return not changed_data(cfg, trained)
+
+
+def check_same_data(cfg: DictConfig, trained: DictConfig) -> None:
+    """``update_results=true`` replaces the run's metrics in results.json, whose ``dataset`` and ``config`` keys
+    stay the trained ones: metrics of other data (another dataset, other splits or subsets) would be filed as the
+    run's own, and a table would show them. Such an evaluation keeps its own file."""
+    changed = changed_data(cfg, trained)
     if changed:
-        shown = ", ".join(f"dataset.{k}={evaluated.get(k)} (trained with {own.get(k)})" for k in changed[:4])
+        shown = ", ".join(changed[:4])
         raise InputError(
             f"update_results=true writes into the run's own results.json, which are for the data it "
             f"was trained and tested on; these overrides evaluate other data: {shown}. Drop "

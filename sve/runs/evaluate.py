@@ -32,8 +32,11 @@ dataset's name) holding ``sve.runs.evaluation``'s keys plus what was evaluated; 
 ``evaluations/<name>/predictions/``. The training ``results.json`` is left as it is unless
 ``update_results=true``, which replaces its evaluation keys (``num_members``, ``metrics``, ``predictions``,
 ``reliability``, ``risk_coverage``, ``shift``) with the new ones, records ``evaluated_by``, and writes predictions
-under ``predictions/``. With shift sets (``dataset.corruptions=...``), ``evaluations/<name>/severity.png`` and
-``.pdf`` (in the run directory with ``update_results=true``): accuracy, ECE and NLL against the severity.
+under ``predictions/``. On other data than the run's own (``changed_data``: a shift), ``test/ts_*`` keep the
+run's temperature (``temperature_from`` says where T came from) and ``refit_temperature=true`` adds
+``test/refit_ts_*`` with T refitted on the evaluated data's validation labels. With shift
+sets (``dataset.corruptions=...``), ``evaluations/<name>/severity.png`` and ``.pdf``
+(in the run directory with ``update_results=true``): accuracy, ECE and NLL against the severity.
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ from sve.runs.eval_config import (
     check_targets,
     mismatch_cause,
     rebuild_hint,
+    same_data,
     saved_config,
 )
-from sve.runs.evaluation import evaluate
+from sve.runs.evaluation import IN_DISTRIBUTION, evaluate
 from sve.runs.prediction_files import PREDICTIONS
 from sve.runs.results import git_commit, read_results, results_record, write_json
 from sve.runs.run import (
@@ -85,7 +89,7 @@ EVALUATION_KEYS = (
     "shift",
     "shifted",
 )
-OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false"}
+OPTIONS = {"run_dir": None, "name": None, "ckpt_path": None, "update_results": "false", "refit_temperature": "false"}
 # A run trained on a GPU, evaluated where there is none: the keys that keep the rest of its trainer (trainer=cpu
 # would replace all of it).
 ON_THE_CPU = (
@@ -196,8 +200,11 @@ def evaluate_run(
     name: str | None = None,
     ckpt_path: str | Path | None = None,
     update_results: bool = False,
+    refit_temperature: bool = False,
 ) -> dict:
-    """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``."""
+    """Evaluates a trained run again; returns the record written to ``evaluations/<name>.json``. On other data
+    than the run's own (a shift), ``test/ts_*`` keep the run's temperature (``run_temperature``);
+    ``refit_temperature`` adds ``test/refit_ts_*`` of one refitted on the evaluated data's validation labels."""
     run_dir = Path(run_dir).expanduser()
     adapter = (run_dir / adapter_files.CONFIG).is_file()
     trained = adapter_run_config(run_dir) if adapter else saved_config(run_dir)
@@ -211,9 +218,20 @@ def evaluate_run(
         datamodule.distribute(trainer.world_size, trainer.global_rank)
         datamodule.order_seed = int(cfg.seed)
         save_to = PREDICTIONS if update_results else f"{EVALUATIONS}/{name}/{PREDICTIONS}"
+        temperature = {"refit_on": str(cfg.dataset.name) if refit_temperature else None}
+        if not same_data(cfg, trained):  # a shift: its labels are not the deployed model's to calibrate on
+            run_t = run_temperature(run_dir, adapter)
+            temperature.update(temperature=run_t, temperature_from=IN_DISTRIBUTION if run_t else None)
         with stopped_by_sigterm(f"evaluation of {run_dir}"):
             evaluation = evaluate(
-                trainer, module, datamodule, run_dir, int(cfg.seed), save_to=save_to, **prediction_options(cfg)
+                trainer,
+                module,
+                datamodule,
+                run_dir,
+                int(cfg.seed),
+                save_to=save_to,
+                **prediction_options(cfg),
+                **temperature,
             )
         record = results_record(
             {
@@ -237,6 +255,20 @@ def evaluate_run(
             figures = run_severity_figure(record, figure_dir) + run_shifted_figure(record, figure_dir)
             print(summary(record, run_dir, update_results, figures))
     return record
+
+
+def run_temperature(run_dir: Path, adapter: bool) -> float | None:
+    """The temperature the run fitted on its own (in-distribution) validation split: results.json's
+    ``test/temperature`` (the run's, or, for ``<run dir>/adapter``, its run's), else an adapter's recorded
+    calibration (``Ensemble.calibrate``); None when neither records one."""
+    results = (run_dir.parent if adapter else run_dir) / "results.json"
+    if results.is_file():
+        found = read_results(results).get("metrics", {}).get("test/temperature")
+        if found is not None:
+            return float(found)
+    if adapter:
+        return (adapter_files.read_config(run_dir).get("calibration") or {}).get("temperature")
+    return None
 
 
 # Dataset keys that leave the run's own splits as they were: where the files are, how they are batched and

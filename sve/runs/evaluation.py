@@ -12,6 +12,7 @@ The files of each set, ``<out_dir>/predictions/<set>.npz`` (member logits) and `
 What ``evaluate`` returns (the results.json keys of the module docstring of ``sve.runs.run``):
 
 - ``num_members``; ``predictions``: {set: path relative to the run directory};
+- ``temperature_from``: where the T of ``test/ts_*`` came from (``evaluate``'s docstring);
 - ``metrics``: the test set's ``test/acc``, ``ece``, ``nll``, ``brier``; per member ``test/member_acc`` etc.
   (lists of length M); ``test/disagreement``, ``test/mutual_information``, ``test/aurc`` (``sve.metrics.scores``,
   ``sve.metrics.selective``); temperature scaling fitted on ``val`` (``test/temperature``, ``test/ts_acc``,
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 SHIFT_METRICS = ("acc", "ece", "nll", "brier")
 # What the shifted record keeps of each set's scores (sve.metrics.scores.score), beside the temperature-scaled ones.
 SHIFTED_METRICS = ("acc", "ece", "nll", "brier", "disagreement", "mutual_information", "aurc", "member_acc")
+IN_DISTRIBUTION = "run (in-distribution validation)"  # where test/temperature comes from unless told otherwise
 
 
 def seed_pass(seed: int, name: str) -> None:
@@ -94,9 +96,19 @@ def evaluate(
     save_to: str = PREDICTIONS,
     save: bool = True,
     float16_above_mb: float = 256.0,
+    temperature: float | None = None,
+    temperature_from: str | None = IN_DISTRIBUTION,
+    refit_on: str | None = None,
 ) -> dict:
     """Evaluates ``module`` on every set of ``datamodule``; returns the record of the module docstring.
-    Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0)."""
+    Predictions go to ``out_dir/save_to/<set>.npz`` (rank 0).
+
+    ``temperature``: the T of ``test/ts_*``, and ``temperature_from`` where it came from (``record
+    ["temperature_from"]``). By default T is fitted on ``val``, the run's in-distribution validation split. A shift
+    evaluation (``sve-eval`` on other data) passes the run's own T: fitting it on the shifted set's labels would
+    repair the shift with labels a deployed model never has; with no T to pass (``temperature_from=None``) it
+    reports no ``ts_*``. ``refit_on`` (the evaluated set's name, asked for with ``refit_temperature=true``) adds
+    T refitted on the evaluated data's ``val``, as ``test/refit_temperature`` and ``test/refit_ts_*``."""
     aggregate = module.aggregate
     kept, kept_probs, paths, by_corruption, seconds, members = {}, {}, {}, {}, {}, set()
     pooled = classification_metrics(sync_on_compute=False)
@@ -152,11 +164,16 @@ def evaluate(
     metrics.update({f"val/{k}": v for k, v in predictive_metrics(kept_probs["val"], val.labels).items()})
     # The temperature is fitted on log-probabilities computed as such (not the log of the probabilities, which
     # loses the digits of confident predictions).
-    temperature = fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)
-    scaled = temperature_metrics(
-        log_predictive(kept["test"].member_logits, aggregate), kept["test"].labels, temperature
-    )
-    metrics.update({f"test/{k}": v for k, v in scaled.items()})
+    test_log_probs = log_predictive(kept["test"].member_logits, aggregate)
+    fitted = lambda: fit_temperature(log_predictive(val.member_logits, aggregate), val.labels)  # noqa: E731
+    if temperature is None and temperature_from == IN_DISTRIBUTION:
+        temperature = fitted()  # this is the run's own data: its val split is the in-distribution one
+    if temperature is not None:
+        scaled = temperature_metrics(test_log_probs, kept["test"].labels, temperature)
+        metrics.update({f"test/{k}": v for k, v in scaled.items()})
+    if refit_on is not None:  # asked for: labels of the shifted set that a deployed model would not have
+        scaled = temperature_metrics(test_log_probs, kept["test"].labels, fitted())
+        metrics.update({f"test/refit_{k}": v for k, v in scaled.items()})
     calibration_set, test_set = (
         (kept_probs[name], kept[name].labels, uncertainty(kept[name].member_logits).mutual_information)
         for name in ("val", "test")
@@ -178,10 +195,13 @@ def evaluate(
     record = {
         "num_members": members.pop(),
         "metrics": metrics,
+        "temperature_from": temperature_from if temperature is not None else None,
         "reliability": {"test": reliability},
         "risk_coverage": {"test": risk_coverage},
         "conformal": sets,
     }
+    if refit_on is not None:
+        record["refit_temperature_from"] = f"refit on {refit_on} (validation labels of the evaluated data)"
     if save:
         record["predictions"] = paths
     if by_corruption:
@@ -190,7 +210,7 @@ def evaluate(
     shifted = [name for name in kept if name.startswith(f"{SHIFTED}/")]
     if shifted:
         record["shifted"] = shifted_record(
-            {"test": kept["test"], **{n: kept[n] for n in shifted}}, aggregate, temperature
+            {"test": kept["test"], **{n: kept[n] for n in shifted}}, aggregate, temperature, temperature_from
         )
     for logger in trainer.loggers:
         logger.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=trainer.global_step)
@@ -198,18 +218,20 @@ def evaluate(
     return record
 
 
-def shifted_record(sets: dict, aggregate: str, temperature: float) -> dict:
-    """The ``shifted`` record (module docstring) of ``sets`` {"test" or ``shifted/<name>``: predictions}."""
+def shifted_record(sets: dict, aggregate: str, temperature: float | None, temperature_from: str | None) -> dict:
+    """The ``shifted`` record (module docstring) of ``sets`` {"test" or ``shifted/<name>``: predictions}; no
+    ``ts_*`` without a temperature."""
     out = {}
     for name, found in sets.items():
         scores = score(found.member_logits, found.labels, aggregate)
-        scaled = temperature_metrics(log_predictive(found.member_logits, aggregate), found.labels, temperature)
-        out[name.removeprefix(f"{SHIFTED}/")] = {
-            **{k: scores[k] for k in SHIFTED_METRICS},
-            **{k: v for k, v in scaled.items() if k != "temperature"},
-            "examples": len(found.labels),
-        }
-    return {"temperature": temperature, "temperature_fitted_on": "val (in-distribution)", "sets": out}
+        out[name.removeprefix(f"{SHIFTED}/")] = {k: scores[k] for k in SHIFTED_METRICS}
+        if temperature is not None:
+            log_probs = log_predictive(found.member_logits, aggregate)
+            scaled = temperature_metrics(log_probs, found.labels, temperature)
+            out[name.removeprefix(f"{SHIFTED}/")].update({k: v for k, v in scaled.items() if k != "temperature"})
+        out[name.removeprefix(f"{SHIFTED}/")]["examples"] = len(found.labels)
+    fitted_on = temperature_from if temperature is not None else None
+    return {"temperature": temperature, "temperature_fitted_on": fitted_on, "sets": out}
 
 
 def check_finite(metrics: dict) -> None:

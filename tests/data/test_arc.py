@@ -255,7 +255,8 @@ def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, capl
     # run read its own.
     assert (evaluated["scoring"], evaluated["max_length"], evaluated["hub_config"]) == ("cloze", 64, "ARC-Challenge")
     assert [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()] == [
-        "dataset=arc_challenge keeps the run's dataset.scoring=cloze, dataset.max_length=64: it shapes the trained model"
+        "dataset=arc_challenge keeps the run's dataset.scoring=cloze, dataset.max_length=64: "
+        "it shapes the trained model"
     ]
     # What the command line gives wins; the checkpoint then refuses the model, naming the key that differs.
     with pytest.raises(InputError, match=r"does not fit the model .* dataset.scoring=letters \(trained with cloze\)"):
@@ -295,7 +296,10 @@ def test_an_arc_easy_run_reports_arc_challenge_beside_its_test_set(tmp_path):
     assert (challenge.scoring, challenge.max_length, challenge.key) == ("cloze", 48, "dataset.shifted.arc_challenge")
     results = run(cfg)
     record = results["shifted"]
-    assert list(record["sets"]) == ["test", "arc_challenge"] and record["temperature_fitted_on"].startswith("val")
+    assert (
+        list(record["sets"]) == ["test", "arc_challenge"]
+        and record["temperature_fitted_on"] == "run (in-distribution validation)"
+    )
     assert record["temperature"] == results["metrics"]["test/temperature"]  # the run's own, not refitted
     test = record["sets"]["test"]
     assert test["acc"] == results["metrics"]["test/acc"] and test["nll"] == results["metrics"]["test/nll"]

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from sve.errors import InputError
 from sve.runs.evaluate import evaluate_run
@@ -247,3 +248,29 @@ def test_evaluate_py_command_line(trained):
         timeout=300,
     )
     assert done.returncode == 2 and "error: no run directory among the arguments" in done.stderr
+
+
+def test_a_shift_evaluation_keeps_the_runs_temperature_and_refits_only_when_asked(trained):
+    from sve.members import log_predictive
+    from sve.metrics.calibration import fit_temperature
+    from sve.runs.prediction_files import read_predictions
+
+    tmp_path, trained = trained
+    own_t = trained["metrics"]["test/temperature"]
+    # Other data (noisier images): its validation labels are not the deployed model's to calibrate on.
+    shifted = evaluate_run(tmp_path, ["dataset=synthetic_image", "dataset.noise=3.0"], name="noisier")
+    assert shifted["metrics"]["test/temperature"] == own_t
+    assert shifted["temperature_from"] == "run (in-distribution validation)"
+    assert not any(k.startswith("test/refit_") for k in shifted["metrics"]) and "refit_temperature_from" not in shifted
+
+    refit = evaluate_run(tmp_path, ["dataset=synthetic_image", "dataset.noise=3.0"], "refit", refit_temperature=True)
+    assert {k: refit["metrics"][k] for k in shifted["metrics"] if "ts_" in k} == {
+        k: v for k, v in shifted["metrics"].items() if "ts_" in k
+    }  # ts_* still the run's T
+    val = read_predictions(tmp_path / refit["predictions"]["val"])
+    logits, labels = torch.from_numpy(val["member_logits"]), torch.from_numpy(val["labels"])
+    refitted = fit_temperature(log_predictive(logits, refit["aggregate"]), labels)
+    assert refit["metrics"]["test/refit_temperature"] == pytest.approx(refitted, rel=1e-6)
+    assert abs(refitted - own_t) > 0.05  # the shifted set's labels move T: the refit is a different number
+    assert refit["refit_temperature_from"] == "refit on synthetic_image (validation labels of the evaluated data)"
+    assert {"test/refit_ts_acc", "test/refit_ts_ece", "test/refit_ts_nll"} <= set(refit["metrics"])
