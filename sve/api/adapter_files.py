@@ -106,9 +106,17 @@ def write_adapter(method: nn.Module, directory: str | Path, config: dict, max_sh
     """Writes the three files (module docstring); ``config`` is recorded with the format and fingerprint.
     ``max_shard_bytes``: the largest tensor file to write (None: one file, whatever its size)."""
     directory = Path(directory).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
     tensors, extra = trained_state(method)
-    write_tensors(tensors, directory, max_shard_bytes)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_tensors(tensors, directory, max_shard_bytes)
+    except Exception as err:  # safetensors' own error for a read-only place names neither directory nor remedy
+        if not (isinstance(err, OSError) or type(err).__name__ == "SafetensorError"):
+            raise
+        raise InputError(
+            f"the adapter directory {directory} cannot be written ({type(err).__name__}: {err}); save to a "
+            "writable directory instead, or make this one writable"
+        ) from None
     if extra:
         torch.save(extra, directory / EXTRA)
     elif (directory / EXTRA).exists():

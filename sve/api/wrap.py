@@ -119,6 +119,7 @@ def wrap(
         target_modules = [target_modules]
     # Read before the head is replaced: which parameters transformers initialised anew (sve.api.starts).
     new_parameters = None if head_is_new is not None or isinstance(model, Backbone) else newly_initialised(model)
+    was_training = model.training
     with unchanged_on_error(model):
         if isinstance(model, Backbone):
             backbone = model
@@ -130,6 +131,9 @@ def wrap(
             num_classes = new_head_classes(backbone)
         ensemble = build_ensemble(backbone, method, ensemble_size, num_classes, target_modules, pooling, options)
     warn_if_one_new_head(ensemble, new_parameters)
+    # The model's mode is kept, as peft keeps it: a model loaded in eval mode (from_pretrained) is not trained with
+    # dropout by the first call after wrapping; call ensemble.train() before a training loop of one's own.
+    ensemble.train(was_training)
     return ensemble
 
 

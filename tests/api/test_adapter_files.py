@@ -286,3 +286,29 @@ def test_an_adapter_written_in_shards_reads_back_whole_and_each_file_keeps_the_l
     sorted((tmp_path / "cut").glob("adapter_model-*.safetensors"))[1].unlink()
     with pytest.raises(InputError, match=r"adapter_model-00002-of-000\d\d.safetensors: no such file"):
         adapter_files.read_trained_state(tmp_path / "cut")
+
+
+def test_an_unwritable_adapter_directory_is_one_line_naming_it(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    ensemble, _ = trained("sve")
+    failing = type("SafetensorError", (Exception,), {})  # safetensors' own type, raised from Rust
+
+    def read_only(*args, **kwargs):
+        raise failing("Error while serializing: IoError(Os { code: 30, kind: ReadOnlyFilesystem })")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", read_only)
+    with pytest.raises(InputError, match=rf"adapter directory {tmp_path / 'out'} cannot be written .*writable"):
+        ensemble.save_pretrained(tmp_path / "out")
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    with pytest.raises(InputError, match=r"cannot be written \(FileExistsError"):
+        adapter_files.write_adapter(ensemble.method, blocked, {})
+
+
+def test_wrap_keeps_the_models_mode():
+    # A model loaded in eval mode (transformers' from_pretrained) ran dropout at the first call after wrapping.
+    for training in (False, True):
+        ensemble = sve.wrap(base().train(training), "sve", ensemble_size=2, example_input=torch.randn(1, 6))
+        assert ensemble.training is training
+        assert all(m.training is training for m in ensemble.modules() if isinstance(m, nn.Dropout))
