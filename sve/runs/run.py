@@ -162,12 +162,18 @@ def holds_work(out_dir: Path) -> bool:
 
 
 def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
-    """A run directory keeps the config it was started with (``run_config.yaml``); starting it again with
+    """A run directory keeps the config it was started with (``run_config.yaml``, else the config in its
+    results.json); starting it again with
     another config is refused, naming the keys that differ, unless ``resume_with_changes=true``. Returns
     the accepted changes (recorded in results.json), or None when the directory holds no work (an earlier
     start that failed before its first checkpoint: a wrong data path, say): then the new config replaces the
     record, so correcting a typo and running the same command again works."""
-    saved, current = read_run_config(out_dir), run_config(cfg)
+    saved, record = read_run_config(out_dir), out_dir / RUN_CONFIG
+    done = out_dir / "results.json"
+    if saved is None and done.exists() and read_results(done).get("config"):
+        # A run recorded before run_config.yaml existed (or copied without it): its results.json has the config.
+        saved, record = {k: v for k, v in read_results(done)["config"].items() if k != "hydra"}, done
+    current = run_config(cfg)
     if saved is None or global_rank() != 0:  # rank 0 decides (and has written it for this attempt already)
         return []
     changes = config_changes(saved, current)
@@ -180,9 +186,9 @@ def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
         )
         return None
     if changes and not cfg.get("resume_with_changes", False):
-        finished = (out_dir / "results.json").exists()
+        finished = done.exists()
         raise InputError(
-            f"run directory {out_dir} was started with another config ({out_dir / RUN_CONFIG}): "
+            f"run directory {out_dir} was started with another config ({record}): "
             f"{describe_changes(changes)}. Use the values it was started with, or another directory "
             "(hydra.run.dir=...) to train with these"
             + (
