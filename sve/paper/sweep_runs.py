@@ -99,6 +99,18 @@ def open_log(job: Job):
     return log
 
 
+def what_follows(run_dir: Path) -> str:
+    """What the run said the same command does after its stop (``resumes from step N (...)`` or ``starts over:
+    ...``, the end of its one-line error in train.log), so the sweep promises no more than the run can give."""
+    said = "Start the same command again: it "
+    try:
+        lines = (run_dir / "train.log").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    line = next((line for line in reversed(lines) if said in line), None)
+    return line.split(said, 1)[1] if line else f"does what its train.log says ({run_dir / 'train.log'})"
+
+
 @contextmanager
 def forwarded_sigterm(child: subprocess.Popen):
     """While the sweep waits for its run: SIGTERM (``kill <sweep pid>``, a scheduler's stop) is passed on to the
@@ -142,8 +154,7 @@ def run_subprocess(job: Job) -> dict:
             code = child.wait()
     if stopped:
         raise SystemExit(
-            f"stopped by SIGTERM; the run in {job.dir} saved its checkpoint and resumes there when the "
-            "sweep is started again"
+            f"stopped by SIGTERM; when the sweep is started again, the run in {job.dir} {what_follows(job.dir)}"
         )
     if code != 0:
         raise RuntimeError(f"sve-train exited with status {code}; see {job.dir / 'train.log'}")

@@ -175,11 +175,12 @@ def groups(run_dirs: list[Path]) -> list[dict]:
 def summary_tables(groups: list[dict]) -> tuple[str, str]:
     """(markdown, csv) of the groups: one row each, ``mean ± std`` per metric."""
     names = sorted({k for g in groups for k in g["metrics"]})
-    common = set.intersection(*[set(g["overrides"]) for g in groups]) if len(groups) > 1 else set()
+    # Listed once above the table, also for a sweep of one group (seeds only), whose rows would each repeat them.
+    common = set.intersection(*[set(g["overrides"]) for g in groups]) if groups else set()
     lines = [
         f"Overrides of every run: {' '.join(sorted(common)) or '(none)'}; mean ± sample std over seeds.",
         "",
-        "| overrides (without seed) | runs | seeds | " + " | ".join(names) + " |",
+        "| other overrides (without seed) | runs | seeds | " + " | ".join(names) + " |",
         "|---|---|---|" + "---|" * len(names),
     ]
     table = io.StringIO()
@@ -190,7 +191,7 @@ def summary_tables(groups: list[dict]) -> tuple[str, str]:
             f"{g['metrics'][n]['mean']:.4f} ± {g['metrics'][n]['std']:.4f}" if n in g["metrics"] else "" for n in names
         ]
         seeds = " ".join(str(s) for s in g["seeds"])
-        label = " ".join(o for o in g["overrides"] if o not in common) or "(none)"
+        label = " ".join(o for o in g["overrides"] if o not in common) or "(no others)"
         lines.append(f"| {label} | {g['runs']} | {seeds} | " + " | ".join(cells) + " |")
         writer.writerow(
             [

@@ -263,3 +263,31 @@ def format_table(results: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_beside(results: dict, reference: dict | None) -> str:
+    """The headline metrics of a run beside those of a reference run of the same command (the committed
+    numbers a quick-start target reproduces), with the settings that decide them; "–" where the reference has
+    no such run."""
+    rows = [(name, _headline(results), _headline(reference) if reference else {}) for name in _HEADLINE]
+    rows = [(name, mine[name], theirs.get(name, "–")) for name, mine, theirs in rows]
+    rows.insert(0, ("", "this run", "reference"))
+    width = max(len(name) for name, _, _ in rows)
+    column = max(len(str(mine)) for _, mine, _ in rows)
+    return "\n".join(f"{name:<{width}}  {mine:>{column}}  {theirs:>9}" for name, mine, theirs in rows)
+
+
+_HEADLINE = ("method", "ensemble_size", "train examples", "acc (%)", "ece (%)", "nll", "wall time (s)")
+
+
+def _headline(results: dict) -> dict[str, str]:
+    m = results["metrics"]
+    return {
+        "method": str(results["method"]),
+        "ensemble_size": str(results["ensemble_size"]),
+        "train examples": str((results.get("config") or {}).get("dataset", {}).get("train_size", "all")),
+        "acc (%)": f"{100 * m['test/acc']:.2f}",
+        "ece (%)": f"{100 * m['test/ece']:.2f}",
+        "nll": f"{m['test/nll']:.4f}",
+        "wall time (s)": f"{results['wall_time_s']:.1f}",
+    }

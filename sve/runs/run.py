@@ -164,12 +164,18 @@ def holds_work(out_dir: Path) -> bool:
 
 
 def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
-    """A run directory keeps the config it was started with (``run_config.yaml``); starting it again with
+    """A run directory keeps the config it was started with (``run_config.yaml``, else the config in its
+    results.json); starting it again with
     another config is refused, naming the keys that differ, unless ``resume_with_changes=true``. Returns
     the accepted changes (recorded in results.json), or None when the directory holds no work (an earlier
     start that failed before its first checkpoint: a wrong data path, say): then the new config replaces the
     record, so correcting a typo and running the same command again works."""
-    saved, current = read_run_config(out_dir), run_config(cfg)
+    saved, record = read_run_config(out_dir), out_dir / RUN_CONFIG
+    done = out_dir / "results.json"
+    if saved is None and done.exists() and read_results(done).get("config"):
+        # A run recorded before run_config.yaml existed (or copied without it): its results.json has the config.
+        saved, record = {k: v for k, v in read_results(done)["config"].items() if k != "hydra"}, done
+    current = run_config(cfg)
     if saved is None or global_rank() != 0:  # rank 0 decides (and has written it for this attempt already)
         return []
     changes = config_changes(saved, current)
@@ -182,9 +188,9 @@ def check_same_config(cfg: DictConfig, out_dir: Path) -> list | None:
         )
         return None
     if changes and not cfg.get("resume_with_changes", False):
-        finished = (out_dir / "results.json").exists()
+        finished = done.exists()
         raise InputError(
-            f"run directory {out_dir} was started with another config ({out_dir / RUN_CONFIG}): "
+            f"run directory {out_dir} was started with another config ({record}): "
             f"{describe_changes(changes)}. Use the values it was started with, or another directory "
             "(hydra.run.dir=...) to train with these"
             + (
@@ -236,10 +242,11 @@ def run(cfg: DictConfig) -> dict:
         if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or replaced or not skip):
             remember_config(out_dir, run_config(cfg))
         on_interrupt = signal.getsignal(signal.SIGINT)
+        attempt: dict = {}  # what _run built that the stop message reads (its checkpoint callback)
         try:
-            return _run(cfg, out_dir, start, changes)
+            return _run(cfg, out_dir, start, changes, attempt)
         except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
-            raise interrupted(out_dir, "SIGTERM", signal.SIGTERM) from None
+            raise interrupted(out_dir, "SIGTERM", signal.SIGTERM, attempt.get("checkpoint")) from None
         except SystemExit as stop:
             # Ctrl-C: Lightning shuts down and exits 1 from inside its KeyboardInterrupt handler, saying only that
             # it detected one. Say what is kept and how to go on, and exit as an interrupted process does.
@@ -249,22 +256,34 @@ def run(cfg: DictConfig) -> dict:
             # after this run must get it back.
             if on_interrupt is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, on_interrupt)
-            raise interrupted(out_dir, "Ctrl-C", signal.SIGINT) from None
+            raise interrupted(out_dir, "Ctrl-C", signal.SIGINT, attempt.get("checkpoint")) from None
 
 
-def interrupted(out_dir: Path, by: str, signal_number: int) -> RunInterrupted:
+def interrupted(out_dir: Path, by: str, signal_number: int, checkpoint: LastCheckpoint | None = None) -> RunInterrupted:
+    """The stop, saying what the same command will do: resume from the step its checkpoint holds, or start over
+    (no checkpoint written yet, or none kept: then it must not promise a resume)."""
+    trainer = checkpoint.trainer if checkpoint is not None else None
+    at = f" at step {trainer.global_step}" if trainer is not None else ""
+    if checkpoint is None:
+        then = "starts over: this run keeps no checkpoint (callbacks has no checkpoint)"
+    elif checkpoint.resumes_from is None and not checkpoint.path.exists():
+        then = "starts over: no checkpoint had been written yet"
+    else:
+        step = checkpoint.resumes_from
+        then = f"resumes from {f'step {step}' if step is not None else 'its last checkpoint'} ({checkpoint.path})"
     return RunInterrupted(
-        f"run in {out_dir} stopped by {by}; nothing was written to results.json. Start the same "
-        "command again to resume from its last checkpoint",
+        f"run in {out_dir} stopped by {by}{at}; nothing was written to results.json. Start the same command again: "
+        f"it {then}",
         signal_number,
     )
 
 
-def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list) -> dict:
+def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list, attempt: dict) -> dict:
     commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
     checkpoint = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
+    attempt["checkpoint"] = checkpoint
     curve = next((c for c in callbacks if isinstance(c, LearningCurve)), None)
     if checkpoint is not None:
         checkpoint.run_config = run_config(cfg)  # a resume from this checkpoint compares its config

@@ -1,8 +1,10 @@
 """Checkpoints that lose no work and resume exactly, holding only what training changed.
 
-``LastCheckpoint`` writes ``<run dir>/checkpoints/last.ckpt`` at every epoch end and every ``every_n_steps``
-optimiser steps, atomically (written beside it, then renamed), so a run killed at any moment leaves the
-previous complete checkpoint. Besides Lightning's own state (trainable weights, optimiser, scheduler, loop
+``LastCheckpoint`` writes ``<run dir>/checkpoints/last.ckpt`` at every epoch end, every ``every_n_steps``
+optimiser steps, at the first step ``every_n_minutes`` after the last one written (a step of an LLM can take
+half a minute: 200 steps were hours), and at the first step after a SIGTERM, before Lightning stops the run;
+atomically (written beside it, then renamed), so a run killed at any moment leaves the previous complete
+checkpoint. Besides Lightning's own state (trainable weights, optimiser, scheduler, loop
 progress) it holds what exact resumption needs: the random states (torch, CUDA, numpy, Python), the data
 position (epoch, global batches done, the order seed) and the wall time so far. When training is over, ``run``
 writes ``final.ckpt`` beside it (``save_final``): the model as it is tested, for ``evaluate.py``.
@@ -63,21 +65,34 @@ def set_random_states(states: dict) -> None:
 
 
 class LastCheckpoint(Checkpoint):
-    """Writes ``dirpath/last.ckpt`` at every epoch end and every ``every_n_steps`` optimiser steps.
+    """Writes ``dirpath/last.ckpt`` at every epoch end, every ``every_n_steps`` optimiser steps, every
+    ``every_n_minutes`` of training (at the next step after), and at the next step after a SIGTERM.
 
     Args:
         dirpath: the run's checkpoint directory.
-        every_n_steps: optimiser steps between mid-epoch checkpoints; null: epoch ends only.
+        every_n_steps: optimiser steps between mid-epoch checkpoints; null: not by steps.
+        every_n_minutes: minutes of training between mid-epoch checkpoints; null: not by time.
     """
 
-    def __init__(self, dirpath: str, every_n_steps: int | None = None):
+    def __init__(self, dirpath: str, every_n_steps: int | None = None, every_n_minutes: float | None = None):
         if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
             raise ValueError(
                 f"callbacks.checkpoint.every_n_steps={every_n_steps!r} is not valid; "
                 "expected a positive integer or null"
             )
+        if every_n_minutes is not None and (
+            isinstance(every_n_minutes, bool) or not isinstance(every_n_minutes, int | float) or every_n_minutes <= 0
+        ):
+            raise ValueError(
+                f"callbacks.checkpoint.every_n_minutes={every_n_minutes!r} is not valid; "
+                "expected a positive number or null"
+            )
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
+        self.every_n_minutes = every_n_minutes
+        self.saved_at = time.perf_counter()  # when this attempt started or last wrote a checkpoint
+        self.resumes_from: int | None = None  # the step the checkpoint on disk holds, once known to this run
+        self.stop_pending = False  # SIGTERM came between two optimiser steps: stop at the next one
         self.started = time.perf_counter()
         self.previous_seconds = 0.0  # wall time of earlier attempts of this run (restored from the checkpoint)
         self.position: tuple[int, int] = (0, 0)
@@ -151,19 +166,39 @@ class LastCheckpoint(Checkpoint):
     def on_fit_end(self, trainer, pl_module) -> None:
         self._apply_random_states()
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self.resumes_from = int(checkpoint["global_step"])
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.saved_at = time.perf_counter()  # minutes of training: not the build, the SVD or the probe before
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # In global batches (optimiser steps), so the position means the same with any number of devices.
         self.position = (trainer.current_epoch, (batch_idx + 1) // trainer.accumulate_grad_batches)
         stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
         last_in_epoch = batch_idx + 1 >= trainer.num_training_batches  # the epoch-end checkpoint follows
+        signals = trainer._signal_connector  # Lightning's record of SIGTERM (``trainer.received_sigterm``)
+        if signals.received_sigterm and not stepped and not last_in_epoch:
+            # A checkpoint holds whole optimiser steps: Lightning, which would stop after this batch, is told to
+            # go on to the end of the step (seconds), and stops there, after the checkpoint.
+            signals.received_sigterm, self.stop_pending = False, True
+            return
+        if not stepped or last_in_epoch or trainer.global_step == self.saved_step:
+            return
+        stopping = signals.received_sigterm or self.stop_pending
+        due = (
+            stopping
+            or bool(self.every_n_steps and trainer.global_step % self.every_n_steps == 0)
+            or bool(self.every_n_minutes and time.perf_counter() - self.saved_at >= 60 * self.every_n_minutes)
+        )
         if (
-            self.every_n_steps
-            and stepped
-            and not last_in_epoch
-            and trainer.global_step % self.every_n_steps == 0
-            and trainer.global_step != self.saved_step
-        ):
+            trainer.world_size > 1
+        ):  # a checkpoint takes every rank: all write one when any rank's clock or signal says so
+            due = trainer.strategy.reduce_boolean_decision(due, all=False)
+        if due:
             self.save(trainer)
+        if self.stop_pending:
+            signals.received_sigterm, self.stop_pending = True, False
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Runs after the module's own epoch-end hook (Lightning calls Checkpoint callbacks last), so epoch-end
@@ -175,7 +210,8 @@ class LastCheckpoint(Checkpoint):
         for logger in trainer.loggers:  # the logs reach disk with the checkpoint: a resumed run continues them
             logger.save()
         save_atomically(trainer, self.path)
-        self.saved_step = trainer.global_step
+        self.saved_step = self.resumes_from = trainer.global_step
+        self.saved_at = time.perf_counter()
 
 
 def save_atomically(trainer, path: Path, weights_only: bool = False) -> None:

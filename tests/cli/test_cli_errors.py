@@ -212,6 +212,8 @@ NOISE = (
     "`isinstance(treespec, LeafSpec)` is deprecated",
     "backend not available",
     "💡 Tip:",
+    "GPU available: ",
+    "TPU available: ",
 )
 
 
@@ -261,6 +263,54 @@ def test_sve_verbose_keeps_the_notices(monkeypatch):
     assert shown() == ["the learning rate is large", "Seed set to 0"]
 
 
+def test_every_runs_device_lines_load_report_and_logging_interval_notice_are_hidden_unless_verbose(monkeypatch):
+    # Issue 53: Lightning's GPU/TPU lines and its logging-interval notice, and transformers' LOAD REPORT, came on
+    # every run. What says something about the run (a GPU left unused, another warning) stays.
+    import warnings
+
+    from sve.cli import quiet
+
+    loggers = [logging.getLogger(n) for n in ("pytorch_lightning.utilities.rank_zero", "transformers.modeling_utils")]
+
+    def shown() -> list[str]:
+        seen = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+
+        handler = Keep()
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+        lightning, transformers = loggers
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                quiet.hide_noise()
+                warnings.warn(
+                    "The number of training batches (2) is smaller than the logging interval "
+                    "Trainer(log_every_n_steps=50). Set a lower value for log_every_n_steps",
+                    UserWarning,
+                    stacklevel=1,
+                )
+                lightning.info("GPU available: False, used: False")
+                lightning.info("TPU available: False, using: 0 TPU cores")
+                lightning.warning("GPU available but not used. You can set it by doing `Trainer(accelerator='gpu')`.")
+                transformers.warning("\x1b[1mBertModel LOAD REPORT\x1b[0m from: /w\nKey | Status\npooler | UNEXPECTED")
+        finally:
+            for logger in loggers:
+                logger.removeHandler(handler)
+                for f in [f for f in logger.filters if isinstance(f, quiet.Noise)]:
+                    logger.removeFilter(f)
+        return [str(w.message) for w in caught] + seen
+
+    monkeypatch.setenv("SVE_VERBOSE", "1")
+    assert len(shown()) == 5
+    monkeypatch.delenv("SVE_VERBOSE")
+    assert [line[:26] for line in shown()] == ["GPU available but not used"]
+
+
 def test_the_progress_bar_counts_the_epochs_that_run_and_lightnings_flops_summary_is_off(tmp_path):
     # Lightning's own bar said "Epoch 1/1" in the second of two epochs, and its summary "Total FLOPs: 0".
     import pytorch_lightning as pl
@@ -278,3 +328,22 @@ def test_the_progress_bar_counts_the_epochs_that_run_and_lightnings_flops_summar
     assert not any(isinstance(c, pl.callbacks.ModelSummary) for c in trainer.callbacks)
     cfg = compose_cfg(["trainer=cpu", "+trainer.enable_model_summary=true"], tmp_path)  # asked for: kept
     assert any(isinstance(c, pl.callbacks.ModelSummary) for c in make_trainer(cfg, False, []).callbacks)
+
+
+def test_the_progress_bar_shows_seconds_per_step_and_time_left_when_steps_are_slow():
+    # Rich's speed is over its last 30 s: at 26-36 s a step, Lightning's bar said 0.00it/s and no time left.
+    from rich.progress import Progress
+
+    from sve.training.progress import EpochProgressBar, PaceColumn, TimeLeftColumn
+
+    columns = EpochProgressBar().configure_columns(trainer=None)
+    assert sum(isinstance(c, PaceColumn | TimeLeftColumn) for c in columns) == 2
+    assert not any(type(c).__name__ in ("ProcessingSpeedColumn", "CustomTimeColumn") for c in columns)
+    progress = Progress(*columns[-2:], auto_refresh=False, get_time=lambda: 23 * 30.0)
+    progress.add_task("Epoch 1/1", total=48)
+    task = progress.tasks[0]
+    task.start_time, task.completed = 0.0, 23  # 23 steps of 30 s done, 25 to go
+    texts = [str(c.render(task)) for c in columns[-2:]]
+    assert texts == ["0:11:30 • 0:12:30", "30.0s/it"]
+    task.completed = 0
+    assert [str(c.render(task)) for c in columns[-2:]] == ["0:11:30 • -:--:--", "–s/it"]

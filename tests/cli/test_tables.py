@@ -3,6 +3,7 @@ and a results store still gets the paper's tables."""
 
 import csv
 import json
+import shutil
 import statistics
 
 import pytest
@@ -71,3 +72,14 @@ def test_a_directory_that_is_neither_is_named(tmp_path, capsys):
         main([str(tmp_path / "notes")])
     assert stop.value.code == 2
     assert "is a directory but not a sweep of sve-train -m" in capsys.readouterr().err
+
+
+def test_a_sweep_of_seeds_only_lists_its_overrides_once(tmp_path, capsys):
+    # One group (only seeds swept): the table said "Overrides of every run: (none)" and repeated them in each row.
+    sweep = sweep_dir(tmp_path / "sweep")
+    for run in sweep.glob("single_*"):
+        shutil.rmtree(run)
+    assert main([str(sweep)]) == 0
+    table = (sweep / "summary.md").read_text()
+    assert "Overrides of every run: ensemble_size=2 method=sve;" in table
+    assert table.count("method=sve") == 1 and "| (no others) | 3 | 0 1 2 |" in table

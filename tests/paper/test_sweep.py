@@ -648,3 +648,15 @@ def test_a_stopped_sweep_passes_sigterm_on_to_its_run(tmp_path):
     out, _ = sweep.communicate(timeout=60)
     assert out.strip() == "stopped 0" and got.read_text() == "yes"
     assert time.monotonic() - start < 30  # not the child's 60 s sleep
+
+
+def test_a_stopped_sweep_says_what_its_run_said_about_resuming(tmp_path):
+    # It said "saved its checkpoint and resumes there" also of a run that had written none.
+    from sve.paper.sweep_runs import what_follows
+
+    (tmp_path / "train.log").write_text(
+        "Epoch 1/1 ...\nerror: run in x stopped by SIGTERM at step 23; nothing was written to results.json. "
+        "Start the same command again: it starts over: no checkpoint had been written yet\n"
+    )
+    assert what_follows(tmp_path) == "starts over: no checkpoint had been written yet"
+    assert "train.log" in what_follows(tmp_path / "absent")

@@ -271,7 +271,9 @@ def test_ctrl_c_stops_the_run_saying_that_the_same_command_resumes_it(tmp_path):
         "+callbacks.crash.error=KeyboardInterrupt",
     ]
     handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(RunInterrupted, match="stopped by Ctrl-C; nothing was written.*same command again") as stop:
+    # The message says where the same command resumes: step 2's checkpoint (the crash came before step 3's).
+    said = r"stopped by Ctrl-C at step 3; nothing was written.*same command again: it resumes from step 2 \("
+    with pytest.raises(RunInterrupted, match=said) as stop:
         run(compose_cfg(overrides, tmp_path / "run"))
     assert stop.value.signal_number == signal.SIGINT and not (tmp_path / "run" / "results.json").exists()
     assert signal.getsignal(signal.SIGINT) is handler  # Lightning's shutdown had set Ctrl-C to be ignored
