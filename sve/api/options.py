@@ -8,8 +8,7 @@ import inspect
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from sve.api import rates
-from sve.methods import registry
+from sve.methods import rates, registry
 from sve.methods.base import EnsembleMethod
 from sve.paths import register_path_resolvers
 
@@ -58,10 +57,10 @@ def valid_options(cls: type, defaults: dict) -> list[str]:
 
 def parameter_groups(method: EnsembleMethod, option: str, lr: float | None = None) -> list[dict]:
     """The method's optimizer groups, each with its learning rate: ``lr``, else the one given to ``wrap``
-    (``lr=``), else the library's measured default (``sve.api.rates``: the miniature's tuned rate, or the
+    (``lr=``), else the library's measured default (``sve.methods.rates``: the miniature's tuned rate, or the
     paper's), else, for a method of one's own configs, the rate ``train.py method=<option>`` trains at without a
     recipe (``registry.learning_rates``). A group that names its own rate keeps it (the singular values'
-    ``sv_lr``, from ``wrap``'s option, else ``sve.api.rates``, else the config)."""
+    ``sv_lr``, from ``wrap``'s option, else ``sve.methods.rates``, else the config)."""
     if lr is None:
         lr = method.lr if method.lr is not None else rates.default_lr(option)
     if lr is None:

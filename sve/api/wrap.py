@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from sve.api import calibration, conformal, export, rates
+from sve.api import calibration, conformal, export
 from sve.api.adapter_files import (
     check_fingerprint,
     example_from_spec,
@@ -53,6 +53,7 @@ from sve.api.starts import new_head_classes, newly_initialised, warn_if_one_new_
 from sve.backbones.base import Backbone, fingerprint
 from sve.errors import InputError
 from sve.layers.member import MemberLayer
+from sve.methods import rates
 from sve.methods.base import EnsembleMethod
 from sve.methods.deep_ensemble import DeepEnsemble
 from sve.metrics.collapse import collapse_warning, collapsed_members

@@ -1,4 +1,4 @@
-"""``Ensemble.parameter_groups``: each group carries the library's measured default rate (``sve.api.rates``,
+"""``Ensemble.parameter_groups``: each group carries the library's measured default rate (``sve.methods.rates``,
 checked against its sources in ``test_rates.py``), the singular values' own ``sv_lr`` included; an explicit rate,
 or one given to ``wrap``, wins; a method with no row takes the rate its config trains at."""
 
@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import sve
-from sve.api import options, rates
+from sve.api import options
+from sve.methods import rates
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""The library's default learning rates (``sve.api.rates``): every method has one, each tuned.json it names
+"""The library's default learning rates (``sve.methods.rates``): every method has one, each tuned.json it names
 holds that value, and at the default rate a wrapped encoder learns a rule in a few seconds, where the old
 default (the recipe's 1e-3 for SVE) left it near chance."""
 
@@ -11,7 +11,7 @@ from transformers import BertConfig, BertModel
 
 import sve
 from sve.api.options import method_names
-from sve.api.rates import MINI, RATES
+from sve.methods.rates import MINI, RATES
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
