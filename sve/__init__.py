@@ -60,18 +60,32 @@ import warnings
 
 __version__ = "0.1.0"
 
+_METHODS = (  # every method class (sve.methods), one per method of the paper or beyond it
+    "EnsembleMethod",
+    "SVE",
+    "SVF",
+    "SVETop",
+    "SVELoRA",
+    "Single",
+    "SingleLoRA",
+    "LoRAEnsemble",
+    "DeepEnsemble",
+    "DeepEnsembleLoRA",
+    "MCDropout",
+    "MCDropoutLoRA",
+    "BatchEnsemble",
+    "CheckpointEnsemble",
+    "LastLayerEnsemble",
+    "BayesLoRA",
+    "BayesLoRALA",
+    "BayesLoRALLLA",
+    "BLoB",
+)
 _EXPORTS = {
-    "SVE": "sve.methods",
-    "SVF": "sve.methods",
-    "Single": "sve.methods",
-    "EnsembleMethod": "sve.methods",
-    "LoRAEnsemble": "sve.methods",
-    "DeepEnsemble": "sve.methods",
-    "MCDropout": "sve.methods",
-    "BatchEnsemble": "sve.methods",
+    **dict.fromkeys(_METHODS, "sve.methods"),
     "EnsembleModule": "sve.training.module",
     "SVLinear": "sve.layers.sv_linear",
-    "SVConv2d": "sve.layers.sv_conv",
+    "SVConv": "sve.layers.sv_conv",
     "run": "sve.runs.run",
     "build": "sve.runs.run",
     "InputError": "sve.errors",
@@ -82,6 +96,7 @@ _EXPORTS = {
     "Ensemble": "sve.api",
     "ModuleBackbone": "sve.api",
 }
+_OLD_NAMES = {"SVConv2d": "sve.layers.sv_conv"}  # still importable, not listed: SVConv took 1-D and 3-D kernels
 __all__ = ["__version__", *_EXPORTS]
 
 MOVED = {
@@ -115,7 +130,7 @@ MOVED = {
     "sve.budget": "sve.paper.budget",
     "sve.bootstrap": "sve.paper.bootstrap",
     "sve.benchmark": "sve.bench.benchmark",
-    # moved by issue 42 (imports run down the package map)
+    # moved so that imports run down the package map
     "sve.training.draws": "sve.layers.draws",
     "sve.training.recompute": "sve.layers.recompute",
 }
@@ -155,6 +170,12 @@ if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _EXPORTS or name in _OLD_NAMES:
+        return getattr(importlib.import_module({**_EXPORTS, **_OLD_NAMES}[name]), name)
     raise AttributeError(f"module 'sve' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public surface (what the architecture page lists), for tab completion and ``dir(sve)``: the exports
+    and ``__version__``, not the import machinery."""
+    return sorted(__all__)

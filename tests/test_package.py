@@ -41,3 +41,20 @@ def test_the_test_tree_mirrors_the_package():
     assert all((tests / name / "__init__.py").exists() for name in folders)
     top = sorted(p.name for p in tests.glob("test_*.py"))
     assert len(top) <= 8, f"{top}: a test of one subpackage belongs in tests/<subpackage>/"
+
+
+def test_the_public_surface_is_what_the_architecture_page_lists():
+    import re
+
+    import sve
+
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    paragraph = page[page.index("`import sve` loads no torch") : page.index("are imported on first use")]
+    listed = set(re.findall(r"`([A-Za-z_]\w*)`", paragraph)) - {"import"}
+    assert sorted(dir(sve)) == sorted(listed)  # no import machinery (MOVED, _MovedModules) in tab completion
+    for name in listed - {"__version__"}:
+        assert getattr(sve, name) is not None, name
+    from sve.methods import _EXPORTS as method_classes
+
+    assert set(method_classes) - {"MemberHeads"} <= listed  # every method class, nothing kept back
+    assert sve.SVConv2d is sve.SVConv  # the old name still resolves
