@@ -3,7 +3,7 @@ was measured.
 
 The method configs' own ``lr`` (Appendix C.3's rates, else the recipe's AdamW 1e-3) are what ``train.py`` runs
 with *under a recipe that sets the rest*; taken alone by a library user they did not train: SVE at 1e-3 for 50
-steps of 16 SST-2 sentences through ``transformers.Trainer`` stayed at chance (52%, issue 53). The miniature
+steps of 16 SST-2 sentences through ``transformers.Trainer`` stayed at chance (52%). The miniature
 tuned every method's rate on SST-2 with all-MiniLM-L6-v2 (``make mini``: a grid of half-decades chosen on the
 validation NLL at seed 0, ``tuned.json`` in each row's directory), which is the closest measured setting to a
 user fine-tuning a pretrained encoder; those rates are the defaults here. A method the miniature did not tune

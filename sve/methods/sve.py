@@ -173,8 +173,8 @@ class SVE(EnsembleMethod):
         }
         if self.svd_cache is not None:
             facts["svd_cache"] = self.svd_cache.summary()
-        # Whether the singular values trained at all, or the members still differ by their init noise only
-        # (issue 23 found the latter under a too-small learning rate): read beside sigma_init.
+        # Whether the singular values trained at all, or the members still differ by their init noise only (as
+        # under a too-small learning rate): read beside sigma_init.
         facts["singular_values"] = movement(self)
         return facts
 

@@ -118,7 +118,7 @@ def check_values(cfg: DictConfig) -> None:
         get("ensemble_size"),
         "a positive integer, e.g. ensemble_size=4",
     )
-    # Lightning's seed_everything seeds numpy too, which takes only 0 .. 2**32 - 1 (seed=-1 was a traceback).
+    # Lightning's seed_everything seeds numpy too, which takes only 0 .. 2**32 - 1 (and fails deep inside otherwise).
     _require(
         _is_int(get("seed")) and 0 <= get("seed") <= MAX_SEED, "seed", get("seed"), f"an integer from 0 to {MAX_SEED}"
     )
