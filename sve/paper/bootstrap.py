@@ -8,9 +8,11 @@ that the test set's finite size leaves is measured by resampling those examples,
 (``predictive/<set>.npz``: ``sve.runs.prediction_files``, where their layout is described).
 
 From these, every metric of a resample is a weighted sum over the full set with the resample's counts as
-weights (``statistic``): acc, nll and brier are weighted means; ECE sums weighted per-bin gaps over the same 15
-right-closed bins (``ece_bins`` assigns them with ``sve.metrics.scores``' own torch code); AUROC, AUPRC and FPR95 follow
-torchmetrics' curve (distinct thresholds, trapezoid, first threshold at 95% TPR) with weighted counts. With all
+weights (``statistic``): acc, nll and brier are weighted means, and so are the conformal set sizes and
+coverages (each example's mean over repeated calibration/test splits: ``sve.paper.conformal_splits``); ECE
+sums weighted per-bin gaps over the same 15 right-closed bins (``ece_bins`` assigns them with
+``sve.metrics.scores``' own torch code); AUROC, AUPRC and FPR95 follow torchmetrics' curve (distinct
+thresholds, trapezoid, first threshold at 95% TPR) with weighted counts. With all
 weights one each equals the table's number (``tests/paper/test_bootstrap.py`` checks both facts).
 
 **Procedure** (``interval``). A difference is a sum of terms ``coef * metric(run)`` (``Term``), e.g. for A
@@ -38,12 +40,14 @@ import torch
 
 from sve.errors import InputError
 from sve.metrics.scores import ece_bin_index
+from sve.paper import conformal_splits
 from sve.runs.prediction_files import OOD, Examples
 
 N_BINS = 15  # the ECE's bins (sve.metrics.scores.ExpectedCalibrationError's default, used by every run)
 CLASSIFICATION = ("acc", "ece", "nll", "brier")
 OOD_METRICS = ("ood_auroc", "ood_auprc", "ood_fpr95")
-KEYS = CLASSIFICATION + OOD_METRICS
+CONFORMAL = tuple(conformal_splits.KEYS)  # means of per-example split-conformal statistics (test set only)
+KEYS = CLASSIFICATION + OOD_METRICS + CONFORMAL
 REPLICATES, LEVEL, SEED = 2000, 0.95, 0
 KEPT_CURVES = 64  # OOD curves kept per pair of sets: more than the chunks of one interval (REPLICATES / CHUNK)
 CHUNK = 250  # replicates drawn and evaluated at a time (memory: CHUNK x N float64 per stratum)
@@ -144,7 +148,8 @@ class Statistic:
 def statistic(key: str, sets: Sequence[Examples]) -> Statistic:
     """``key`` (a results.json test metric without ``test/``) on ``sets``: for acc, ece, nll and brier the mean
     over the sets (one set: the metric; a severity's corruption sets: Fig. 3's mean over corruptions); for the
-    OOD metrics ``sets`` is (in-distribution test set, OOD set)."""
+    OOD metrics ``sets`` is (in-distribution test set, OOD set); for the split-conformal metrics
+    (``sve.paper.conformal_splits``) the one test set whose file keeps the predictive."""
     sets = tuple(sets)
     if key in CLASSIFICATION:
         if not sets:
@@ -156,6 +161,11 @@ def statistic(key: str, sets: Sequence[Examples]) -> Statistic:
             raise ValueError(f"{key} needs (in-distribution set, OOD set); got {[s.name for s in sets]}")
         curve = shared_ood_curve(*sets)
         return Statistic(key, sets, lambda ws: curve(*ws)[key])
+    if key in CONFORMAL:
+        if len(sets) != 1:
+            raise ValueError(f"{key} is read on one set (the test set); got {[s.name for s in sets]}")
+        per_example = conformal_splits.values(sets[0], key)
+        return Statistic(key, sets, lambda ws: ws[0] @ per_example / sets[0].n)
     raise ValueError(f"no per-example statistic for metric {key!r}; choose one of {list(KEYS)}")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sve.errors import InputError
 from sve.paper import figures, render
-from sve.paper.report import cost_table, metric_table
+from sve.paper.report import conformal_table, cost_table, metric_table
 from sve.paper.store import MINI, definition_path, load_runs, load_spec, results_root, table_names
 from sve.paths import results_root as store_root
 
@@ -27,6 +27,8 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
             written += figures.figure2(table, root / "figures")
     elif spec.kind == "cost":
         written += render.write_table(cost_table(spec, root, with_paper), root / "tables")
+    elif spec.kind == "conformal":
+        written += render.write_table(conformal_table(spec, runs, root, smoke), root / "tables")
     elif spec.kind == "figure3":
         written += figures.figure3(spec, runs, root)
     elif spec.kind == "figureB":
@@ -34,7 +36,7 @@ def build(name: str, smoke: bool = False, root: Path | None = None, with_paper: 
     else:
         raise InputError(
             f"{definition_path(name)}: kind={spec.kind!r} is not a kind of table; choose one of "
-            "metrics, cost, figure2, figure3, figureB"
+            "metrics, cost, conformal, figure2, figure3, figureB"
         )
     return written
 

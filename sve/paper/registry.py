@@ -49,6 +49,17 @@ METRICS = {
         Metric("disagreement", "Disagr. (%)", None, 100, 1),
         Metric("mutual_information", "MI (nats)", None, 1, 3),
         Metric("aurc", "AURC (%)", False, 100, 2),  # selective prediction (sve.metrics.selective); newer runs only
+        # Split conformal sets at 90% and 95% coverage, THR score and (aps_) APS, from each run's saved test
+        # predictive over repeated calibration/test splits (sve.paper.conformal_splits). Coverage is a description:
+        # it should be near its level, not as high as possible.
+        Metric("coverage_90", "Cov. 90 (%)", None, 100, 1),
+        Metric("set_size_90", "Size 90", False, 1, 2),
+        Metric("coverage_95", "Cov. 95 (%)", None, 100, 1),
+        Metric("set_size_95", "Size 95", False, 1, 2),
+        Metric("aps_coverage_90", "APS cov. 90 (%)", None, 100, 1),
+        Metric("aps_set_size_90", "APS size 90", False, 1, 2),
+        Metric("aps_coverage_95", "APS cov. 95 (%)", None, 100, 1),
+        Metric("aps_set_size_95", "APS size 95", False, 1, 2),
         # A distilled student's inference speed-up over its teacher (results.json cost, one process).
         Metric("speedup", "Speed-up (x)", True, 1, 1),
     )

@@ -30,10 +30,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from sve.errors import InputError
+from sve.paper import conformal_splits
 from sve.paper.registry import METHOD_NAMES, METRICS, Metric
 from sve.paper.store import (
     TUNED,
     Run,
+    load_spec,
     run_dir,
     select,
 )
@@ -223,6 +225,49 @@ def metric_table(spec: DictConfig, runs: list[Run], root: Path, with_paper: bool
     return Table(
         spec.name, spec.title, metrics, blocks, seeds, missing, [*edges, *(spec.get("notes") or [])], paper_source
     )
+
+
+def conformal_table(spec: DictConfig, runs: list[Run], root: Path, smoke: bool = False) -> Table:
+    """The conformal table (``kind: conformal``): one block per experiment of the tables named in ``of``, with
+    the rows those tables give it (each cell over the seeds its table asks for), in the definition's metrics;
+    the set metrics are computed from each run's saved test predictive (``sve.paper.conformal_splits``). A run
+    without that file leaves its cell short (†), and the notes name it."""
+    blocks: dict[str, Block] = {}
+    missing, notes, unread = [], [], []
+    for name in spec.of:
+        source = load_spec(str(name), smoke)
+        source.metrics, source.paper = list(spec.metrics), None
+        table = metric_table(source, runs, root, with_paper=False)
+        missing += [m for m in table.missing if m not in missing]
+        notes += [n for n in table.notes if n.startswith(EDGE_MARK) and n not in notes]
+        for block in table.blocks:
+            title = f"{block.title} ({block.experiment})"  # two sources title their random-init blocks alike
+            shown = blocks.setdefault(block.experiment, Block(block.experiment, title, []))
+            known = {(r.method, r.members) for r in shown.rows}
+            shown.rows += [r for r in block.rows if (r.method, r.members) not in known]
+            for row in block.rows:
+                for run in select(runs, block.experiment, row.method, row.members).values():
+                    where = shown_path(run.path.parent, root)
+                    if conformal_splits.run_metric(run.path.parent, "set_size_90") is None and where not in unread:
+                        unread.append(where)
+    for block in blocks.values():
+        mark_best(block.rows, [METRICS[k] for k in spec.metrics])
+    if unread:
+        notes.append(f"No saved test predictive (evaluated before those files were written): {', '.join(unread)}.")
+    return Table(
+        spec.name,
+        spec.title,
+        [METRICS[k] for k in spec.metrics],
+        list(blocks.values()),
+        [],
+        missing,
+        [*(spec.get("notes") or []), *notes],
+        None,
+    )
+
+
+def shown_path(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 
 
 # --- Table 5: cost from results/bench/table5.json ----------------------------------------------------------

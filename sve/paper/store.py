@@ -88,7 +88,7 @@ def load_yaml(path: Path) -> DictConfig:
     return loaded
 
 
-KINDS = ("metrics", "figure2", "figure3", "figureB", "cost")
+KINDS = ("metrics", "figure2", "figure3", "figureB", "cost", "conformal")
 TUNE_KEYS = {"key": True, "grid": True, "metric": True, "seed": True, "per_decade": False, "extend": False}
 
 
@@ -105,6 +105,17 @@ def check_spec(spec: DictConfig, path: Path) -> None:
 
     if spec.get("kind") not in KINDS:
         raise bad("kind", spec.get("kind"), f"choose one of {list(KINDS)}")
+    if spec.kind == "conformal":  # its experiments, rows and seeds are those of the tables it names
+        names = spec.get("of")
+        if not OmegaConf.is_list(names) or not names or not all(isinstance(n, str) for n in names):
+            raise bad("of", names, "expected a list of the tables whose rows it shows, e.g. [mini_table2]")
+        known = table_names()
+        for name in names:
+            if name not in known:
+                raise bad("of", name, f"choose from {known}")
+        if not OmegaConf.is_list(spec.get("metrics")) or not all(m in METRICS for m in spec.metrics):
+            raise bad("metrics", spec.get("metrics"), f"expected a list; choose from {sorted(METRICS)}")
+        return
     if spec.kind not in ("metrics", "figure2"):
         return  # the figures' and the cost table's own keys are read by their builders
     for key in ("experiments", "rows", "seeds", "metrics"):
@@ -183,10 +194,16 @@ class Run:
 
     def metric(self, key: str) -> float | None:
         """A test metric, or failing that an entry of the run's ``cost`` (a distilled student's speed-up over
-        its teacher, measured in one process: ``sve.runs.distillation``)."""
+        its teacher, measured in one process: ``sve.runs.distillation``), or a split-conformal metric computed
+        from the run's saved test predictive (``sve.paper.conformal_splits``)."""
         value = self.results.get("metrics", {}).get(f"test/{key}")
         if value is None:
             value = (self.results.get("cost") or {}).get(key)
+        if value is None:
+            from sve.paper import conformal_splits  # reads the run's files: imported only when asked for
+
+            if key in conformal_splits.KEYS:
+                value = conformal_splits.run_metric(self.path.parent, key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -44,7 +44,7 @@ def jobs(spec, root: Path, smoke: bool, extra: list[str] = ()) -> list[Job]:
     """The table's grid in order, one job per run directory; ``extra`` overrides go to every run (data roots).
     None for a table whose runs another entry point writes (``written_by``: the distillation table's students,
     beside teachers that other tables train): the sweep only builds it."""
-    if spec.get("written_by"):
+    if spec.get("written_by") or spec.kind == "conformal":  # a conformal table reads other tables' runs
         return []
     out: dict[Path, Job] = {}
     for experiment in spec.experiments:
