@@ -109,6 +109,24 @@ def test_the_predictive_at_each_step_is_the_mean_of_the_members_run_alone(llama,
         assert torch.equal(result.member_token_ids[m], greedy(member, ids, mask))
 
 
+def test_the_predictive_averages_the_members_probabilities_not_their_logits(llama, prompts):
+    """Two members whose heads ignore the features: member 0 puts 10.1, 9, 0 on tokens A, B, C, member 1 puts
+    0, 9, 10. Their mean probability is highest on A (0.37 against B's 0.27); their mean logit on B."""
+    with pytest.warns(UserWarning, match="start as one model"):
+        ensemble = wrapped(llama, ensemble_size=2, sigma_init=0.0)
+    A, B, C = 7, 8, 9
+    with torch.no_grad():
+        ensemble.method.heads.weight.zero_()
+        ensemble.method.heads.bias.fill_(-30.0)
+        ensemble.method.heads.bias[:, [A, B, C]] = torch.tensor([[10.1, 9.0, 0.0], [0.0, 9.0, 10.0]])
+    logits = ensemble.method.heads.bias.detach().double()  # (M, V), every step's member logits
+    assert int(logits.softmax(-1).mean(0).argmax()) == A and int(logits.mean(0).argmax()) == B
+    result = ensemble.generate(input_ids=prompts[0], attention_mask=prompts[1], max_new_tokens=3)
+    assert (result.token_ids == A).all()
+    assert result.member_token_ids[0].eq(A).all() and result.member_token_ids[1].eq(C).all()
+    assert result.scores["disagreement"].eq(1).all()
+
+
 def test_members_one_at_a_time_decode_as_members_batched(llama, prompts):
     ids, mask = prompts
     batched = wrapped(llama, ensemble_size=3, sigma_init=0.05).generate(input_ids=ids, attention_mask=mask)
