@@ -86,3 +86,16 @@ def test_the_own_model_examples_run_verbatim_and_every_adapter_reloads_exactly(t
             next(p for p in other.parameters() if p.dim() >= 2).mul_(1.01)  # on the feature path
         with pytest.raises(InputError, match="trained on another base model"):
             sve.from_pretrained(other, tmp_path / f"adapter{i}")
+
+
+def test_the_generation_example_runs_verbatim_and_scores_its_answer():
+    from sve.metrics.sequence import SCORES
+
+    torch.manual_seed(0)
+    scope: dict = {}
+    (block,) = readme_blocks("Language models")
+    exec(compile(block, "README.md", "exec"), scope)
+    answer = scope["answer"]
+    assert len(answer.texts) == 1 and len(answer.member_texts) == 4 and len(answer.samples[0]) == 5
+    assert set(answer.scores) == set(SCORES)
+    assert 1 <= int(answer.lengths[0]) <= 8 and ("." in answer.texts[0] or int(answer.lengths[0]) == 8)

@@ -388,6 +388,16 @@ class Ensemble(nn.Module):
         }
         return dict(self.conformal)
 
+    def generate(self, prompts=None, tokenizer=None, **options):
+        """Text from a wrapped causal LM (``sve.wrap(model, pooling="last")``), decoded from the members'
+        predictive, each member's own greedy answer and the answers' uncertainty scores: an
+        ``sve.api.generation.Generation``. Options as transformers' ``generate`` names them (``max_new_tokens``,
+        ``do_sample``, ``temperature``, ``top_p``, ``eos_token_id``, ``stop_strings``), ``chat`` (the
+        tokenizer's chat template), ``num_samples`` and ``meaning`` (``sve.api.generation.generate``)."""
+        from sve.api.generation import generate
+
+        return generate(self, prompts, tokenizer, **options)
+
     def loss(self, member_logits: Tensor, labels: Tensor) -> Tensor:
         return self.method.loss(member_logits, labels)
 

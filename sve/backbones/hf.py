@@ -65,6 +65,9 @@ def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
     LLaMA tokenizer a user brings to ``sve.wrap`` pads on the left, and "the last position" would be padding."""
     if attention_mask is None:
         attention_mask = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.long)
+    # With a key/value cache (generation) the mask covers the cached positions too, the hidden states only the
+    # new ones: those are the mask's last columns.
+    attention_mask = attention_mask[:, attention_mask.shape[1] - hidden.shape[1] :]
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     if pooling == "cls":
         return hidden[rows, attention_mask.long().argmax(1)]  # argmax: the first position of a real token

