@@ -14,6 +14,8 @@ The prose is the template ``sve/configs/claims/mini_readme.md``; everything nume
   with its 95% interval, "held", "reversed" or "unresolved", strict and lenient counted apart, and how far the
   members of each SVE-family row it compares moved apart;
 - ``{{changes}}``: every verdict that changed from the procedure these replaced, with both intervals;
+- ``{{multiplicity}}``: the headline counts over every claim, unadjusted and with Holm's correction for the family
+  of strict comparisons (``sve.paper.claims_text.multiplicity_markdown``);
 - ``{{singular_values}}``: for every SVE-family row, how far training moved the singular values
   (``sve.paper.movement``): the members' spread around their mean as a multiple of its initial value
   sigma_init * sqrt((M-1)/M), and the mean's shift from the pretrained values;
@@ -37,7 +39,7 @@ from sve.cli.quiet import hide_noise
 from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import judge, load_claims
-from sve.paper.claims_text import changes_markdown, claims_markdown, procedure
+from sve.paper.claims_text import changes_markdown, claims_markdown, multiplicity_markdown, procedure
 from sve.paper.movement import SEPARATED, TEACHER, all_movements
 from sve.paper.registry import METHOD_NAMES
 from sve.paper.sittings import SITTINGS, recorded_runs, wall_seconds
@@ -310,6 +312,7 @@ def render(root: Path, template: str) -> str:
         "reproduced": lambda: reproduced_section(root),
         "claims": lambda: claims_markdown("mini", root, runs, judged()),
         "changes": lambda: changes_markdown(judged()),
+        "multiplicity": lambda: multiplicity_markdown(judged()),
         "procedure": lambda: procedure(claims),
     }
 

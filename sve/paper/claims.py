@@ -392,6 +392,34 @@ def counts(verdicts: list[Verdict]) -> dict[str, dict[str, int]]:
     }
 
 
+def family(verdicts: list[Verdict]) -> list[Verdict]:
+    """The family of strict comparisons a multiplicity correction counts: each strict verdict decided by one
+    interval that covers the seeds' training variance. Left out: lenient checks (another test), trends (several
+    steps, each its own difference), comparisons without an interval and one-seed rows (test set only)."""
+    return [
+        v
+        for v in verdicts
+        if v.kind == STRICT
+        and v.no_interval is None
+        and len(v.differences) == 1
+        and v.differences[0].p is not None
+        and v.training
+    ]
+
+
+def holm(verdicts: list[Verdict], alpha: float = 0.05) -> dict[int, str]:
+    """Holm's step-down correction over ``verdicts`` (a ``family``): {id(verdict): its verdict at family-wise
+    error ``alpha``}. Sorted by p-value, the i-th smallest (from 0) is rejected while p <= alpha / (m - i); a
+    rejected comparison keeps its own verdict (held or reversed, the side its interval lies on), the rest are
+    unresolved. Holm's rejections are a subset of the unadjusted ones at ``alpha``, so no verdict flips side."""
+    ordered = sorted(verdicts, key=lambda v: v.differences[0].p)
+    adjusted, rejecting = {}, True
+    for i, v in enumerate(ordered):
+        rejecting = rejecting and v.differences[0].p <= alpha / (len(ordered) - i)
+        adjusted[id(v)] = v.verdict if rejecting and v.verdict != UNRESOLVED else UNRESOLVED
+    return adjusted
+
+
 def changed(judged: list[tuple[DictConfig, list[Verdict]]]) -> list[Verdict]:
     """The verdicts that differ from the replaced procedure's."""
     return [v for _, verdicts in judged for v in verdicts if v.previous is not None and v.previous.verdict != v.verdict]
@@ -406,6 +434,8 @@ __all__ = [
     "decide_previous",
     "changed",
     "counts",
+    "family",
+    "holm",
     "margins_of",
     "STRICT",
     "LENIENT",

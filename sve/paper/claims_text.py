@@ -17,6 +17,8 @@ from sve.paper.claims import (
     Verdict,
     changed,
     counts,
+    family,
+    holm,
     judge,
     load_claims,
     margins_of,
@@ -120,6 +122,48 @@ def changes_markdown(judged: list[tuple[DictConfig, list[Verdict]]]) -> str:
         lines.append(
             f"| {v.setting} | {v.comparison} | {v.metric} | {before} | {v.previous.verdict} | {now} | {v.verdict} |"
         )
+    return "\n".join(lines)
+
+
+def multiplicity_markdown(judged: list[tuple[DictConfig, list[Verdict]]], alpha: float = 0.05) -> str:
+    """The headline counts over every claim: the family of strict comparisons (``sve.paper.claims.family``), its
+    verdicts unadjusted and with Holm's correction, and each verdict the correction leaves unresolved."""
+    verdicts = [v for _, found in judged for v in found]
+    members = family(verdicts)
+    if not members:
+        return "No strict comparison has an interval yet."
+    adjusted = holm(members, alpha)
+    before = {w: sum(v.verdict == w for v in members) for w in (HELD, REVERSED, UNRESOLVED)}
+    after = {w: sum(adjusted[id(v)] == w for v in members) for w in (HELD, REVERSED, UNRESOLVED)}
+    one_seed = [v for v in verdicts if v.kind == STRICT and v.no_interval is None and not v.training]
+    lines = [
+        f"The family: the {len(members)} strict comparisons below that one interval decides and whose interval "
+        f"covers the seeds' training variance, across {len(judged)} claims. Left out: lenient checks (another "
+        f"test: not worse within a margin), trends (several steps), comparisons with no interval, and "
+        f"{len(one_seed)} comparisons of one-seed rows (their intervals cover the test set only; shown with "
+        "their claims, not counted here).",
+        "",
+        f"- **With Holm's correction** for {len(members)} comparisons (family-wise error {100 * alpha:g}%), the "
+        f"headline: held in {after[HELD]}, reversed in {after[REVERSED]}, unresolved in {after[UNRESOLVED]}.",
+        f"- Unadjusted (each comparison at 95% on its own): held in {before[HELD]}, reversed in "
+        f"{before[REVERSED]}, unresolved in {before[UNRESOLVED]}.",
+    ]
+    loosened = [v for v in members if adjusted[id(v)] != v.verdict]
+    if loosened:
+        lines += [
+            "",
+            f"The {len(loosened)} verdicts that the correction leaves unresolved (p: the two-sided p-value the "
+            "interval inverts; Holm's threshold for the i-th smallest of m is 0.05 / (m - i + 1)):",
+            "",
+            "| setting | comparison | metric | difference [95% CI] | p | verdict | with Holm |",
+            "|:--|:--|:--|:--|--:|:--|:--|",
+        ]
+        for v in sorted(loosened, key=lambda v: v.differences[0].p):
+            d = v.differences[0]
+            lines.append(
+                f"| {v.setting} | {v.comparison} | {v.metric} | {d.text(v.digits)} | {d.p:.4f} | {v.verdict} | "
+                f"{adjusted[id(v)]} |"
+            )
     return "\n".join(lines)
 
 

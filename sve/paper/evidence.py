@@ -31,6 +31,7 @@ class Difference:
     low: float | None = None
     high: float | None = None
     training: bool = True
+    p: float | None = None  # the two-sided p-value the interval inverts (sve.paper.bootstrap.p_value)
 
     def text(self, digits: int) -> str:
         body = f"{self.point:+.{digits}f}"
@@ -190,7 +191,7 @@ class Evidence:
         found = bootstrap.interval(terms, self.replicates, self.level, self.seed)
         before = bootstrap.per_seed_bootstrap(terms, self.replicates, self.level, self.seed)
         return (
-            Difference(found.point, found.low, found.high, found.training),
+            Difference(found.point, found.low, found.high, found.training, found.p),
             Difference(before.point, before.low, before.high, False),
         )
 
