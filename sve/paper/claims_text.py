@@ -34,13 +34,33 @@ def summary(verdicts: list[Verdict]) -> str:
     if not verdicts:
         return "No verdict yet: the runs it needs are missing."
     parts = []
-    for kind, n in counts(verdicts).items():
+    # One-seed rows' intervals cover the test set only: shown with the claim, counted apart from the tallies.
+    seeded = [v for v in verdicts if v.training]
+    for kind, n in counts(seeded).items():
         total = sum(n.values())
         if total:
             parts.append(
                 f"{KIND_NAMES[kind]}: of {total} with a 95% interval, held in {n[HELD]}, reversed in "
                 f"{n[REVERSED]}, unresolved in {n[UNRESOLVED]}."
             )
+        if kind == LENIENT and n[HELD]:
+            # A lenient hold whose interval contains 0 says "not worse", not "better": counted apart.
+            better = sum(
+                v.verdict == HELD and v.interval is not None and v.interval[0] > 0
+                for v in seeded
+                if v.kind == LENIENT and v.no_interval is None
+            )
+            parts.append(
+                f"Of those {n[HELD]} held, {better} also better (interval above 0) and {n[HELD] - better} "
+                "not worse only (interval containing 0)."
+            )
+    test_only = [v for v in verdicts if not v.training and v.no_interval is None]
+    if test_only:
+        held = sum(v.verdict == HELD for v in test_only)
+        parts.append(
+            f"Not counted above: {len(test_only)} comparisons of one-seed rows, whose intervals cover the test set "
+            f"only (held in {held})."
+        )
     rest = [v for v in verdicts if v.no_interval is not None]
     if rest:
         clear = [v for v in rest if not v.noise]

@@ -48,3 +48,17 @@ def test_the_family_leaves_out_lenient_one_seed_and_trend_verdicts():
     trend = verdict(0.01, HELD)
     trend.differences = [trend.differences[0], trend.differences[0]]
     assert family([kept, lenient, one_seed, trend]) == [kept]
+
+
+def test_the_summary_counts_one_seed_rows_apart_and_splits_not_worse_from_better():
+    from sve.paper.claims_text import summary
+
+    def lenient(low: float) -> Verdict:
+        v = verdict(0.01, HELD, kind=LENIENT)
+        v.differences = [Difference(0.5, low, 1.0, True, 0.01)]
+        return v
+
+    text = summary([verdict(0.01, HELD), verdict(0.01, HELD, training=False), lenient(0.2), lenient(-0.1)])
+    assert 'Strict ("better"): of 1 with a 95% interval, held in 1' in text  # the one-seed row is not in it
+    assert "Not counted above: 1 comparisons of one-seed rows, whose intervals cover the test set only" in text
+    assert "Of those 2 held, 1 also better (interval above 0) and 1 not worse only (interval containing 0)." in text
