@@ -63,13 +63,13 @@ from sve.paper.sweep_runs import (
     who,
 )
 from sve.paper.sweep_tuning import (
+    before_seed,
     borrowed_choice,
     borrowed_from,
     fixed_choice,
     smoke_skips_tuning,
     tune_knob,
     tune_row,
-    with_knob,
 )
 from sve.runs.multirun import clear_failure, record_failure
 from sve.runs.results import UnreadableFile, read_results, write_json
@@ -180,7 +180,7 @@ class Sweep:
             fixed = fixed_choice(self.root, job, self.dry_run, self.failures)
             if fixed is None:
                 return None
-            job = replace(job, overrides=[*job.overrides[:-1], f"{fixed['key']}={fixed['value']}", job.overrides[-1]])
+            job = replace(job, overrides=before_seed(job.overrides, f"{fixed['key']}={fixed['value']}"))
         if spec.get("tune") and not smoke_skips_tuning(spec, self.smoke):
             row_dir = job.dir.parent
             if job.tune_from:  # another experiment's row: its choice is read, never made here
@@ -192,7 +192,7 @@ class Sweep:
                 source_dir = source.dir.parent
             own_row = source is job
             if own_row and job.knob is not None:  # its rate is tuned at the knob's first value, named
-                source = replace(job, overrides=with_knob(job.overrides, job.knob.key, job.knob.grid[0]))
+                source = replace(job, overrides=before_seed(job.overrides, f"{job.knob.key}={job.knob.grid[0]}"))
             if source_dir not in self.chosen:
                 if source_dir in self.pending:
                     return HELD  # tried at the row's first job of this pass
@@ -216,16 +216,9 @@ class Sweep:
                 return self.with_knob(
                     spec, job, f"{choice['key']}={choice['value']}", chosen_run if own_row else None, prefix
                 )
-            job = replace(job, overrides=[*job.overrides[:-1], f"{choice['key']}={choice['value']}", job.overrides[-1]])
+            job = replace(job, overrides=before_seed(job.overrides, f"{choice['key']}={choice['value']}"))
             own_seed = source is not None and source.dir == job.dir and job.seed == int(spec.tune.seed)
-            if (
-                own_seed
-                and not (job.dir / "results.json").exists()
-                and not self.dry_run
-                and (chosen_run / "results.json").exists()
-                and holder(job.dir) is None
-            ):
-                reuse_tuning_run(chosen_run, job.dir)
+            self.reuse(chosen_run, job, own_seed)
         return self.attempt(spec, job, prefix)
 
     def with_knob(self, spec, job: Job, rate: str, rate_run: Path | None, prefix: str) -> object:
@@ -242,17 +235,22 @@ class Sweep:
             if not self.dry_run:
                 self.failures.append(f"{job}: not run, its row has no tuned {job.knob.key}")
             return None
-        job = replace(job, overrides=[*job.overrides[:-1], f"{knob['key']}={knob['value']}", rate, job.overrides[-1]])
-        chosen_run = job.dir.parent / "tune" / f"{knob['key']}_{knob['value']}"
+        job = replace(job, overrides=before_seed(job.overrides, f"{knob['key']}={knob['value']}", rate))
+        self.reuse(
+            job.dir.parent / "tune" / f"{knob['key']}_{knob['value']}", job, own_seed=job.seed == int(spec.tune.seed)
+        )
+        return self.attempt(spec, job, prefix)
+
+    def reuse(self, chosen_run: Path, job: Job, own_seed: bool) -> None:
+        """The chosen tuning run *is* the tuning seed's run: copied into ``job``'s directory, not trained again."""
         if (
-            job.seed == int(spec.tune.seed)
+            own_seed
             and not self.dry_run
             and not (job.dir / "results.json").exists()
             and (chosen_run / "results.json").exists()
             and holder(job.dir) is None
         ):
             reuse_tuning_run(chosen_run, job.dir)
-        return self.attempt(spec, job, prefix)
 
     def run(self, names: list[str]) -> list[str]:
         """Every table in ``names`` in turn, then what was left to other processes; returns the failures."""

@@ -190,9 +190,9 @@ def tune_row(spec, job: Job, row_dir: Path, attempt, dry_run: bool, failures: li
 # trained twice; likewise the chosen knob run is the tuning seed's run.
 
 
-def with_knob(overrides: list[str], key: str, value) -> list[str]:
-    """``overrides`` (ending in ``seed=...``) with ``key=value`` before the seed."""
-    return [*overrides[:-1], f"{key}={value}", overrides[-1]]
+def before_seed(overrides: list[str], *items: str) -> list[str]:
+    """``overrides`` (ending in ``seed=...``) with ``items`` (``key=value``) inserted before the seed."""
+    return [*overrides[:-1], *items, overrides[-1]]
 
 
 def knob_jobs(spec, job: Job, rate: str) -> list[Job]:
