@@ -28,7 +28,8 @@ flow of a run).
   ``curves`` (learning curves), ``allocator``, ``loggers``.
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the
   (M, B, C) layout of ``members`` (which also forms the predictive); ``heads`` (one head per member);
-  ``registry`` (every method option, its class and the facts the class states).
+  ``kinds`` (sampled, snapshot and fitted-after-training methods, as base classes); ``registry`` (every
+  method option, its class and the facts the class states).
 - ``backbones``: timm (ViTs and CNNs), Hugging Face encoders and causal LMs, CIFAR ResNets, choice LMs.
 - ``layers``: the member layers (SV, LoRA, BatchEnsemble, BLoB; SV inference paths), ``inject`` (wraps a
   backbone's target layers), ``shared_inputs``, ``svd_cache``, ``singular_values`` (Figs. 4-6 files),

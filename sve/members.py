@@ -14,9 +14,7 @@ layout with M = number of samples at evaluation.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -25,35 +23,13 @@ from sve.errors import InputError
 
 
 class MemberLayoutError(ValueError):
-    """A member layer saw an input that is not stacked member-major along its leading dimension (or its
-    owner read ``.weight`` while several members ran batched); ``module`` names the layer."""
+    """A member layer saw an input that is not stacked member-major along its leading dimension (the rows the
+    method announced to it, ``MemberLayer.expect_rows``), or its owner read ``.weight`` while several members
+    ran batched; ``module`` names the layer."""
 
     def __init__(self, message: str, module: str | None = None):
         super().__init__(message)
         self.module = module
-
-
-# Rows (K members x B examples) of the member-major batch now running through the model, announced by the
-# method so that a layer can tell a batch-first input from one whose leading dimension is something else.
-# Ambient, not an argument (docs/architecture.md#global-state): the layers that read it are called by the
-# backbone's own forward (timm, Hugging Face, a user's model) with the input alone, and a backbone may change it
-# on the way (``choice_lm``: C continuations per stem), which nests as a context does. A ContextVar, not a module
-# global, so another thread's model is not told this one's rows.
-_ROWS: ContextVar[int | None] = ContextVar("member_rows", default=None)
-
-
-@contextmanager
-def member_rows(rows: int) -> Iterator[None]:
-    """Announces the member-major batch size for the layers called inside the context."""
-    token = _ROWS.set(rows)
-    try:
-        yield
-    finally:
-        _ROWS.reset(token)
-
-
-def expected_rows() -> int | None:
-    return _ROWS.get()
 
 
 def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
@@ -127,8 +103,6 @@ def log_predictive(logits: Tensor, aggregate: str = "probs") -> Tensor:
 
 __all__ = [
     "MemberLayoutError",
-    "member_rows",
-    "expected_rows",
     "repeat_members",
     "split_members",
     "repeat_batch",

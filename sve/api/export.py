@@ -24,13 +24,14 @@ from sve.api.module_backbone import ModuleBackbone
 from sve.errors import InputError
 from sve.layers.member import member_layers
 from sve.methods.deep_ensemble import DeepEnsemble
+from sve.methods.kinds import SampledMethod, SnapshotMethod
 
 
 def refusal(method) -> str | None:
     """Why the members of ``method`` cannot be merged into plain weights, or None when they can."""
-    if method.sampled or method.stochastic:
+    if isinstance(method, SampledMethod) or method.stochastic:
         return "its members are samples of one model (each pass draws anew), not weights of their own"
-    if method.epoch_snapshots:
+    if isinstance(method, SnapshotMethod):
         return "its members are snapshots of the training run held beside the model, not in its layers"
     if isinstance(method, DeepEnsemble) and type(method).train_backbone:
         return "its members are whole copies of the backbone (ensemble.method.members), not member layers"

@@ -6,8 +6,9 @@ its next-token logits (M, B, V). Each decoding step runs every member on the tok
 token from the predictive, the mean of the members' next-token distributions (greedy, or sampled with a
 temperature and nucleus). Every member keeps its own key/value cache: the members run as a member-major
 batch (row m*B + b: member m, prompt b) through the one model, with one cache per pass, whose rows are the
-members' own; where the method runs its members one at a time (``members_at_once``, a layer that refused the
-member layout, methods whose members are not one backbone's rows), each member has a cache of its own.
+members' own; where the method runs its members one at a time (``members_at_once``, a layer that cannot take
+the member layout, found before decoding starts, methods whose members are not one backbone's rows), each
+member has a cache of its own.
 
 Besides the answer, each member decodes its own greedy answer (the members' ``disagreement``), and
 ``num_samples`` answers are sampled from the predictive (``semantic_entropy``). The scores and their
@@ -30,7 +31,7 @@ from torch import Tensor
 from sve.api.module_backbone import ModuleBackbone
 from sve.backbones.choice_lm import cache_keyword
 from sve.errors import InputError
-from sve.members import MemberLayoutError, member_rows, repeat_members, split_members
+from sve.members import repeat_members, split_members
 from sve.methods.base import EnsembleMethod
 from sve.metrics import sequence
 
@@ -90,6 +91,7 @@ class Decoder:
         self.method = method
         self.members = list(range(method.num_members()))
         batched = type(method).member_features is EnsembleMethod.member_features  # one backbone's rows
+        # One at a time where a layer cannot take the members stacked: decided on the prompt, before decoding.
         k = method.members_per_pass(prompt, len(self.members)) if batched else 1
         self.chunks = [self.members[i : i + k] for i in range(0, len(self.members), k)]
         self.model = method.backbone.model
@@ -99,9 +101,6 @@ class Decoder:
         from transformers import DynamicCache
 
         self.caches = [DynamicCache(config=self.model.config) for _ in self.chunks]
-
-    def one_at_a_time(self) -> None:
-        self.chunks = [[m] for m in self.members]
 
     def logits(self, tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
         """Member next-token logits (M, B, V); ``tokens`` (S, B, T) holds S = 1 sequence every member reads or
@@ -122,7 +121,7 @@ class Decoder:
             if K == 1:  # any method: its own member_logits on one member's rows
                 out.append(self.method.member_logits(batch, chunk))
                 continue
-            with self.method.select(chunk), member_rows(K * B):
+            with self.method.select(chunk, rows=K * B):
                 features = split_members(self.method.backbone(batch), K)  # (K, B, D)
             out.append(self.method.heads(features, chunk))
         return torch.cat(out)  # (M, B, V)
@@ -295,16 +294,9 @@ def generate(
     ensemble.eval()
     try:
         decoder = Decoder(method, {"input_ids": input_ids, "attention_mask": attention_mask})
-        try:
-            answers, mask, steps = decode(
-                decoder, input_ids, attention_mask, False, max_new_tokens, stopping, pad_id, **options
-            )
-        except MemberLayoutError as err:  # a layer that cannot take the members stacked: one at a time
-            method.fall_back(err)
-            decoder.one_at_a_time()
-            answers, mask, steps = decode(
-                decoder, input_ids, attention_mask, False, max_new_tokens, stopping, pad_id, **options
-            )
+        answers, mask, steps = decode(
+            decoder, input_ids, attention_mask, False, max_new_tokens, stopping, pad_id, **options
+        )
         token_ids, lengths = trimmed(answers[0], mask[0], pad_id)
         result = Generation(token_ids=token_ids, lengths=lengths)
         result.scores = sequence.answer_scores(steps, mask[0])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -25,8 +24,8 @@ from torch import Tensor
 
 from sve.backbones.hf import HFCausalLMBackbone
 from sve.errors import InputError
+from sve.layers.member import rows_times
 from sve.layers.recompute import is_checkpointing
-from sve.members import expected_rows, member_rows
 
 
 def letter_token_ids(tokenizer, letters: list[str], prefix: str = "Answer:") -> list[int]:
@@ -94,8 +93,7 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
         option, option_mask = batch["option_ids"], batch["option_mask"]
         (N, C, L), S = option.shape, stem.shape[1]
         option, option_mask = option.reshape(N * C, L), option_mask.reshape(N * C, L)
-        rows = expected_rows()  # the member-major batch grows by the C continuations of each stem
-        continuations = member_rows(rows * C) if rows is not None else nullcontext()
+        continuations = rows_times(self.model, C)  # the member-major batch grows by the C continuations of each stem
         base = self.model.base_model
         stem_length = stem_mask.sum(1)  # the stems are right-padded
         repeat = lambda t: t.repeat_interleave(C, dim=0)  # noqa: E731 - stem n -> its C rows, member-major kept

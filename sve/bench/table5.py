@@ -21,6 +21,7 @@ from sve.bench.counters import (
 from sve.bench.settings import Builder, Candidate, Setting, log
 from sve.members import to_device
 from sve.methods import registry
+from sve.methods.kinds import FittedAfterTraining
 
 TABLE5_DEFAULT = [
     "svf",
@@ -53,10 +54,10 @@ NOT_BY_DEFAULT = {
 def prepare(method, builder: Builder) -> None:
     """Puts a method in its evaluation state without training, by the hooks a run calls: one epoch end per member
     (a checkpoint ensemble's snapshots), then ``after_fit``, on the training data where the method fits some
-    after training (a Laplace posterior; ``fits_after_training``)."""
+    after training (a Laplace posterior; ``FittedAfterTraining``)."""
     for _ in range(method.ensemble_size):
         method.on_train_epoch_end(None)
-    method.after_fit(builder.datamodule() if method.fits_after_training else None)
+    method.after_fit(builder.datamodule() if isinstance(method, FittedAfterTraining) else None)
 
 
 def sample_overrides(name: str, members: int) -> list[str]:

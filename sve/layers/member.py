@@ -10,10 +10,12 @@ BatchEnsemble and BLoB layers the same three ways of choosing what runs:
 - **Selection.** ``select(members)`` runs only the chosen members of the current set; a layer with a single
   member is shared by all rows and ignores the selection.
 - **Layout.** With K > 1 selected members the input is K blocks stacked member-major along the leading
-  dimension (``sve.members``). When the method has announced the number of rows
-  (``sve.members.member_rows``) and the leading dimension differs (a time-major input, position
-  embeddings shared by the batch), the layer raises ``MemberLayoutError`` naming itself instead of splitting
-  the wrong axis; the method then runs its members one at a time, where the input may have any shape.
+  dimension (``sve.members``). When the method has told the layer the number of rows of the member-major
+  batch (``expect_rows``, part of what the layer runs now, as the selection is) and the leading dimension
+  differs (a time-major input, position embeddings shared by the batch), the layer raises
+  ``MemberLayoutError`` naming itself instead of splitting the wrong axis; a method finds such layers before
+  it stacks its members (``EnsembleMethod.probe_member_layout``) and runs them one at a time, where the input
+  may have any shape.
 
 Owners that read ``.weight``/``.bias`` directly (timm's EVA qkv, ``nn.MultiheadAttention.out_proj``) get the
 selected member's merged tensors, differentiable, in the base layer's layout; with several members selected
@@ -24,21 +26,22 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from sve.errors import InputError
-from sve.members import MemberLayoutError, expected_rows
+from sve.members import MemberLayoutError
 
 try:  # Hugging Face's GPT-2 style layer stores its weight transposed: (in, out).
     from transformers.pytorch_utils import Conv1D
 except ImportError:  # pragma: no cover - transformers is a hard dependency
     Conv1D = ()
 
-# The layers whose selection or bank is set now (inside ``select``, ``use_bank``, ``running_as``): what a
-# checkpointed block's recomputation must put back (sve.layers.recompute), found without walking the model.
+# The layers whose selection, bank or rows are set now (inside ``select``, ``use_bank``, ``expect_rows``,
+# ``running_as``): what a checkpointed block's recomputation must put back (sve.layers.recompute), found without
+# walking the model.
 # Ambient, not an argument (docs/architecture.md#global-state): its reader is the checkpoint's ``context_fn``,
 # which PyTorch calls with no arguments at every checkpointed block; checkpointing is switched on when the
 # backbone is loaded, before the method injects these layers, so there is no list to bind then; and walking the
@@ -121,6 +124,7 @@ class MemberLayer(nn.Module):
         self.module_name = type(self).__name__  # replaced by the injected path, for error messages
         self._selected: list[int] | None = None
         self._bank: dict[str, Tensor] | None = None
+        self.rows: int | None = None  # rows of the member-major batch its input must have now (``expect_rows``)
 
     # ----- the member set and the selection -------------------------------------------------------------
     def num_members(self) -> int:
@@ -148,27 +152,39 @@ class MemberLayer(nn.Module):
         if K > 1 and (not members or any(not 0 <= m < K for m in members)):
             raise IndexError(f"{self.module_name}: members {members} out of range for {K} members")
         previous = self._selected
-        self._run_as(members, self._bank)
+        self._run_as(members, self._bank, self.rows)
         try:
             yield
         finally:
-            self._run_as(previous, self._bank)
+            self._run_as(previous, self._bank, self.rows)
 
-    def _run_as(self, selected: list[int] | None, bank: dict[str, Tensor] | None) -> None:
-        self._selected, self._bank = selected, bank
-        if selected is None and bank is None:
+    @contextmanager
+    def expect_rows(self, rows: int) -> Iterator[None]:
+        """Inside: the input's leading dimension must be ``rows``, the member-major batch (K members x B examples)
+        the method runs, whenever several members run (``check_layout``). The method says it, since the layer is
+        called by its owner's forward with the input alone."""
+        previous = self.rows
+        self._run_as(self._selected, self._bank, int(rows))
+        try:
+            yield
+        finally:
+            self._run_as(self._selected, self._bank, previous)
+
+    def _run_as(self, selected: list[int] | None, bank: dict[str, Tensor] | None, rows: int | None) -> None:
+        self._selected, self._bank, self.rows = selected, bank, rows
+        if selected is None and bank is None and rows is None:
             _RUNNING.discard(self)
         else:
             _RUNNING.add(self)
 
-    def running(self) -> tuple[list[int] | None, dict[str, Tensor] | None]:
-        """What runs now, (selection, bank), for ``running_as`` (a checkpointed block's recomputation)."""
-        return self._selected, self._bank
+    def running(self) -> tuple[list[int] | None, dict[str, Tensor] | None, int | None]:
+        """What runs now, (selection, bank, rows), for ``running_as`` (a checkpointed block's recomputation)."""
+        return self._selected, self._bank, self.rows
 
     @contextmanager
-    def running_as(self, state: tuple[list[int] | None, dict[str, Tensor] | None]) -> Iterator[None]:
-        """Inside: the selection and bank of ``state``, as ``running()`` noted them."""
-        previous = self._selected, self._bank
+    def running_as(self, state: tuple[list[int] | None, dict[str, Tensor] | None, int | None]) -> Iterator[None]:
+        """Inside: the selection, bank and rows of ``state``, as ``running()`` noted them."""
+        previous = self.running()
         self._run_as(*state)
         try:
             yield
@@ -189,11 +205,11 @@ class MemberLayer(nn.Module):
                     f"'{name}' have {tuple(own.shape[1:])}"
                 )
         previous = self._bank
-        self._run_as(self._selected, dict(tensors))
+        self._run_as(self._selected, dict(tensors), self.rows)
         try:
             yield
         finally:
-            self._run_as(self._selected, previous)
+            self._run_as(self._selected, previous, self.rows)
 
     def pick(self, name: str, members: list[int]) -> Tensor:
         """Rows ``members`` of a per-member tensor, without a copy when all members run."""
@@ -208,7 +224,7 @@ class MemberLayer(nn.Module):
         return self.forward_members(x, members)
 
     def check_layout(self, x: Tensor, K: int) -> None:
-        rows = expected_rows()
+        rows = self.rows
         if (rows is not None and x.shape[0] != rows) or x.shape[0] % K:
             expected = f"{rows} rows ({K} members x {rows // K} examples)" if rows else f"a multiple of {K}"
             raise MemberLayoutError(
@@ -293,10 +309,22 @@ def member_layers(module: nn.Module) -> list[MemberLayer]:
     return [m for m in module.modules() if isinstance(m, MemberLayer)]
 
 
+@contextmanager
+def rows_times(module: nn.Module, factor: int) -> Iterator[None]:
+    """Inside: each member layer of ``module`` that expects a member-major batch expects ``factor`` times its
+    rows (a backbone whose batch grows on the way: ``choice_lm``'s C continuations of each stem)."""
+    with ExitStack() as stack:
+        for layer in member_layers(module):
+            if layer.rows is not None:
+                stack.enter_context(layer.expect_rows(layer.rows * factor))
+        yield
+
+
 __all__ = [
     "MemberLayer",
     "MemberLayoutError",
     "member_layers",
+    "rows_times",
     "weight_matrix",
     "check_layer",
     "ADAPTABLE_TYPES",

@@ -2,7 +2,7 @@
 
 A checkpointed block (Hugging Face gradient checkpointing, non-reentrant) runs a second time in the backward,
 after the contexts it first ran in have ended: a member chunk's selection (``MemberLayer.select``, or a bank of
-stand-ins), the member-major rows the method announced (``sve.members.member_rows``) and the exact dropout
+stand-ins) with the member-major rows the method announced (``MemberLayer.expect_rows``), and the exact dropout
 draws (``sve.layers.draws.seeded_draws``). PyTorch restores the random state for the recomputation; the rest
 is restored here. ``recompute_context`` is the checkpoint's ``context_fn``: at the block's forward it notes
 that state, and it puts it back around the recomputation. Without it, a chunk's recomputation would run every
@@ -19,24 +19,21 @@ from torch import nn
 
 from sve.layers import draws
 from sve.layers.member import running_layers
-from sve.members import expected_rows, member_rows
 
 
 def recompute_context():
     """(forward context, recomputation context) for one checkpointed block (its ``context_fn``). Only the
-    layers running a selection or bank now are noted (``running_layers``): no walk of the model per block."""
-    noted = [(layer, layer.running()) for layer in running_layers()], expected_rows(), draws.draw_state()
+    layers running a selection, bank or rows now are noted (``running_layers``): no walk of the model per block."""
+    noted = [(layer, layer.running()) for layer in running_layers()], draws.draw_state()
     return nullcontext(), _as_noted(noted)
 
 
 @contextmanager
 def _as_noted(noted) -> Iterator[None]:
-    layers, rows, drawn = noted
+    layers, drawn = noted
     with ExitStack() as stack:
         for layer, state in layers:
             stack.enter_context(layer.running_as(state))
-        if rows is not None:
-            stack.enter_context(member_rows(rows))
         stack.enter_context(draws.drawing_as(drawn))
         yield
 

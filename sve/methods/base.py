@@ -20,11 +20,14 @@ most ``CPU_EVAL_EXAMPLES`` examples (members x batch): there the activations of 
 overflow the CPU's caches, so one member per pass is faster, while the few examples of all members at batch 1
 still run best at once (the batched and one-at-a-time rows of results/bench/bench.md). With one member per
 pass, the member-free layers that read the batch itself (a ViT's patch embedding, BERT's embeddings) run once,
-not once per member (``sve.layers.shared_inputs``). When a member layer reports that its input is not
-batch-first, or that its owner reads its weight (``MemberLayoutError``), the method runs its members one at a
-time from then on, with one warning in the log naming the module: never a silently wrong result. A probe finds
-such layers when the method is built (``probe_member_layout``), so that a time-major length that happens to
-equal a batch's rows cannot pass for the member layout, and the first training step needs no retry.
+not once per member (``sve.layers.shared_inputs``).
+
+Whether members may be stacked at all is decided once, before any pass stacks them (``probe_member_layout``):
+a member layer whose input is not batch-first, or whose owner reads its weight, raises ``MemberLayoutError``
+on a probe of two members, and the method then runs its members one at a time, with one warning in the log
+naming the module: never a silently wrong result. The probe runs when the method is built, or, where no layer
+had two members then (samples and snapshots are installed later), on the first example of the first batch
+that would stack them, before that batch runs. ``forward`` is then one path, with no retry.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from sve.layers.draws import restore_rng_states, rng_states
 from sve.layers.inject import ALL, as_patterns, every_layer, grouped_names, inject
 from sve.layers.member import ADAPTABLE_TYPES, MemberLayer, MemberLayoutError, member_layers
 from sve.layers.shared_inputs import share_inputs
-from sve.members import check_member_logits, member_rows, repeat_batch, split_members
+from sve.members import check_member_logits, repeat_batch, split_members
 from sve.methods.heads import MemberHeads
 from sve.methods.registry import register
 
@@ -72,39 +75,15 @@ def parse_members_at_once(value) -> int | str | None:
 class EnsembleMethod(nn.Module):
     """Base class. A subclass sets its class attributes, stores its own settings, then calls ``adapt()``.
 
-    Class attributes:
-        fixed_ensemble_size: for methods with a fixed member count (``single``, ``svf``); a different
-            requested ``ensemble_size`` is ignored with a warning and the fixed count is recorded.
-        train_backbone: the backbone's own weights train (full fine-tuning methods).
-        shared_head: one head for all members (stochastic passes of one model: MC dropout, BLoB, Laplace).
-        stochastic: members are random passes that no two runs reproduce (no member-by-member checks).
-        chunked_training: ``members_at_once: k`` also splits training into k-member forward-backward
-            passes (``training_chunks``). True where members are independent passes of ``member_logits``
-            and the loss is the mean member loss; a method whose members share one pass (a last-layer
-            ensemble) or that trains them otherwise (a deep ensemble's rounds) sets False.
-        shardable: ``trainer=fsdp`` may shard it (``sve.training.sharding``); False where a tensor's rows
-            are its members and the method reads them one by one.
-        equals_base_at_init: with its init noise off (``sigma_init``, ``dropout`` = 0) every member computes
-            the pretrained backbone's features; the registry tests hold every method to what it promises.
-        layer_types: target module types that ``make_layer`` accepts.
-        wrapping: what ``make_layer`` does, in the progress bar of a slow wrap (``sve.layers.inject``).
-
-    The facts the rest of the package reads through the registry (``sve.methods.registry``; no other module
-    lists methods by name):
-        display_name: the method's row label in the tables (the paper's name where it has one).
-        option_display_names: labels of the other options of ``configs/method`` that build this class and are
-            rows of their own (``sve_lora_shared`` of ``SVELoRA``), by option name. They are kept here rather
-            than as a key of the option's YAML because every key there enters the config each run records
-            (``run_config.yaml``), and a run started before the key existed could not resume.
-        sampled: members are ``num_samples`` samples of one model (stochastic passes, posterior samples):
-            ``ensemble_size`` is 1 and ``method.num_samples`` sets the member count.
-        fits_after_training: the data ``after_fit`` reads (``"train"``: the training split, as a Laplace
-            posterior is fitted), or None when it reads none.
-        epoch_snapshots: members are the last ``ensemble_size`` epoch-end snapshots of one run, so a run
-            trains at least that many epochs.
-        trains: what the optimiser updates, in words.
-        Whatever ``after_fit`` builds (a Laplace posterior, snapshots in use) must live in the state dict
-        (``get_extra_state``): checkpoints written after it carry it, and ``evaluate.py`` never refits.
+    Behaviour that differs between methods is a hook that a subclass overrides (``make_layer``,
+    ``num_members``, ``member_features``, ``member_logits``, ``training_chunks``, ``check_training``,
+    ``check_sharding``, ``after_fit``, ``on_train_epoch_end``, ``next_round``, ``constrain_``, ...), and
+    members that are not M models trained side by side are a kind of method, a base class
+    (``sve.methods.kinds``: samples of one model, epoch-end snapshots, a fit after training). The class
+    attributes below are facts about a method that other code reads (each comment names why); the registry
+    (``sve.methods.registry``) hands the kinds and facts read by method name to the rest of the package.
+    Whatever ``after_fit`` builds (a Laplace posterior, snapshots in use) must live in the state dict
+    (``get_extra_state``): checkpoints written after it carry it, and ``evaluate.py`` never refits.
 
     Args:
         members_at_once: ``all``, ``auto``, or how many members run per backbone pass (module docstring).
@@ -112,21 +91,20 @@ class EnsembleMethod(nn.Module):
         task: the run's dataset name; a backbone's pretrained head is reused only for its own task.
     """
 
-    fixed_ensemble_size: int | None = None
-    chunked_training: bool = True
-    shardable: bool = True
-    train_backbone: bool = False
-    shared_head: bool = False
-    stochastic: bool = False
-    equals_base_at_init: bool = True
-    layer_types: tuple[type, ...] = ADAPTABLE_TYPES
-    wrapping: str = "wrapping"
-    display_name: str = ""
+    # Labels, read through the registry by the tables and the docs.
+    display_name: str = ""  # the method's row label in the tables (the paper's name where it has one)
+    # Other options of configs/method that build this class and are rows of their own (sve_lora_shared of SVELoRA),
+    # by option: here, not in the option's YAML, whose every key enters each run's recorded config (resume).
     option_display_names: dict[str, str] = {}
-    sampled: bool = False
-    fits_after_training: str | None = None
-    epoch_snapshots: bool = False
-    trains: str = ""
+    trains: str = ""  # what the optimiser updates, in words
+    # What the members are: read by code that plans, merges or evaluates a method it did not build.
+    fixed_ensemble_size: int | None = None  # single, svf: another ensemble_size is warned of; this one is recorded
+    shared_head: bool = False  # one head for all members (samples, snapshots): the heads' count; wrap warns
+    stochastic: bool = False  # members draw as they run (MC dropout): merge refuses; tests compare no member alone
+    train_backbone: bool = False  # the backbone's own weights train: adapt()'s requires_grad_ (BatchEnsemble: option)
+    equals_base_at_init: bool = True  # init noise off, every member computes the backbone: the tests hold it to it
+    layer_types: tuple[type, ...] = ADAPTABLE_TYPES  # target module types make_layer accepts (sve.layers.inject)
+    wrapping: str = "wrapping"  # what make_layer does, in the progress bar of a slow wrap (sve.layers.inject)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -174,7 +152,8 @@ class EnsembleMethod(nn.Module):
                 self.heads.bias.copy_(initial[1].expand_as(self.heads.bias))
             self.head_init = f"pretrained ({type(backbone).__name__}, task {task})"
         self.wrapped: list[str] = []
-        self.fallback: str | None = None  # the module that forced one member at a time, if any
+        self.fallback: str | None = None  # the module that makes the members run one at a time, if any
+        self.layout_known = False  # whether a probe of two members decided it (``probe_member_layout``)
 
     @property
     def head_pretrained(self) -> bool:
@@ -194,6 +173,9 @@ class EnsembleMethod(nn.Module):
 
     def check_training(self, epochs: int) -> None:
         """Refuses, before training, a schedule of ``epochs`` on which this method cannot build its members."""
+
+    def check_sharding(self) -> None:
+        """Refuses, before ``trainer=fsdp`` shards it (``sve.training.sharding``), a method that FSDP cannot shard."""
 
     # ----- the shared preparation ---------------------------------------------------------------------------
     def make_layer(self, layer: nn.Module) -> MemberLayer | None:
@@ -239,38 +221,55 @@ class EnsembleMethod(nn.Module):
             self.probe_member_layout()
         self.log_summary()
 
-    def probe_member_layout(self) -> None:
-        """Finds, before any real batch, a member layer that cannot take the members stacked member-major:
-        one whose owner calls it time-major ((T, N, D): XLNet's feed-forward, a ``batch_first=False``
+    def probe_member_layout(self, batch: dict | None = None) -> None:
+        """Decides, once and before any pass stacks members, whether they may be stacked member-major: a
+        member layer whose owner calls it time-major ((T, N, D): XLNet's feed-forward, a ``batch_first=False``
         transformer) would mix them, one whose owner reads its ``.weight`` itself (``nn.MultiheadAttention``'s
-        ``out_proj``, timm BEiT's and EVA's ``qkv``) cannot stack them. Two members run on the probe input,
-        with one copy of it each and then with two: a time-major length can equal the rows of one pass, not of
-        both (at run time it could equal a batch's rows, and the members would mix without a word). Such a
-        layer makes the members run one at a time (``fall_back``); nothing else of the model changes (modes,
-        random generators)."""
+        ``out_proj``, timm BEiT's and EVA's ``qkv``) cannot stack them. Two members run on one example, with
+        one copy of it each and then with two: a time-major length can equal the rows of one pass, not of both
+        (at run time it could equal a batch's rows, and the members would mix without a word). Such a layer
+        makes the members run one at a time (``fall_back``); nothing else of the model changes (modes, random
+        generators).
+
+        Without ``batch`` (``adapt``) the probe input is the backbone's own; with it, the first example of a
+        real batch, for methods whose layers had no two members when they were built (samples, snapshots)
+        and for backbones without a probe input. Nothing is decided while no layer has two members."""
         layers = [layer for layer in self.member_layers() if layer.num_members() > 1]
-        batch = self.backbone.probe_batch() if layers and self.members_at_once != 1 else None
-        if batch is None or any(p.device.type == "meta" for p in layers[0].parameters()):
+        if self.layout_known or not layers:
             return
-        device = next(iter(layers[0].parameters())).device
-        batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        if batch is None:
+            batch = self.backbone.probe_batch() if self.members_at_once != 1 else None
+            if batch is None or any(p.device.type == "meta" for p in layers[0].parameters()):
+                return
+            device = next(iter(layers[0].parameters())).device
+            batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+            real = False
+        else:
+            batch, real = first_example(batch), True
         B, modes, generators = batch_size(batch), {m: m.training for m in self.modules()}, rng_states(batch)
         try:
             self.backbone.eval()
-            with torch.enable_grad(), ExitStack() as stack:  # training's (factored) paths: no merged weights kept
-                for layer in layers:
-                    stack.enter_context(layer.select([0, 1]))
+            with torch.enable_grad():  # training's (factored) paths: no merged weights kept
                 for copies in (1, 2):
-                    with member_rows(2 * copies * B):
+                    with self.select([0, 1], rows=2 * copies * B):
                         self.backbone(repeat_batch(batch, 2 * copies, batch_size=B))
+            self.layout_known = True
         except MemberLayoutError as err:
+            self.layout_known = True
             self.fall_back(err)
-        except Exception as err:  # noqa: BLE001 - not the layout's: the first real batch raises it where it belongs
+        except Exception as err:  # noqa: BLE001 - not the layout's: the real pass raises it where it belongs
+            self.layout_known = real  # a real batch's probe is not asked again; the backbone's may be
             log.debug("%s: the member layout probe failed: %s: %s", type(self).__name__, type(err).__name__, err)
         finally:
             for module, mode in modes.items():
                 module.training = mode
             restore_rng_states(generators)
+
+    def stacks_members(self, batch: dict) -> bool:
+        """Whether several members may run stacked in one backbone pass on ``batch``'s inputs; decided before
+        the first such pass (``probe_member_layout``), then known."""
+        self.probe_member_layout(batch)
+        return self.fallback is None
 
     def fall_back(self, err: MemberLayoutError) -> None:
         """From now on the members run one at a time, where a layer's input may have any layout; said once."""
@@ -293,68 +292,68 @@ class EnsembleMethod(nn.Module):
         return member_layers(self.backbone)
 
     @contextmanager
-    def select(self, members: list[int]) -> Iterator[None]:
-        """Runs only ``members`` inside the context (every member layer selects them)."""
+    def select(self, members: list[int], rows: int | None = None) -> Iterator[None]:
+        """Runs only ``members`` inside the context (every member layer selects them); with ``rows``, the rows
+        (K members x B examples) of the member-major batch that every layer's input then has."""
         with ExitStack() as stack:
             for layer in self.member_layers():
                 stack.enter_context(layer.select(members))
+                if rows is not None:
+                    stack.enter_context(layer.expect_rows(rows))
+            yield
+
+    @contextmanager
+    def expect_rows(self, rows: int) -> Iterator[None]:
+        """Inside: every member layer's input has ``rows`` rows, members as they are (BLoB's samples)."""
+        with ExitStack() as stack:
+            for layer in self.member_layers():
+                stack.enter_context(layer.expect_rows(rows))
             yield
 
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         """Features (K, B, D) of ``members``: the batch stacked K times member-major, one backbone pass."""
         K, B = len(members), batch_size(batch)
-        with self.select(members), member_rows(K * B):
+        with self.select(members, rows=K * B):
             return split_members(self.backbone(repeat_batch(batch, K, batch_size=B)), K)
 
     def member_logits(self, batch: dict, members: list[int]) -> Tensor:
         return self.heads(self.member_features(batch, members), members)  # (K, B, C)
 
     def members_per_pass(self, batch: dict, members: int) -> int:
-        """How many of ``members`` run in one backbone pass on this batch (``members_at_once``)."""
-        if self.fallback:
-            return 1
+        """How many of ``members`` run in one backbone pass on this batch (``members_at_once``); one where the
+        members cannot be stacked (``stacks_members``, asked here before any pass runs)."""
         if self.members_at_once != "auto":
-            return self.members_at_once or members
-        if self.training or self.heads.weight.device.type != "cpu":
-            return members
-        return min(members, max(1, CPU_EVAL_EXAMPLES // max(1, batch_size(batch))))
+            k = self.members_at_once or members
+        elif self.training or self.heads.weight.device.type != "cpu":
+            k = members
+        else:
+            k = min(members, max(1, CPU_EVAL_EXAMPLES // max(1, batch_size(batch))))
+        return k if min(k, members) == 1 or self.stacks_members(batch) else 1
 
-    def training_chunks(self) -> list[list[int]] | None:
-        """The member chunks one training step runs and back-propagates one after another
-        (``members_at_once: k``), or None: all members in one pass (and one backward)."""
-        M, k = self.num_members(), 1 if self.fallback else self.members_at_once
-        if not self.chunked_training or not isinstance(k, int) or k >= M:
+    def training_chunks(self, members_at_once: int | str | None = None) -> list[list[int]] | None:
+        """The member chunks one training step runs and back-propagates one after another (``members_at_once:
+        k``; the argument asks what another setting would give), or None: all members in one pass (and one
+        backward). The step is the one all members at once take when members are independent passes of
+        ``member_logits`` and the loss is their mean; a method whose members share one pass (a last-layer
+        ensemble) or that trains them otherwise (a deep ensemble's rounds) returns None."""
+        M = self.num_members()
+        k = 1 if self.fallback else self.members_at_once if members_at_once is None else members_at_once
+        if not isinstance(k, int) or k >= M:
             return None
         return [list(range(i, min(i + k, M))) for i in range(0, M, k)]
 
     def chunk_logits(self, batch: dict, members: list[int]) -> Tensor:
         """Logits (K, B, C) of ``members`` alone, as ``forward`` gives them for those members (one at a time
-        after a layer refused the member layout, as in ``forward``)."""
-        if len(members) > 1 and not self.fallback:
-            generators = rng_states(batch)
-            try:
-                return check_member_logits(mask_choices(self.member_logits(batch, members), batch), len(members))
-            except MemberLayoutError as err:
-                self.fall_back(err)
-                restore_rng_states(generators)
-        return check_member_logits(mask_choices(self.logits_in_passes(batch, members, 1), batch), len(members))
+        where members cannot be stacked, as in ``forward``)."""
+        if len(members) > 1 and self.stacks_members(batch):
+            logits = self.member_logits(batch, members)
+        else:
+            logits = self.logits_in_passes(batch, members, 1)
+        return check_member_logits(mask_choices(logits, batch), len(members))
 
     def forward(self, batch: dict) -> Tensor:
         members = list(range(self.num_members()))
-        chunk = self.members_per_pass(batch, len(members))
-        # A stochastic method (BLoB, MC dropout) draws as it runs: a batched pass that fails on the layout may
-        # have drawn already, so the retry starts from the generator state this call began with, and it runs
-        # here rather than through a subclass's forward, which would draw its samples again. Otherwise the call
-        # that falls back would draw other samples than any later call from the same seed.
-        generators = rng_states(batch) if chunk > 1 else None
-        try:
-            logits = self.logits_in_passes(batch, members, chunk)
-        except MemberLayoutError as err:
-            if chunk == 1:
-                raise
-            self.fall_back(err)
-            restore_rng_states(generators)
-            logits = self.logits_in_passes(batch, members, 1)
+        logits = self.logits_in_passes(batch, members, self.members_per_pass(batch, len(members)))
         return check_member_logits(mask_choices(logits, batch), len(members))
 
     def logits_in_passes(self, batch: dict, members: list[int], chunk: int) -> Tensor:
@@ -453,6 +452,12 @@ def batch_size(batch: dict) -> int:
     if "labels" in batch:
         return batch["labels"].shape[0]
     return next(v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0)  # not a 0-d scale
+
+
+def first_example(batch: dict) -> dict:
+    """The batch's first example: each tensor whose leading dimension is the batch's, cut to one row."""
+    B = batch_size(batch)
+    return {k: v[:1] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == B else v for k, v in batch.items()}
 
 
 def mask_choices(logits: Tensor, batch: dict) -> Tensor:

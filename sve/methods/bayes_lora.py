@@ -50,6 +50,7 @@ from sve.members import to_device
 from sve.methods.base import mask_choices
 from sve.methods.heads import apply_heads
 from sve.methods.kfac import LoRAKFAC, LoRAKronLaplace
+from sve.methods.kinds import FittedAfterTraining, SampledMethod
 from sve.methods.lora import SingleLoRA
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,14 @@ class _MAPLogits(nn.Module):
         return self.method.map_logits(to_device(batch, self.method.heads.weight.device))[0]  # (B, C)
 
 
-class BayesLoRA(SingleLoRA):
+class BayesLoRA(FittedAfterTraining, SampledMethod, SingleLoRA):
     """Args:
     num_samples: posterior samples at evaluation.
     prior_precision: initial prior precision before the marginal-likelihood optimisation.
     marglik_steps: Adam steps of that optimisation (laplace-torch default 100).
     """
 
-    sampled = True
-    fits_after_training = "train"  # the Laplace posterior, on the training split
     trains = "one LoRA adapter and the head (MAP); the posterior is fitted after training"
-
-    shared_head = True
 
     def __init__(
         self,
@@ -96,7 +93,7 @@ class BayesLoRA(SingleLoRA):
         self.laplace = None  # set by after_fit
 
     def num_members(self) -> int:
-        return 1 if self.training or self.laplace is None else self.num_samples
+        return 1 if self.laplace is None else super().num_members()  # the MAP model until the posterior is fitted
 
     def map_logits(self, batch: dict) -> Tensor:
         """(1, B, C) logits of the MAP model, whether or not a posterior has been fitted."""

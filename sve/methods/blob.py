@@ -21,11 +21,11 @@ from torch import Tensor, nn
 
 from sve.layers.blob import BLoBLayer
 from sve.layers.draws import rows_to_draw
-from sve.members import MemberLayoutError, member_rows
-from sve.methods.base import EnsembleMethod, batch_size
+from sve.methods.base import batch_size
+from sve.methods.kinds import SampledMethod
 
 
-class BLoB(EnsembleMethod):
+class BLoB(SampledMethod):
     """Args:
     rank, alpha: LoRA rank and alpha (8, 8 as for the other LoRA baselines).
     init_std: initial scale of G (sigma = G^2).
@@ -35,11 +35,7 @@ class BLoB(EnsembleMethod):
     """
 
     display_name = "Blob"
-    sampled = True
     trains = "a Gaussian posterior over LoRA's A, LoRA's B and the head"
-
-    fixed_ensemble_size = 1
-    shared_head = True
 
     def __init__(
         self,
@@ -63,9 +59,6 @@ class BLoB(EnsembleMethod):
     def make_layer(self, layer: nn.Module) -> BLoBLayer:
         return BLoBLayer(layer, self.rank, self.alpha, self.init_std, self.prior_std)
 
-    def num_members(self) -> int:
-        return 1 if self.training else self.num_samples
-
     @contextmanager
     def samples(self, K: int) -> Iterator[None]:
         """K fresh posterior samples as every layer's member set, inside the context. In training they are
@@ -83,14 +76,14 @@ class BLoB(EnsembleMethod):
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         if not self.training:
             return super().member_features(batch, members)
-        # Training: sample b serves example b, so the B examples are B members of one row each.
+        # Training: sample b serves example b, so the B examples are B members of one row each; where the layers
+        # are not called batch-first (``stacks_members``, decided before this pass), one sample for the batch.
         B = batch_size(batch)
-        try:
-            with member_rows(B):
-                return self.backbone(batch).unsqueeze(0)  # (1, B, D)
-        except MemberLayoutError:  # the layers are not called batch-first: one sample for the whole batch
+        if B > 1 and not self.stacks_members(batch):
             with self.samples(1):
                 return self.backbone(batch).unsqueeze(0)
+        with self.expect_rows(B):
+            return self.backbone(batch).unsqueeze(0)  # (1, B, D)
 
     def kl(self) -> Tensor:
         return torch.stack([layer.kl() for layer in self.member_layers()]).sum()

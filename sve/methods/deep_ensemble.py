@@ -88,7 +88,6 @@ class DeepEnsemble(EnsembleMethod):
     trains = "M copies of the whole backbone, each with its head"
 
     train_backbone = True
-    chunked_training = False  # its memory lever is the sequential mode's rounds (chunk_size)
 
     def __init__(
         self, backbone, ensemble_size: int, num_classes: int, mode: str = "auto", chunk_size: int = 1, **common
@@ -107,6 +106,10 @@ class DeepEnsemble(EnsembleMethod):
         self.loaded = list(range(self.chunk_size))  # member held by each working copy
         self.finished = self.mode == "in_memory"
         log.info("%s: %d members, mode=%s, chunk_size=%d", type(self).__name__, M, self.mode, self.chunk_size)
+
+    def training_chunks(self, members_at_once: int | str | None = None) -> None:
+        """Never split: the memory lever of a deep ensemble is the sequential mode's rounds (``chunk_size``)."""
+        return None
 
     def plan(self, mode: str, chunk_size: int) -> tuple[str, int]:
         """(mode, chunk_size) as run: ``auto`` resolved, chunks within 1..M (module docstring)."""
@@ -271,9 +274,6 @@ class DeepEnsembleLoRA(DeepEnsemble):
     trains = "one LoRA adapter and one head per member, round by round"
 
     train_backbone = False  # the members are adapters on the one frozen backbone
-    # Rows of (M, ...) tensors are its members: FSDP would split them over ranks. The adapters are ~1% of the
-    # backbone, so trainer=gpu or ddp holds them; sharding is for full fine-tunes.
-    shardable = False
 
     def __init__(
         self,
@@ -294,6 +294,15 @@ class DeepEnsembleLoRA(DeepEnsemble):
 
     def make_layer(self, layer: nn.Module) -> LoRALayer:
         return LoRALayer(layer, self.ensemble_size, self.rank, self.alpha, self.dropout)
+
+    def check_sharding(self) -> None:
+        """Rows of (M, ...) tensors are its members: FSDP would split them over ranks. The adapters are ~1% of
+        the backbone, so trainer=gpu or ddp holds them; sharding is for full fine-tunes."""
+        raise InputError(
+            f"trainer=fsdp cannot shard {type(self).__name__}: its trainable tensors hold one row "
+            "per member and it reads them member by member; it trains ~1% of the backbone, so use "
+            "trainer=gpu or trainer=ddp"
+        )
 
     def lora_layers(self) -> list[LoRALayer]:
         return [m for m in self.modules() if isinstance(m, LoRALayer)]

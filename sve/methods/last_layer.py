@@ -22,7 +22,10 @@ class LastLayerEnsemble(LoRAEnsemble):
     trains = "one shared LoRA adapter and one head per member"
 
     adapters_per_member = False
-    chunked_training = False  # one backbone pass serves every head: nothing to split
+
+    def training_chunks(self, members_at_once: int | str | None = None) -> None:
+        """Never split: one backbone pass serves every head."""
+        return None
 
     def member_features(self, batch: dict, members: list[int]) -> Tensor:
         features = self.backbone(batch)  # (B, D): one backbone pass shared by all heads

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from sve.errors import InputError
-from sve.methods.base import EnsembleMethod
+from sve.methods.kinds import SampledMethod
 from sve.methods.lora import SingleLoRA
 
 log = logging.getLogger(__name__)
@@ -100,20 +100,17 @@ def training_only_regularisers(model: nn.Module) -> list[tuple[object, str, obje
     return found
 
 
-class MCDropout(EnsembleMethod):
+class MCDropout(SampledMethod):
     """Args:
     dropout: rate at every dropout site (C.3: 0.05).
     num_samples: stochastic passes at evaluation (C.3: 10).
     """
 
     display_name = "MC Dropout"
-    sampled = True
     trains = "the whole backbone and the head"
 
-    fixed_ensemble_size = 1
     train_backbone = True
-    shared_head = True
-    stochastic = True
+    stochastic = True  # each pass draws its own dropout masks
 
     def __init__(
         self, backbone, ensemble_size: int, num_classes: int, dropout: float = 0.05, num_samples: int = 10, **common
@@ -148,9 +145,6 @@ class MCDropout(EnsembleMethod):
                 setattr(owner, key, value)
         return self
 
-    def num_members(self) -> int:
-        return 1 if self.training else self.num_samples  # each pass draws its own dropout masks
-
     def report(self) -> dict:
         return {
             **super().report(),
@@ -160,7 +154,7 @@ class MCDropout(EnsembleMethod):
         }
 
 
-class MCDropoutLoRA(SingleLoRA):
+class MCDropoutLoRA(SampledMethod, SingleLoRA):
     """Args:
     rank, alpha: the one LoRA adapter (Yang et al.: 8, 16).
     dropout: the LoRA dropout, in training and at evaluation (Yang et al.: 0.1).
@@ -168,11 +162,9 @@ class MCDropoutLoRA(SingleLoRA):
     """
 
     display_name = "MC Dropout (LoRA)"
-    sampled = True
     trains = "one LoRA adapter and the head"
 
-    shared_head = True  # one adapter and one head: the members are its passes
-    stochastic = True
+    stochastic = True  # each pass draws its own LoRA-dropout masks
 
     def __init__(
         self,
@@ -196,9 +188,6 @@ class MCDropoutLoRA(SingleLoRA):
             for layer in self.lora_layers():
                 layer.train()
         return self
-
-    def num_members(self) -> int:
-        return 1 if self.training else self.num_samples  # each pass draws its own LoRA-dropout masks
 
     def report(self) -> dict:
         return {**super().report(), "num_samples": self.num_samples, "dropout": self.dropout}

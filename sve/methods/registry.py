@@ -1,10 +1,11 @@
 """The registry of methods: every option of the ``method`` config group, the class it builds, and that class's facts.
 
 A method class registers itself where it is defined (``EnsembleMethod.__init_subclass__``, as timm's
-``register_model`` and peft's ``register_peft_method`` do) and states its facts as class attributes:
-``display_name`` (its row label in the tables), ``sampled`` (members are ``num_samples`` samples of one
-model), ``fits_after_training`` (the data ``after_fit`` reads), ``epoch_snapshots`` (members are epoch-end
-snapshots) and ``trains`` (what its optimiser updates).
+``register_model`` and peft's ``register_peft_method`` do) and states its facts as class attributes
+(``display_name``, its row label in the tables, and ``trains``, what its optimiser updates) and its kind by its
+base classes (``sve.methods.kinds``): ``sampled`` (members are ``num_samples`` samples of one model),
+``fits_after_training`` (``after_fit`` reads the training split) and ``epoch_snapshots`` (members are epoch-end
+snapshots).
 The options are the group's files (``sve/configs/method/*.yaml``) and what Hydra's ``ConfigStore`` holds
 under ``method``; each is composed by Hydra itself, so a run, ``sve.wrap``, the plan, the benchmark and the
 tables read the same settings and the same class. Nothing else lists methods by name
@@ -105,10 +106,10 @@ class MethodInfo:
     option: str
     cls: type
     display_name: str
-    sampled: bool  # members are num_samples samples of one model: ensemble_size is 1
+    sampled: bool  # a SampledMethod: members are num_samples samples of one model, ensemble_size is 1
     num_samples: int | None  # the option's default sample count (sampled methods only)
-    fits_after_training: str | None  # the data after_fit reads ("train": the training split), or None
-    epoch_snapshots: bool  # members are the last epoch-end snapshots: a run trains at least ensemble_size epochs
+    fits_after_training: bool  # a FittedAfterTraining: after_fit reads the training split
+    epoch_snapshots: bool  # a SnapshotMethod: members are epoch-end snapshots, a run trains ensemble_size epochs
     trains: str
 
     def members(self, ensemble_size: int) -> int:
@@ -127,17 +128,25 @@ def info(option: str) -> MethodInfo:
     # A class names the options it serves (option_display_names); a subclass does not inherit its parent's.
     cls = method_class(option)
     name = vars(cls).get("option_display_names", {}).get(option, cls.display_name)
-    samples = int(option_config(option).num_samples) if cls.sampled else None
+    sampled = is_kind(cls, "SampledMethod")
     return MethodInfo(
         option=option,
         cls=cls,
         display_name=name,
-        sampled=cls.sampled,
-        num_samples=samples,
-        fits_after_training=cls.fits_after_training,
-        epoch_snapshots=cls.epoch_snapshots,
+        sampled=sampled,
+        num_samples=int(option_config(option).num_samples) if sampled else None,
+        fits_after_training=is_kind(cls, "FittedAfterTraining"),
+        epoch_snapshots=is_kind(cls, "SnapshotMethod"),
         trains=cls.trains,
     )
+
+
+def is_kind(cls: type, kind: str) -> bool:
+    """Whether ``cls`` is of the kind ``sve.methods.kinds.<kind>``. Looked up among the registered classes, not
+    imported (the kinds import the base, which imports this module): a kind that no loaded class builds on is
+    not registered yet, and ``cls`` is not of it."""
+    base = CLASSES.get(f"sve.methods.kinds.{kind}")
+    return base is not None and issubclass(cls, base)
 
 
 def display_name(option: str) -> str:

@@ -375,7 +375,7 @@ def alternative_steps(method, batch: dict, factory, how, clip, block: int = 1) -
         finally:
             checkpointing(model, on)
     chunk = method.training_chunks() if hasattr(method, "training_chunks") else None
-    if method.num_members() > 1 and getattr(method, "chunked_training", False) and (chunk is None or len(chunk[0]) > 1):
+    if method.num_members() > 1 and method.training_chunks(1) is not None and (chunk is None or len(chunk[0]) > 1):
         previous, method.members_at_once = method.members_at_once, 1
         try:
             out["method.members_at_once=1"] = train_step(method, batch, factory, how, clip, block)

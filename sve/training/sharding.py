@@ -54,12 +54,7 @@ def shard_method(method: nn.Module, mesh) -> list[str]:
     # training (``unshard_method``) is tested as it is, each rank holding all of it, as under DDP.
     if is_sharded(method) or getattr(method, "was_sharded", False):
         return [b.__name__ for b in repeated_blocks(method.backbone)]
-    if not getattr(method, "shardable", True):
-        raise InputError(
-            f"trainer=fsdp cannot shard {type(method).__name__}: its trainable tensors hold one row "
-            "per member and it reads them member by member; it trains ~1% of the backbone, so use "
-            "trainer=gpu or trainer=ddp"
-        )
+    method.check_sharding()
     method.was_sharded = True
     for p in method.parameters():  # FSDP2 shards by rows of a contiguous tensor (an SVD's Vh is often a view)
         if not p.is_contiguous():

@@ -28,7 +28,6 @@ from sve.backbones.timm_cnn import (
 from sve.layers import MemberLayer
 from sve.layers.inject import find_targets
 from sve.layers.member import ADAPTABLE_TYPES
-from sve.members import member_rows
 from sve.methods.sve import SVE
 from sve.runs.run import instantiate
 from tests.conftest import compose_cfg
@@ -292,7 +291,7 @@ def test_members_never_share_batch_statistics(freeze_bn):
     backbone = random_backbone(freeze_bn=freeze_bn)
     m = SVE(backbone, ensemble_size=2, num_classes=10, sigma_init=0.1).train()
     a, b, c = (pixels(3, seed=s)["pixel_values"] for s in (1, 2, 3))
-    with torch.no_grad(), m.select([0, 1]), member_rows(6):
+    with torch.no_grad(), m.select([0, 1], rows=6):
         first = backbone({"pixel_values": torch.cat([a, b])})[:3]
         second = backbone({"pixel_values": torch.cat([a, c])})[:3]
     if freeze_bn:

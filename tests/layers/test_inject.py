@@ -199,13 +199,14 @@ def test_structural_probe_excludes_what_does_not_reach_the_features():
 
 
 def test_a_layer_fed_a_shared_leading_dimension_raises_a_layout_error_naming_it():
-    from sve.members import MemberLayoutError, member_rows
+    from sve.members import MemberLayoutError
 
     model = Flat()
     inject(model, ["query"], to_sv)
-    with member_rows(2 * 3), pytest.raises(MemberLayoutError, match=r"^query got an input of shape \(1, 5, 4\)"):
+    rows = model.query.expect_rows(2 * 3)  # as the method says it: 2 members x 3 examples
+    with rows, pytest.raises(MemberLayoutError, match=r"^query got an input of shape \(1, 5, 4\)"):
         model.query(torch.randn(1, 5, 4))  # e.g. relative-position embeddings shared by the batch
-    with member_rows(2 * 3), pytest.raises(MemberLayoutError, match="leading dimension"):
+    with model.query.expect_rows(2 * 3), pytest.raises(MemberLayoutError, match="leading dimension"):
         model.query(torch.randn(5, 6, 4))  # time-major (T, K*B, D): T is not the member-major batch
     assert model.query(torch.randn(6, 5, 4)).shape == (6, 5, 4)
 

@@ -362,3 +362,53 @@ def test_a_stochastic_method_that_falls_back_draws_as_a_later_call_from_the_same
         other = method(x)
     assert method.fallback and torch.equal(first, later)
     assert not torch.equal(first, other)  # the method does draw: the equality is not trivial
+
+
+def test_blob_training_on_a_time_major_model_decides_before_it_stacks_its_samples(caplog):
+    # In training each example is a member with its own sample (B members of one row each). On layers that are not
+    # called batch-first the samples cannot be stacked: the probe finds it before the pass, and the batch runs with
+    # one sample, drawn after the B that the step draws first, from the generator as the step left it.
+    from sve.methods.blob import BLoB
+
+    torch.manual_seed(0)
+    method = BLoB(TimeMajorEncoder(), ensemble_size=1, num_classes=2, init_std=0.5).train()
+    assert not method.layout_known  # no layer had two members when it was built: samples come per pass
+    with torch.no_grad():
+        for name, p in method.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_()
+    x = {"pixel_values": torch.randn(3, 5, 16)}
+    with torch.no_grad(), caplog.at_level("WARNING", logger="sve"):
+        torch.manual_seed(7)
+        logits = method(x)
+    assert method.layout_known and method.fallback.startswith("layers.") and "one at a time" in caplog.text
+    with torch.no_grad():
+        torch.manual_seed(7)
+        with method.samples(3), method.samples(1):  # what the step draws, then the one sample the batch runs
+            expected = method.heads(method.backbone(x).unsqueeze(0), [0])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+
+
+def test_samples_installed_per_pass_are_probed_once_on_the_first_batch_that_stacks_them(monkeypatch):
+    # BLoB's evaluation samples exist only inside its forward: the first call that stacks them probes their layout
+    # (on its first example, the random state left as it was), and no later call probes again.
+    from sve.methods.base import EnsembleMethod
+    from sve.methods.blob import BLoB
+
+    torch.manual_seed(0)
+    method = BLoB(hf_backbone("bert"), ensemble_size=1, num_classes=2, num_samples=3).eval()
+    assert not method.layout_known and method.fallback is None
+    probed = []
+    probe = EnsembleMethod.probe_member_layout
+    monkeypatch.setattr(
+        EnsembleMethod, "probe_member_layout", lambda self, batch=None: probed.append(batch) or probe(self, batch)
+    )
+    batch = batch_for(method.backbone)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        first = method(batch)
+        assert method.layout_known and method.fallback is None
+        torch.manual_seed(5)
+        again = method(batch)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)  # the probe drew nothing that the pass then missed
+    assert len(probed) == 2  # asked by each call; decided by the first (layout_known), returning at once after

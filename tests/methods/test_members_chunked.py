@@ -77,12 +77,30 @@ def test_a_chunk_draws_its_members_dropout_masks_as_all_members_do():
     assert not torch.equal(together[3:6], together[9:12])  # the members' masks differ
 
 
-def test_methods_that_train_otherwise_are_not_split():
-    from sve.methods.deep_ensemble import DeepEnsemble
-    from sve.methods.last_layer import LastLayerEnsemble
+@pytest.mark.parametrize(
+    ("option", "split"),
+    [
+        (["method=sve"], True),
+        (["method=lora_ensemble"], True),
+        (["method=deep_ensemble_lora", "method.mode=in_memory"], False),
+        (["method=last_layer_ensemble"], False),
+    ],
+)
+def test_methods_that_train_otherwise_are_not_split(option, split):
+    # A deep ensemble's memory lever is its rounds, a last-layer ensemble runs one backbone pass for every head:
+    # their training_chunks hook says None (no split) at any members_at_once; the others split as asked.
+    from sve.runs.run import instantiate
 
-    assert EnsembleMethod.chunked_training and not DeepEnsemble.chunked_training
-    assert not LastLayerEnsemble.chunked_training
+    cfg = compose_cfg([*option, "ensemble_size=4", "backbone=tiny_bert", "dataset=synthetic_text"])
+    torch.manual_seed(0)
+    m, _ = method_on(cfg, instantiate(cfg.backbone), 4)
+    m.train()
+    members = m.num_members()
+    assert members > 1
+    for k in (1, 2):
+        expected = [list(range(i, min(i + k, members))) for i in range(0, members, k)] if split else None
+        assert m.training_chunks(k) == expected, (option, k)
+    assert m.training_chunks(members) is None  # all members at once: one pass
 
 
 @pytest.mark.parametrize(("method", "members_at_once"), [("sve", 1), ("deep_ensemble_lora", "all")])

@@ -18,30 +18,24 @@ from torch import nn
 import sve
 from sve.methods import registry
 from sve.methods.base import EnsembleMethod
+from sve.methods.kinds import FittedAfterTraining, SampledMethod, SnapshotMethod
 from tests.conftest import ROOT
 
 # ----- a method defined here, registered as docs/extending.md says ----------------------------------------------
 
 
-class TinySampled(EnsembleMethod):
+class TinySampled(FittedAfterTraining, SampledMethod):
     """Members are ``num_samples`` passes of one model, and a step after training reads the training data: the
-    two facts that the plan, the benchmark and sve.wrap used to know by name."""
+    two kinds that the plan, the benchmark and sve.wrap used to know by name."""
 
     display_name = "Tiny (sampled)"
-    sampled = True
-    fits_after_training = "train"
     trains = "the head"
-    fixed_ensemble_size = 1
-    shared_head = True
 
     def __init__(self, backbone, ensemble_size: int, num_classes: int, num_samples: int = 3, **common):
         super().__init__(backbone, ensemble_size, num_classes, **common)
         self.num_samples = num_samples
         self.fitted_on = None
         self.adapt()
-
-    def num_members(self) -> int:
-        return 1 if self.training else self.num_samples
 
     def after_fit(self, datamodule) -> None:
         self.fitted_on = datamodule
@@ -115,7 +109,7 @@ def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeyp
     assert ensemble.eval()(x).shape == (3, 8, 3)
 
 
-def test_the_benchmark_prepares_a_method_by_its_facts_not_its_name(tiny_option):
+def test_the_benchmark_prepares_a_method_by_its_kind_not_its_name(tiny_option):
     from sve.bench import table5
 
     calls = []
@@ -125,16 +119,22 @@ def test_the_benchmark_prepares_a_method_by_its_facts_not_its_name(tiny_option):
             calls.append("datamodule")
             return "the training data"
 
-    method = SimpleNamespace(
-        ensemble_size=3,
-        fits_after_training="train",
-        on_train_epoch_end=lambda module: calls.append("epoch end"),
-        after_fit=lambda data: calls.append(("after_fit", data)),
-    )
-    table5.prepare(method, Builder())
+    class Hooks:  # the hooks prepare calls, on a method that is not built (no backbone)
+        ensemble_size = 3
+
+        def on_train_epoch_end(self, module):
+            calls.append("epoch end")
+
+        def after_fit(self, data):
+            calls.append(("after_fit", data))
+
+    class Fitted(Hooks, FittedAfterTraining):
+        pass
+
+    table5.prepare(object.__new__(Fitted), Builder())
     assert calls == ["epoch end"] * 3 + ["datamodule", ("after_fit", "the training data")]
-    method.fits_after_training, calls[:] = None, []
-    table5.prepare(method, Builder())
+    calls[:] = []
+    table5.prepare(Hooks(), Builder())
     assert calls == ["epoch end"] * 3 + [("after_fit", None)]
 
 
@@ -166,6 +166,9 @@ def test_every_shipped_option_has_its_facts():
         assert not i.fits_after_training or i.cls.after_fit is not EnsembleMethod.after_fit, i.option
         # Members from epoch-end snapshots: a schedule with too few epochs is refused before training.
         assert not i.epoch_snapshots or i.cls.check_training is not EnsembleMethod.check_training, i.option
+        # The facts are the kinds, the classes the rest of the package asks for.
+        kinds = (i.sampled, i.fits_after_training, i.epoch_snapshots)
+        assert kinds == tuple(issubclass(i.cls, k) for k in (SampledMethod, FittedAfterTraining, SnapshotMethod))
 
 
 def test_every_method_class_is_registered_where_it_is_defined():
