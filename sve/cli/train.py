@@ -6,6 +6,7 @@ under the current directory (``outputs/``, ``multirun/``) unless ``hydra.run.dir
 """
 
 import logging
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,10 +31,14 @@ LAUNCHER_PLUGINS = {
 }
 
 
+# Where @hydra.main finds the primary config: sve/configs/train.yaml.
+CONFIG_PATH, CONFIG_NAME = "../configs", "train"
+
+
 def main() -> None:
     """``sve-train``: ``--help`` lists the config groups and keys; a mistake Hydra would report on several lines
-    (an unknown option, key or group) and a bad value are one line, before Hydra creates a run directory and
-    before torch is imported."""
+    (an unknown option, key or group) and a bad value are one line (exit 2), before torch is imported and
+    without a run directory left behind. Hydra alone composes the config; ``one_run`` checks its values."""
     import sys
 
     from hydra._internal.utils import get_args_parser  # the command line as @hydra.main reads it
@@ -43,9 +48,12 @@ def main() -> None:
         print(usage())
         raise SystemExit(0)
     check_launcher(args.overrides)
+    if hydra_command(args):
+        hydra_main()  # Hydra's own answer, as for any application
+        return
     with one_line_errors():
-        precheck(args)
-    hydra_main()
+        dirs = check_command_line(args)
+    start_hydra(args, dirs)
 
 
 def usage() -> str:
@@ -92,101 +100,144 @@ def check_launcher(overrides: list[str]) -> None:
                 raise SystemExit(2)
 
 
-# Set by precheck when the composed config passed the checks that need no torch: hydra_main does not repeat the
-# sources check (it may probe the network).
-_checked_before_hydra = False
-
-
-def precheck(args) -> None:
-    """Composes the run as Hydra will (0.2 s, no torch) and answers a composition error or a bad value in one
-    line before Hydra starts, so a refused run creates no run directory. Left to Hydra: its own commands
-    (--cfg, --info, ...) and another primary config; a multirun's values are checked option by option."""
-    global _checked_before_hydra
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from sve.cli.configs import check_group_values, compose_error, search_dirs
-    from sve.paths import CONFIGS
-
-    if (
+def hydra_command(args) -> bool:
+    """Whether the command line is one of Hydra's own commands (``--cfg``, ``--info``, ...), names another
+    primary config, or combines commands Hydra refuses together: Hydra answers those as for any application."""
+    return bool(
         args.cfg
         or args.info
         or args.shell_completion
         or args.hydra_help
+        or args.resolve
+        or args.experimental_rerun
         or args.config_path
-        or args.config_name not in (None, "train")
-    ):
-        return
+        or args.config_name not in (None, CONFIG_NAME)
+        or (args.run and args.multirun)
+    )
+
+
+def check_command_line(args) -> list[Path]:
+    """What can be checked before composing: ``--config-dir`` names a folder, and every value a sweep gives a
+    config group is one of its options (the sweep's jobs compose them one by one, after the first has started).
+    Returns the config folders the groups are looked up in, where an unknown option's valid ones are read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from sve.cli.configs import check_group_values, search_dirs
+
     if args.config_dir is not None and not Path(args.config_dir).is_dir():
         raise InputError(
             f"--config-dir {args.config_dir}: no such directory; expected your config folder (holding "
             "method/, dataset/, experiment/ ... with *.yaml options)"
         )
-    overrides = list(args.overrides)
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(args.overrides)
     except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message points into the override
-        return
+        return search_dirs(args.config_dir)
     searchpath = [str(p) for o in parsed if o.key_or_group == "hydra.searchpath" for p in o.value()]
     dirs = search_dirs(args.config_dir, searchpath)
     if args.multirun or any(o.is_sweep_override() for o in parsed):
-        check_group_values(overrides, dirs)  # a sweep's values cannot be composed as one run
-        return
+        check_group_values(args.overrides, dirs)
+    return dirs
+
+
+def start_hydra(args, dirs: list[Path]) -> None:
+    """Starts the run or the sweep as ``@hydra.main`` does (``hydra._internal.utils._run_hydra`` and ``_run_app``:
+    the same search path, task name and mode), except that a composition error naming an unknown option, group
+    or key is one line naming the closest valid one (exit 2). Any other error is Hydra's to report."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+        run_and_report,
+    )
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+
+    from sve.cli.configs import compose_error
+
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(job)
+    search_path = create_automatic_config_search_path(calling_file, calling_module, CONFIG_PATH)
     if args.config_dir is not None:  # where @hydra.main puts --config-dir: after the package's configs
-        searchpath = [f"file://{Path(args.config_dir).resolve()}", *searchpath]
-        overrides = [o for o in overrides if not o.lstrip("+").startswith("hydra.searchpath=")]
-        overrides.append(f"hydra.searchpath=[{','.join(searchpath)}]")
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{os.path.abspath(args.config_dir)}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    app = Hydra.create_main_hydra2(detect_task_name(calling_file, calling_module), search_path)
+    overrides = list(args.overrides)
+    mode = app.get_mode(config_name=CONFIG_NAME, overrides=overrides)  # a config may set hydra.mode
+    if mode is None or (args.multirun and mode == RunMode.RUN):
+        mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
+        overrides.append(f"hydra.mode={mode.name}")
+    launch = app.multirun if mode == RunMode.MULTIRUN else app.run
+
+    def compose_and_launch() -> None:
+        try:
+            launch(config_name=CONFIG_NAME, task_function=job, overrides=overrides)
+        except ConfigCompositionException as err:
+            one_line = compose_error(err, dirs)
+            if one_line is None:
+                raise
+            with one_line_errors():  # its SystemExit passes through Hydra's report of exceptions
+                raise one_line from None
+
     try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    except Exception as err:  # noqa: BLE001 - any other composition error is Hydra's to report, as before
-        rewritten = compose_error(err, dirs)
-        if rewritten is not None:
-            raise rewritten from None
-        return
-    if str(OmegaConf.select(cfg, "hydra.mode", default="")).endswith("MULTIRUN"):
-        return
-    from sve.runs.preflight import check_sources
-    from sve.runs.validate import check_values
-
-    check_values(cfg)
-    if not cfg.get("plan"):
-        check_sources(cfg)
-    _checked_before_hydra = True
+        run_and_report(compose_and_launch)
+    finally:
+        GlobalHydra.instance().clear()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def hydra_main(cfg: DictConfig) -> None:
+def job(cfg: DictConfig) -> None:
+    """What Hydra runs in the run directory (in a sweep, in each job's): one run, its plan, or a sweep's job."""
     from sve.cli.quiet import hide_noise
 
     hide_noise()  # after Hydra has configured logging for the job
-    print(recipe_line(cfg))
-    from sve.runs.preflight import check_sources
-    from sve.runs.validate import check_values
-
-    if cfg.get("plan"):  # the memory a run would take per device, on fake tensors: nothing trained or downloaded
-        with nothing_left_if_refused(), one_line_errors():
-            check_values(cfg)
-            from sve.runs.plan_report import print_plan
-
-            print_plan(cfg)
-        return
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
+    if cfg.get("plan") or HydraConfig.get().mode != RunMode.MULTIRUN:
         # a user error is one line naming what to change; a bug keeps its traceback
         with nothing_left_if_refused(), one_line_errors():
-            check_values(cfg)  # a bad value answers before torch is imported
-            if not _checked_before_hydra:
-                check_sources(cfg)  # and so does a download that cannot happen (no network)
-            from sve.runs.run import run  # torch and Lightning: only once there is a run to do
+            one_run(cfg)
+    else:
+        sweep_job(cfg)
 
-            run(cfg)
+
+# Hydra's own commands (--cfg, --info, ...) go through its decorator, as for any application.
+hydra_main = hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(job)
+
+
+def one_run(cfg: DictConfig) -> None:
+    """The values, checked before torch is imported (a bad value answers at once); then the plan (``plan=true``:
+    the memory a run would take per device, on fake tensors; nothing trained or downloaded), or the sources the
+    run would download (one that cannot happen, without network, answers before torch too) and the run."""
+    from sve.runs.validate import check_values
+
+    check_values(cfg)
+    if cfg.get("plan"):
+        from sve.runs.plan_report import print_plan
+
+        print(recipe_line(cfg))
+        print_plan(cfg)
         return
+    from sve.runs.preflight import check_sources
+
+    check_sources(cfg)
+    print(recipe_line(cfg))
+    from sve.runs.run import run  # torch and Lightning: only once there is a run to do
+
+    run(cfg, values_checked=True)
+
+
+def sweep_job(cfg: DictConfig) -> None:
+    """One job of a multirun: a failing run does not stop the sweep (``sve.runs.multirun`` lists it at the end);
+    a stop from outside does."""
     from sve.errors import RunInterrupted
     from sve.runs.multirun import record_failure
     from sve.runs.run import run
 
+    print(recipe_line(cfg))
     try:
-        run(cfg)
+        run(cfg)  # checks the values itself: a bad one fails this job only
     except RunInterrupted as err:
         # A stop from outside (a scheduler's SIGTERM, `kill`, Ctrl-C) is meant for the whole sweep: going on
         # would start the next run only to be stopped in it. SystemExit passes through Hydra's job loop, which

@@ -191,6 +191,69 @@ def results_record(fields: dict, config: dict, commit: str | None) -> dict:
     return {"format": FORMAT, **fields, **provenance(config, commit)}
 
 
+# The parts of the evaluation record (sve.runs.evaluation) that a run's results.json keeps as they are.
+EVALUATION_RECORDS = ("predictions", "reliability", "risk_coverage", "conformal", "shift", "shifted")
+
+
+def run_record(
+    cfg,
+    method,
+    datamodule,
+    trainer,
+    evaluation: dict,
+    *,
+    curve: dict | None,
+    resumed_from: str | None,
+    config_changes: list,
+    wall_time_s: float,
+    commit: str | None,
+) -> dict:
+    """A training run's results.json (``results_record``): what was trained on what, the evaluation's metrics and
+    records, the parameter counts, the method's report, the hardware, the learning curve (``curve``: validation
+    metrics during training) and the resume (``config_changes``: accepted with resume_with_changes=true)."""
+    from omegaconf import OmegaConf
+
+    from sve.metrics.scores import UNITS  # torch: the readers of results.json import this module without it
+
+    fields = {
+        "method": cfg.method.name,
+        "backbone": cfg.backbone.name,
+        "dataset": cfg.dataset.name,
+        "ensemble_size": method.ensemble_size,
+        "num_members": evaluation["num_members"],  # members or samples that produced the predictive
+        "num_classes": method.num_classes,
+        "class_names": datamodule.class_names(),  # label i is class_names[i]; None where the data has no names
+        "seed": int(cfg.seed),
+        "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
+        "experiment": cfg.get("experiment_name"),
+        "aggregate": cfg.aggregate,
+        "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
+        "units": {f"test/{k}": v for k, v in UNITS.items()},
+        **{k: evaluation[k] for k in EVALUATION_RECORDS if k in evaluation},
+        "parameters": {**method.parameter_counts(), "backbone": getattr(method, "base_parameter_count", None)},
+        "method_report": method.report(),
+        "hardware": hardware_record(trainer, datamodule),
+        "curve": curve,
+        "resumed_from": resumed_from,
+        "config_changes_on_resume": config_changes,
+        "wall_time_s": wall_time_s,
+    }
+    return results_record(fields, OmegaConf.to_container(cfg, resolve=True), commit)
+
+
+def hardware_record(trainer, datamodule) -> dict:
+    """Where a run trained (a Lightning trainer's accelerator, devices and precision) and its batch sizes."""
+    return {
+        "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "global_batch_size": datamodule.batch_size,
+        "per_device_batch_size": datamodule.per_device_batch_size(),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "precision": str(trainer.precision),
+    }
+
+
 def migrate(results: dict) -> dict:
     """``results`` as read from any results.json, in the current ``FORMAT``: each step takes one format to the
     next. A file of a later format than this code reads is a ``ValueError``."""

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -25,11 +26,10 @@ from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError, RunInterrupted
 from sve.layers.singular_values import save_singular_values
 from sve.methods import registry
-from sve.metrics.scores import UNITS
 from sve.paths import CONFIGS
 from sve.runs.evaluation import evaluate
 from sve.runs.probe import probe
-from sve.runs.results import format_table, git_commit, read_results, results_record, write_json
+from sve.runs.results import format_table, git_commit, read_results, run_record, write_json
 from sve.runs.rundir import (
     RUN_CONFIG,
     claim,
@@ -48,8 +48,6 @@ from sve.training.module import EnsembleModule
 from sve.training.sharding import is_sharded, unshard_method
 
 log = logging.getLogger(__name__)
-# The parts of the evaluation record (sve.runs.evaluation) that results.json keeps as they are.
-EVALUATION_RECORDS = ("predictions", "reliability", "risk_coverage", "conformal", "shift", "shifted")
 
 
 def instantiate(node: DictConfig, **kwargs):
@@ -222,10 +220,11 @@ def prediction_options(cfg: DictConfig) -> dict:
     return {"save": bool(options.get("save", True)), "float16_above_mb": float(options.get("float16_above_mb", 256))}
 
 
-def run(cfg: DictConfig) -> dict:
-    """Trains, tests and writes ``results.json``; a run directory that already has one is skipped."""
+def run(cfg: DictConfig, *, values_checked: bool = False) -> dict:
+    """Trains, tests and writes ``results.json``; a run directory that already has one is skipped.
+    ``values_checked``: the caller has run ``check_values`` (``sve-train`` does, before it imports torch)."""
     start = time.perf_counter()
-    check_config(cfg)
+    check_config(cfg, values_checked=values_checked)
     set_cpu_allocator(cfg.get("cpu_allocator", "system"))  # before any tensor: the whole run reuses its memory
     out_dir = Path(cfg.paths.output_dir)
     done = out_dir / "results.json"
@@ -241,22 +240,30 @@ def run(cfg: DictConfig) -> dict:
     with claim(out_dir):  # the record is rewritten only by the run that holds the directory
         if global_rank() == 0 and (not (out_dir / RUN_CONFIG).exists() or changes or replaced or not skip):
             remember_config(out_dir, run_config(cfg))
-        on_interrupt = signal.getsignal(signal.SIGINT)
-        attempt: dict = {}  # what _run built that the stop message reads (its checkpoint callback)
-        try:
-            return _run(cfg, out_dir, start, changes, attempt)
-        except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
-            raise interrupted(out_dir, "SIGTERM", signal.SIGTERM, attempt.get("checkpoint")) from None
-        except SystemExit as stop:
-            # Ctrl-C: Lightning shuts down and exits 1 from inside its KeyboardInterrupt handler, saying only that
-            # it detected one. Say what is kept and how to go on, and exit as an interrupted process does.
-            if not isinstance(stop.__context__, KeyboardInterrupt):
-                raise
-            # Lightning also ignores Ctrl-C from then on, for its shutdown; a notebook or a script that goes on
-            # after this run must get it back.
-            if on_interrupt is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, on_interrupt)
-            raise interrupted(out_dir, "Ctrl-C", signal.SIGINT, attempt.get("checkpoint")) from None
+        with stops_explained(out_dir) as attempt:
+            return train_and_evaluate(cfg, out_dir, start, changes, attempt)
+
+
+@contextmanager
+def stops_explained(out_dir: Path):
+    """A stop from outside (SIGTERM, Ctrl-C) during the run becomes ``RunInterrupted``, saying what is kept and
+    what the same command will do. Yields the attempt's record, where the run puts its checkpoint callback."""
+    on_interrupt = signal.getsignal(signal.SIGINT)
+    attempt: dict = {}
+    try:
+        yield attempt
+    except SIGTERMException:  # Lightning stops at the next batch end and exits 0 unless told otherwise
+        raise interrupted(out_dir, "SIGTERM", signal.SIGTERM, attempt.get("checkpoint")) from None
+    except SystemExit as stop:
+        # Ctrl-C: Lightning shuts down and exits 1 from inside its KeyboardInterrupt handler, saying only that
+        # it detected one. Say what is kept and how to go on, and exit as an interrupted process does.
+        if not isinstance(stop.__context__, KeyboardInterrupt):
+            raise
+        # Lightning also ignores Ctrl-C from then on, for its shutdown; a notebook or a script that goes on
+        # after this run must get it back.
+        if on_interrupt is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, on_interrupt)
+        raise interrupted(out_dir, "Ctrl-C", signal.SIGINT, attempt.get("checkpoint")) from None
 
 
 def interrupted(out_dir: Path, by: str, signal_number: int, checkpoint: LastCheckpoint | None = None) -> RunInterrupted:
@@ -278,7 +285,9 @@ def interrupted(out_dir: Path, by: str, signal_number: int, checkpoint: LastChec
     )
 
 
-def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: list, attempt: dict) -> dict:
+def train_and_evaluate(cfg: DictConfig, out_dir: Path, start: float, changes: list, attempt: dict) -> dict:
+    """The run's steps, in order. ``attempt`` gets the checkpoint callback (the stop message reads it);
+    ``changes``: the config changes accepted with resume_with_changes=true, recorded in results.json."""
     commit = git_commit()  # the code as it was when the run started
     pl.seed_everything(cfg.seed, workers=True)
     callbacks = [hydra.utils.instantiate(c) for c in cfg.get("callbacks", {}).values() if c]
@@ -290,25 +299,61 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     ckpt_path = resume_path(cfg, checkpoint)  # the checkpoint's file and config, before any download or SVD
     _, datamodule, method, module = build(cfg)
     datamodule.setup()  # reads and checks every data file now, before any training
-
     logger = make_loggers(cfg)
     trainer = make_trainer(cfg, logger, callbacks)
+    prepare_training(cfg, trainer, datamodule, method, module)
+    trainer = fit(trainer, module, datamodule, method, lambda: make_trainer(cfg, logger, callbacks), ckpt_path)
+    finish_training(trainer, module, method, datamodule, checkpoint)
+    if trainer.is_global_zero:
+        write_run_adapter(cfg, method, datamodule, out_dir)
+    evaluation = evaluate_run(cfg, trainer, module, method, datamodule, out_dir)
+    results = run_record(
+        cfg,
+        method,
+        datamodule,
+        trainer,
+        evaluation,
+        curve=curve.record() if curve is not None else None,
+        resumed_from=ckpt_path,
+        config_changes=changes,
+        # All attempts: earlier ones up to their last checkpoint, plus this one.
+        wall_time_s=(checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
+        commit=commit,
+    )
+    if trainer.is_global_zero:
+        write_outputs(results, method, out_dir)
+    return results
+
+
+def prepare_training(cfg: DictConfig, trainer: pl.Trainer, datamodule, method, module: EnsembleModule) -> None:
+    """Each process's share of the data, the data order, the method's own check of the schedule, and one
+    training step's worth of the real model: the method runs on this backbone and data, or fails now."""
     # The recipe's batch is the global batch: each process takes its share (sve.data.sampling).
     datamodule.distribute(trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches)
     datamodule.order_seed = int(cfg.seed)
     method.check_training(planned_epochs(trainer, datamodule))  # e.g. too few epochs for M checkpoints
-    unused = probe(module, datamodule)  # the method runs on this backbone and data, or fails now
+    unused = probe(module, datamodule)
     if unused:
         message = f"{len(unused)} trainable parameter(s) get no gradient: {unused[:4]}"
         if trainer.world_size > 1:
             raise RuntimeError(f"{message}; DDP cannot train them. The method must freeze them (requires_grad=False)")
         log.info("%s (they stay as they are)", message)
 
+
+def fit(trainer: pl.Trainer, module, datamodule, method, new_trainer, ckpt_path: str | None) -> pl.Trainer:
+    """``trainer.fit``, resuming from ``ckpt_path``; a method with rounds (a sequential deep ensemble) fits once
+    more per round, each with a trainer from ``new_trainer()``. Returns the trainer of the last fit."""
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    while method.next_round():  # e.g. a sequential deep ensemble: one fresh fit per round of members
+    while method.next_round():  # one fresh fit per round of members
         datamodule.order_seed += 1  # each round its own data order (restored from checkpoints of that round)
-        trainer = make_trainer(cfg, logger, callbacks)
+        trainer = new_trainer()
         trainer.fit(module, datamodule=datamodule)
+    return trainer
+
+
+def finish_training(trainer: pl.Trainer, module, method, datamodule, checkpoint: LastCheckpoint | None) -> None:
+    """The whole trained model on every rank, the method's ``after_fit`` (a posterior, snapshots) on the whole
+    training split, and the final checkpoints."""
     if is_sharded(method):  # trainer=fsdp: from here on every rank holds the whole trained model
         unshard_method(method)
     module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU; a posterior fits here
@@ -317,20 +362,28 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
     if checkpoint is not None:
         checkpoint.save(trainer)  # last.ckpt with the final state (a posterior): a rerun of this run refits nothing
         save_final(trainer, checkpoint.dirpath)  # weights and method state only, for evaluate.py
-    if trainer.is_global_zero:  # what training changed, apart from the base (sve.api.adapter_files)
-        write_adapter(
-            method,
-            out_dir / ADAPTER,
-            {
-                "backbone": type(method.backbone).__name__,
-                "method": cfg.method.name,
-                "ensemble_size": method.ensemble_size,
-                "num_classes": method.num_classes,
-                "class_names": datamodule.class_names(),
-                "config": OmegaConf.to_container(cfg, resolve=True),
-            },
-            adapter_shard_bytes(cfg),
-        )
+
+
+def write_run_adapter(cfg: DictConfig, method, datamodule, out_dir: Path) -> None:
+    """What training changed, apart from the base (``sve.api.adapter_files``)."""
+    write_adapter(
+        method,
+        out_dir / ADAPTER,
+        {
+            "backbone": type(method.backbone).__name__,
+            "method": cfg.method.name,
+            "ensemble_size": method.ensemble_size,
+            "num_classes": method.num_classes,
+            "class_names": datamodule.class_names(),
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        },
+        adapter_shard_bytes(cfg),
+    )
+
+
+def evaluate_run(cfg: DictConfig, trainer: pl.Trainer, module, method, datamodule, out_dir: Path) -> dict:
+    """Every evaluation set (``sve.runs.evaluation``), saying when the method predicts with another number of
+    members than it was asked for."""
     evaluation = evaluate(trainer, module, datamodule, out_dir, int(cfg.seed), **prediction_options(cfg))
     if not (method.stochastic or method.shared_head) and evaluation["num_members"] != method.ensemble_size:
         log.warning(
@@ -340,55 +393,18 @@ def _run(cfg: DictConfig, out_dir: Path, start: float, config_changes_accepted: 
             method.ensemble_size,
             evaluation["num_members"],
         )
+    return evaluation
 
-    results = results_record(
-        {
-            "method": cfg.method.name,
-            "backbone": cfg.backbone.name,
-            "dataset": cfg.dataset.name,
-            "ensemble_size": method.ensemble_size,
-            "num_members": evaluation["num_members"],  # members or samples that produced the predictive
-            "num_classes": method.num_classes,
-            "class_names": datamodule.class_names(),  # label i is class_names[i]; None where the data has no names
-            "seed": int(cfg.seed),
-            "recipe": cfg.get("recipe", "none"),  # the Table 7 recipe the dataset selected (configs/recipe)
-            "experiment": cfg.get("experiment_name"),
-            "aggregate": cfg.aggregate,
-            "metrics": evaluation["metrics"],  # test/... and val/... (the only ones tuning may use)
-            "units": {f"test/{k}": v for k, v in UNITS.items()},
-            **{k: evaluation[k] for k in EVALUATION_RECORDS if k in evaluation},
-            "parameters": {
-                **method.parameter_counts(),
-                "backbone": getattr(method, "base_parameter_count", None),
-            },
-            "method_report": method.report(),
-            "hardware": {
-                "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
-                "devices": trainer.num_devices,
-                "num_nodes": trainer.num_nodes,
-                "global_batch_size": datamodule.batch_size,
-                "per_device_batch_size": datamodule.per_device_batch_size(),
-                "accumulate_grad_batches": trainer.accumulate_grad_batches,
-                "precision": str(trainer.precision),
-            },
-            "curve": curve.record() if curve is not None else None,  # validation metrics during training
-            "resumed_from": ckpt_path,
-            "config_changes_on_resume": config_changes_accepted,  # accepted with resume_with_changes=true
-            # All attempts: earlier ones up to their last checkpoint, plus this one.
-            "wall_time_s": (checkpoint.previous_seconds if checkpoint else 0.0) + time.perf_counter() - start,
-        },
-        OmegaConf.to_container(cfg, resolve=True),
-        commit,
-    )
-    if trainer.is_global_zero:
-        save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
-        write_json(out_dir / "results.json", results)
-        run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
-        run_severity_figure(results, out_dir)  # severity.png, with shift sets: the metrics against the severity
-        run_shifted_figure(results, out_dir)  # shifted.png, with shifted sets: each beside the test set
-        print(format_table(results))
-        log.info("results written to %s", out_dir / "results.json")
-    return results
+
+def write_outputs(results: dict, method, out_dir: Path) -> None:
+    """Rank 0's files: the singular values, results.json and the run's figures; then the small table."""
+    save_singular_values(method, out_dir)  # Figs. 4-6 (Appendix B); nothing for methods without SV layers
+    write_json(out_dir / "results.json", results)
+    run_reliability_figure(results, out_dir)  # reliability.png: the diagram and its confidence histogram
+    run_severity_figure(results, out_dir)  # severity.png, with shift sets: the metrics against the severity
+    run_shifted_figure(results, out_dir)  # shifted.png, with shifted sets: each beside the test set
+    print(format_table(results))
+    log.info("results written to %s", out_dir / "results.json")
 
 
 def run_reliability_figure(results: dict, out_dir: Path) -> list[Path]:

@@ -41,9 +41,11 @@ def _require(ok: bool, key: str, value, valid: str) -> None:
         raise InputError(f"{key}={value!r} is not valid; expected {valid}")
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raises ``InputError`` naming the first invalid key."""
-    check_values(cfg)
+def check_config(cfg: DictConfig, *, values_checked: bool = False) -> None:
+    """Raises ``InputError`` naming the first invalid key. ``values_checked``: the caller has run
+    ``check_values`` already (``sve-train`` does, before it imports torch), so only what needs the code is left."""
+    if not values_checked:
+        check_values(cfg)
     check_known_keys(cfg)
     check_accelerator(cfg)
     check_wandb(cfg)

@@ -180,7 +180,7 @@ def test_a_table_file_with_a_yaml_syntax_error_is_one_line_naming_the_file_and_l
 # ----- a refused run leaves nothing behind --------------------------------------------------------------------
 
 
-def refuse(cfg):
+def refuse(cfg, values_checked=False):
     raise InputError("dataset.root=/x lacks train/")
 
 
@@ -196,7 +196,7 @@ def test_a_refused_run_keeps_a_directory_that_was_there_or_that_it_wrote_into(tm
     assert run_main(monkeypatch, [f"hydra.run.dir={mine}"], refuse) == 2
     assert mine.is_dir() and (mine / ".hydra").is_dir()
 
-    def writes_then_refuses(cfg):
+    def writes_then_refuses(cfg, values_checked=False):
         (Path(cfg.paths.output_dir) / "checkpoints").mkdir()
         refuse(cfg)
 
