@@ -146,6 +146,14 @@ mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (n
 	$(PYTHON) -m sve.cli.tables --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
 	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
+mini-coverage-grid: ## The interval procedures' coverage over 180 regimes (seeds, shared test noise, training spread, metric) -> results/mini/diagnostics/coverage_grid, resumable, about an hour on one core
+	OMP_NUM_THREADS=1 $(PYTHON) scripts/coverage_grid.py --out $(DIAGNOSTICS_DIR)/coverage_grid $(ARGS)
+mini-bootstrap-seeds: ## Every claim judged again at 5 bootstrap seeds -> results/mini/diagnostics/bootstrap_seeds.json (mini-report marks the verdicts that change), a few minutes
+	OMP_NUM_THREADS=1 $(PYTHON) scripts/bootstrap_seeds.py --results $(or $(RESULTS),results/mini)
+RUNS_DIR = $(or $(RESULTS),results/mini)/runs
+mini-disagreement: mini-data vit-s14 efficientnet ## Keep the members' mutual information in the predictive files of the runs with committed adapters (evaluated again, checked bit for bit), resumable
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_sst2_minilm/sve_top_m4/seed*)
+	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_cifar10_vit/sve_m4/seed* $(RUNS_DIR)/mini_cifar10_effnet/sve_lora_shared_m4/seed*) -- 'dataset.corruptions=[]' dataset.ood=null
 # A diagnostic run tests one explanation the README gives, outside the tuning protocol (its rate is not a grid
 # point of the row, and nothing in the tables reads it): results/mini/diagnostics/README.md says which. A run
 # whose results.json exists is left as it is (not even its train.log is touched), so a fresh clone trains nothing.
@@ -192,4 +200,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: help install format smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc mini-pilot-arc mini-pilot-arc-large mini-pilot-arc-small $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: mini-disagreement mini-coverage-grid mini-bootstrap-seeds help install format smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc mini-pilot-arc mini-pilot-arc-large mini-pilot-arc-small $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

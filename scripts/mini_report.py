@@ -36,6 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sve.cli.quiet import hide_noise
+from sve.paper import seed_stability
 from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import judge, load_claims
@@ -312,8 +313,10 @@ def render(root: Path, template: str) -> str:
         "reproduced": lambda: reproduced_section(root),
         "claims": lambda: claims_markdown("mini", root, runs, judged()),
         "changes": lambda: changes_markdown(judged()),
-        "multiplicity": lambda: multiplicity_markdown(judged()),
-        "procedure": lambda: procedure(claims),
+        "multiplicity": lambda: multiplicity_markdown(
+            judged(), seed_notes=seed_stability.notes(seed_stability.read(root), judged())
+        ),
+        "procedure": lambda: procedure(claims, root),
     }
 
     def replace(match: re.Match) -> str:

@@ -67,7 +67,8 @@ class TimmBackbone(Backbone):
         if pretrained and checkpoint_path:
             path = Path(checkpoint_path).expanduser()  # ~ works
             if not path.exists():
-                raise FileNotFoundError(f"backbone.checkpoint_path={checkpoint_path} does not exist")
+                hint = " (make vit-s14 converts it there)" if "vit_s14_focus" in str(path) else ""
+                raise InputError(f"backbone.checkpoint_path={checkpoint_path} does not exist{hint}")
             kwargs = {**kwargs, "pretrained_cfg_overlay": {"file": str(path)}}
         online = not pretrained or "file" in kwargs.get("pretrained_cfg_overlay", {}) or hub_reachable()
         try:

@@ -6,7 +6,7 @@ exactly as ``sve.paper.report`` builds it). A check says which way the paper poi
 ours points the same way. Every comparison is one of two kinds, counted apart:
 
 - **strict**, "better": ``compare`` with ``expect: better`` (the default) or ``worse`` (where the paper expects
-  a row to be worse), ``gain`` and ``trend``;
+  a row to be worse), ``gain``, ``trend`` and ``level``;
 - **lenient**, "not worse within a margin": ``compare`` with ``expect: not_worse`` (margin from the claims
   file's ``margins`` rule) or a metric under ``similar`` (its margin given there, in display units).
 
@@ -16,7 +16,9 @@ The checks:
   and of ``similar`` (lenient, each with its margin: "at similar accuracy");
 - ``gain``: how much ``a`` improves on each row of ``against`` in the first experiment against the second
   (Fig. 2: more with pretrained weights than from random ones);
-- ``trend``: ``rows`` in order (e.g. SVE at M = 1, 2, 4) each improving on the one before (Table 6).
+- ``trend``: ``rows`` in order (e.g. SVE at M = 1, 2, 4) each improving on the one before (Table 6);
+- ``level``: row ``a``'s own metric against 0, for metrics that are already a difference within each run
+  (``growth_90``: the conformal sets' size where the members disagree most minus elsewhere).
 
 A row is ``method:members`` (``sve:4``). A metric is a test metric key (``ece``, ``ood_auroc``) or
 ``sev<k>/<key>`` for the shift sets at severity k (the mean over corruptions, as Fig. 3 plots it).
@@ -24,9 +26,10 @@ A row is ``method:members`` (``sve:4``). A metric is a test metric key (``ece``,
 Each comparison's *difference* is A's advantage over B in display units, positive when A is better in the
 metric's direction: the table's difference of the two cells' means over the seeds. Its 95% interval
 (``sve.paper.bootstrap.interval``) covers both the finite test set (one resample of the examples per replicate,
-shared by every seed and both rows) and the seeds' training variance (their differences' spread beyond the test
-set's own noise, at Student's t); 2000 replicates from a fixed seed, both set by the claims file's ``bootstrap``
-block. The verdict is three-way, "held", "reversed" or "unresolved":
+shared by every seed and both rows: the noise every seed shares, at z) and what differs between seeds (training,
+and the test-set noise each training meets its own way: the per-seed differences' spread, at Student's t); 2000
+replicates from a fixed seed, both set by the claims file's ``bootstrap`` block. The verdict is three-way,
+"held", "reversed" or "unresolved":
 
 - strict: held when the interval lies entirely on the claimed side of 0, reversed when entirely on the other,
   else unresolved; a trend holds when every step does and is reversed when any step is;
@@ -42,8 +45,9 @@ larger of the two cells' standard deviations ("one seed: spread unknown" when a 
 it has no interval. Verdicts are computed, never written by hand; a claim's ``note`` (hand-written, after
 reading the results) says why a direction did not hold where a reason is known.
 
-``previous`` keeps the procedure this one replaced (each seed's examples resampled apart, the runs fixed;
-"at least" held unless the interval lay entirely below 0), so the README can list every verdict that changed.
+``previous`` keeps the verdict of the interval procedure this one replaced (``combined``: all of the test set's
+noise at z, only the seeds' spread beyond it at t), judged by the same rules, so the README can list every verdict
+that the coverage grid's choice changed.
 
 The cells and the intervals' terms are read by ``sve.paper.evidence``; ``sve.paper.claims_text`` writes the verdicts
 as markdown.
@@ -159,41 +163,22 @@ def decide(kind: str, differences: list[Difference], margin: float = 0.0) -> tup
     return (HELD if claimed else REVERSED if wrong else UNRESOLVED), straddles
 
 
-def decide_previous(kind: str, differences: list[Difference], tolerance: float = 0.0) -> str:
-    """The replaced procedure's verdict: ``at_least`` held unless the interval lay entirely below 0; ``similar``
-    held from -tolerance up, the point's side not checked; the strict kinds as now."""
-    threshold = -tolerance if kind == "similar" else 0.0
-    if kind == "worse":
-        claimed, wrong = all(d.high < 0 for d in differences), any(d.low > 0 for d in differences)
-    else:
-        claimed = all(d.low >= threshold if kind == "similar" else d.low > threshold for d in differences)
-        wrong = any(d.high < threshold for d in differences)
-    if kind == "at_least":
-        return REVERSED if wrong else HELD
-    return HELD if claimed else REVERSED if wrong else UNRESOLVED
-
-
 def verdict_from(
-    kind: str,
-    found: list[tuple[Difference, Difference]] | str,
-    fallback: tuple[bool, bool, list[float]],
-    margin: float = 0.0,
-    previous: tuple[str, float, bool] | None = None,
+    kind: str, found: list[tuple[Difference, Difference]] | str, fallback: tuple[bool, bool, list[float]], margin=0.0
 ) -> dict:
-    """Verdict fields: from the intervals (each a pair: the verdicts', the replaced procedure's), or (``found`` a
-    reason) from the std rule's (held, noise, point differences). ``previous``: the replaced procedure's kind,
-    tolerance and std-rule verdict (None: the same as ``kind``'s)."""
-    old_kind, tolerance, old_held = previous or (kind, 0.0, fallback[0])
+    """Verdict fields: from the intervals (each a pair: the verdicts', the replaced procedure's, both judged by
+    ``decide``), or (``found`` a reason) from the std rule's (held, noise, point differences)."""
     if isinstance(found, str):
         held, noise, points = fallback
         differences = [Difference(p) for p in points]
+        verdict = HELD if held else NOT_HELD
         return {
             "held": held,
             "noise": noise,
-            "verdict": HELD if held else NOT_HELD,
+            "verdict": verdict,
             "differences": differences,
             "no_interval": found,
-            "previous": Previous(HELD if old_held else NOT_HELD, tuple(differences)),
+            "previous": Previous(verdict, tuple(differences)),
         }
     differences, before = [d for d, _ in found], [b for _, b in found]
     verdict, noise = decide(kind, differences, margin)
@@ -202,7 +187,7 @@ def verdict_from(
         "noise": noise,
         "verdict": verdict,
         "differences": differences,
-        "previous": Previous(decide_previous(old_kind, before, tolerance), tuple(before)),
+        "previous": Previous(decide(kind, before, margin)[0], tuple(before)),
     }
 
 
@@ -241,21 +226,9 @@ def compare(
             lenient = key in similar or expect == "not_worse"
             margin = (float(similar[key]) if key in similar else margin_of(key, b, margins)) if lenient else None
             held = gain >= 0 if lenient else gain < 0 if expect == "worse" else gain > 0
-            # The replaced procedure: "at least as good" allowed a worse mean inside a known spread, "similar" a
-            # mean behind by up to its tolerance.
-            tie = noise and not one_seed(a, b)
-            previous = (
-                ("similar", margin, gain >= -margin)
-                if key in similar
-                else ("at_least", 0.0, gain > 0 or tie)
-                if lenient
-                else None
-            )
             terms = evidence.advantage(check.experiment, check.a, other, key)
             found = terms if isinstance(terms, str) else [evidence.difference(terms)]
-            fields = verdict_from(
-                "not_worse" if lenient else expect, found, (held, noise, [gain]), margin or 0.0, previous
-            )
+            fields = verdict_from("not_worse" if lenient else expect, found, (held, noise, [gain]), margin or 0.0)
             note = (
                 f" (not worse within {margin_text(margin, metric)})"
                 if lenient
@@ -352,7 +325,38 @@ def trend(
     return out
 
 
-KINDS = {"compare": compare, "gain": gain, "trend": trend}
+def level(
+    check: DictConfig, runs: list[Run], titles: dict, evidence: Evidence | None = None, margins: dict | None = None
+) -> list[Verdict]:
+    """One row's metric against 0, for metrics that are a difference within each run (``growth_90``: its sets'
+    size where the members disagree most minus elsewhere): strict, above 0 in the metric's direction."""
+    evidence = evidence or Evidence(runs)
+    out = []
+    for key in check.metrics:
+        metric = metric_of(key)[0]
+        value = cell(runs, check.experiment, check.a, key)
+        if value is None:
+            continue
+        point = value.mean if metric.higher_is_better else -value.mean
+        noise = value.seeds > 1 and abs(value.mean) <= (value.std or 0.0)
+        terms = evidence.own(check.experiment, check.a, key)
+        found = terms if isinstance(terms, str) else [evidence.difference(terms)]
+        out.append(
+            Verdict(
+                titles.get(check.experiment, check.experiment),
+                f"{row_label(check.a)} against 0",
+                label(key),
+                show(value, key),
+                digits=metric.digits,
+                partial=seeds_note(terms),
+                one_seed=value.seeds < 2,
+                **verdict_from("better", found, (point > 0, noise, [point])),
+            )
+        )
+    return out
+
+
+KINDS = {"compare": compare, "gain": gain, "trend": trend, "level": level}
 
 
 def judge(claims: DictConfig, runs: list[Run]) -> list[tuple[DictConfig, list[Verdict]]]:
@@ -431,7 +435,6 @@ __all__ = [
     "load_claims",
     "judge",
     "decide",
-    "decide_previous",
     "changed",
     "counts",
     "family",

@@ -28,6 +28,7 @@ from sve.paper.evidence import BOOTSTRAP
 from sve.paper.store import Run
 
 KIND_NAMES = {STRICT: 'Strict ("better")', LENIENT: 'Lenient ("not worse" within a margin)'}
+GRID_CELLS = Path("diagnostics/coverage_grid/cells.jsonl")  # under a results root (make mini-coverage-grid)
 
 
 def summary(verdicts: list[Verdict]) -> str:
@@ -74,10 +75,14 @@ def summary(verdicts: list[Verdict]) -> str:
     return " ".join(parts)
 
 
-def verdict_text(v: Verdict) -> str:
+def verdict_text(v: Verdict, seed_note: str | None = None) -> str:
+    """The verdict with its notes; ``seed_note``: whether other bootstrap seeds decide it otherwise
+    (``sve.paper.seed_stability``)."""
     word = f"**{v.verdict}**" if v.verdict in (REVERSED, NOT_HELD) else v.verdict
     if v.no_interval is None:
         notes = [v.partial] if v.partial else []
+        if seed_note:
+            notes.append(seed_note)
         if not v.training:
             notes.append("one seed: the interval leaves out training variance")
         if v.kind == LENIENT and v.verdict == UNRESOLVED and v.interval and v.interval[0] > -v.margin:
@@ -92,10 +97,14 @@ def members_text(lines: list[str]) -> str:
     return f"**Members:** {' '.join(lines)}" if lines else ""
 
 
-def to_markdown(judged: list[tuple[DictConfig, list[Verdict]]], members: dict | None = None) -> str:
+def to_markdown(
+    judged: list[tuple[DictConfig, list[Verdict]]], members: dict | None = None, seed_notes: dict | None = None
+) -> str:
     """The claims with their verdict tables; ``members``: {claim title: sentences on how far the members of its
-    SVE-family rows moved apart} (``movement_sentences``), printed after its table."""
+    SVE-family rows moved apart} (``movement_sentences``), printed after its table; ``seed_notes``: the
+    borderline verdicts (``sve.paper.seed_stability.notes``)."""
     lines = []
+    marked = (seed_notes or {}).get("verdict", {})
     for claim, verdicts in judged:
         lines += [
             f"### {claim.title}",
@@ -113,7 +122,8 @@ def to_markdown(judged: list[tuple[DictConfig, list[Verdict]]], members: dict | 
             for v in verdicts:
                 difference = "; ".join(d.text(v.digits) for d in v.differences)
                 lines.append(
-                    f"| {v.setting} | {v.comparison} | {v.metric} | {v.ours} | {difference} | {verdict_text(v)} |"
+                    f"| {v.setting} | {v.comparison} | {v.metric} | {v.ours} | {difference} | "
+                    f"{verdict_text(v, marked.get(id(v)))} |"
                 )
             lines.append("")
         if (members or {}).get(claim.title):
@@ -145,9 +155,12 @@ def changes_markdown(judged: list[tuple[DictConfig, list[Verdict]]]) -> str:
     return "\n".join(lines)
 
 
-def multiplicity_markdown(judged: list[tuple[DictConfig, list[Verdict]]], alpha: float = 0.05) -> str:
+def multiplicity_markdown(
+    judged: list[tuple[DictConfig, list[Verdict]]], alpha: float = 0.05, seed_notes: dict | None = None
+) -> str:
     """The headline counts over every claim: the family of strict comparisons (``sve.paper.claims.family``), its
-    verdicts unadjusted and with Holm's correction, and each verdict the correction leaves unresolved."""
+    verdicts unadjusted and with Holm's correction, each verdict the correction leaves unresolved, and (with
+    ``seed_notes``) the headline verdicts that another bootstrap seed decides otherwise."""
     verdicts = [v for _, found in judged for v in found]
     members = family(verdicts)
     if not members:
@@ -167,7 +180,14 @@ def multiplicity_markdown(judged: list[tuple[DictConfig, list[Verdict]]], alpha:
         f"headline: held in {after[HELD]}, reversed in {after[REVERSED]}, unresolved in {after[UNRESOLVED]}.",
         f"- Unadjusted (each comparison at 95% on its own): held in {before[HELD]}, reversed in "
         f"{before[REVERSED]}, unresolved in {before[UNRESOLVED]}.",
+        f"- What the correction asks: the smallest p must be below {alpha:g} / {len(members)}. Where the seeds' "
+        f"spread dominates an interval, three seeds give Student's t with 2 degrees of freedom, which reaches "
+        f"that level only at {bootstrap.quantile(1 - alpha / len(members), 2):.1f} standard errors (the normal "
+        f"quantile: {bootstrap.quantile(1 - alpha / len(members)):.1f}; five seeds: "
+        f"{bootstrap.quantile(1 - alpha / len(members), 4):.1f}): more seeds, not more test examples, are what "
+        "would resolve more of the family.",
     ]
+    lines += seeds_lines(members, adjusted, seed_notes)
     loosened = [v for v in members if adjusted[id(v)] != v.verdict]
     if loosened:
         lines += [
@@ -185,6 +205,34 @@ def multiplicity_markdown(judged: list[tuple[DictConfig, list[Verdict]]], alpha:
                 f"{adjusted[id(v)]} |"
             )
     return "\n".join(lines)
+
+
+def seeds_lines(members: list[Verdict], adjusted: dict[int, str], seed_notes: dict | None) -> list[str]:
+    """The headline's dependence on the bootstrap seed (``sve.paper.seed_stability``), when it was measured."""
+    if seed_notes is None:
+        return []
+    from sve.paper.seed_stability import NOT_MEASURED
+
+    unmeasured = [v for v in members if seed_notes["verdict"].get(id(v)) == NOT_MEASURED]
+    moving = [v for v in members if id(v) in seed_notes["holm"]]
+    lines = [
+        f"- Bootstrap seeds: {len(moving)} of the {len(members)} headline verdicts (with Holm) change with the "
+        "bootstrap's seed (`diagnostics/bootstrap_seeds.json`, `make mini-bootstrap-seeds`)"
+        + (f"; {len(unmeasured)} were not measured (their runs changed since)" if unmeasured else "")
+        + (":" if moving else "."),
+    ]
+    if moving:
+        lines += [
+            "",
+            "| setting | comparison | metric | difference [95% CI] | with Holm | |",
+            "|:--|:--|:--|:--|:--|:--|",
+        ]
+        for v in moving:
+            lines.append(
+                f"| {v.setting} | {v.comparison} | {v.metric} | {v.differences[0].text(v.digits)} | "
+                f"{adjusted[id(v)]} | {seed_notes['holm'][id(v)]} |"
+            )
+    return lines
 
 
 def movement_sentences(claims: DictConfig, root: Path, runs: list[Run]) -> dict[str, list[str]]:
@@ -223,16 +271,18 @@ def movement_sentences(claims: DictConfig, root: Path, runs: list[Run]) -> dict[
     return out
 
 
-def procedure(claims: DictConfig | None = None) -> str:
-    """One paragraph on how the verdicts are made, with the claims file's bootstrap settings and margins and the
+def procedure(claims: DictConfig | None = None, root: Path | None = None) -> str:
+    """One paragraph on how the verdicts are made, with the claims file's bootstrap settings and margins, the
     coverage measured by ``sve.paper.coverage`` (a simulation of a few seconds, run here so the number stated is
-    the procedure's own)."""
+    the procedure's own) and, where ``root`` holds it, the coverage grid's summary (``make mini-coverage-grid``)."""
     from sve.paper import coverage
 
     options = {**BOOTSTRAP, **(OmegaConf.to_container(claims.bootstrap) if claims and claims.get("bootstrap") else {})}
     margins = margins_of(claims)
     level = float(options["level"])
-    now, before, pooled = (coverage.coverage_range(p) for p in ("combined", "per_seed", "hierarchical"))
+    now, replaced, before, pooled = (
+        coverage.coverage_range(p) for p in (bootstrap.VERDICTS, "combined", "per_seed", "hierarchical")
+    )
     sizes = ", ".join(f"{n:,}" for n in coverage.SIZES)
 
     def percent(pair: tuple[float, float]) -> str:
@@ -245,24 +295,27 @@ def procedure(claims: DictConfig | None = None) -> str:
         f"scored on the same test examples, so each of {int(options['replicates'])} replicates draws one "
         f"resample of those examples with replacement (numpy seed {int(options['seed'])}), shared by every seed "
         f"and both rows (and by a severity's corruption sets, which are the same images; in-distribution and "
-        f"OOD examples apart); the difference's variance over the replicates is the test set's part. Training: "
+        f"OOD examples apart); the difference's variance over the replicates is the test set's part. The seeds: "
         f"each seed's own difference scatters around their mean by the training variance plus the part of the "
-        f"test set's noise that differs between seeds (each training gets other examples right); the replicates "
-        f"measure that part, and what the seeds' spread holds beyond it is the training variance, which the "
-        f"test-set part does not already contain. The interval is the difference ± the square root of (z² × "
-        f"the test-set variance + t² × the training variance / S), with z the normal quantile and t Student's "
-        f"with S − 1 degrees of freedom for S seeds. Three seeds measure the training variance with two degrees "
-        f"of freedom, so t is {bootstrap.quantile(level, 2):.2f} instead of {bootstrap.quantile(level):.2f} and "
-        f"intervals are wide wherever training varies more than the test set; resampling the three seeds "
-        f"instead (a two-level bootstrap) spreads their variance by a third too little and has no t, and "
-        f"covers too rarely. On simulated predictions at the miniature's sizes ({coverage.SEEDS} seeds; {sizes} "
-        f"test examples; training variance from none to several times the test set's; accuracy and NLL; "
-        f"{coverage.DATASETS} data sets each, `sve/paper/coverage.py`), these intervals contained the true "
-        f"difference in {percent(now)} of the data sets, the two-level bootstrap in {percent(pooled)}, and the "
-        f"procedure used before (each seed's examples resampled apart, the runs fixed) in {percent(before)}. More "
-        f"seeds narrow the training part twice, by 1/√S and through t ({bootstrap.quantile(level, 3):.2f} at "
-        f"4 seeds, {bootstrap.quantile(level, 9):.2f} at 10). A row with one seed (the MPNet rows) has no "
-        f"training variance to measure: its interval covers the test set only, and its verdict says so. Two "
+        f"test set's noise that differs between seeds (each training gets other examples right, and fills an "
+        f"ECE's bins its own way). Both are measured from the same S per-seed differences, so the interval takes "
+        f"their whole sample variance s² at Student's t with S − 1 degrees of freedom, and only the test-set "
+        f"noise every seed shares (the replicates' variance less the part that differs between seeds, which the "
+        f"replicates also measure) at the normal quantile z: the difference ± the square root of (z² × the "
+        f"shared test-set variance + t² × s² / S). Three seeds give two degrees of freedom, so t is "
+        f"{bootstrap.quantile(level, 2):.2f} instead of {bootstrap.quantile(level):.2f}, and intervals are wide "
+        f"wherever the seeds disagree; resampling the three seeds instead (a two-level bootstrap) spreads their "
+        f"variance by a third too little and has no t, and covers too rarely. On simulated predictions at the "
+        f"miniature's sizes ({coverage.SEEDS} seeds; {sizes} test examples; training variance from none to "
+        f"several times the test set's; accuracy and NLL; {coverage.DATASETS} data sets each, "
+        f"`sve/paper/coverage.py`), these intervals contained the true difference in {percent(now)} of the data "
+        f"sets, the procedure they replaced (all of the test-set noise at z, only the seeds' spread beyond it at "
+        f"t) in {percent(replaced)}, the two-level bootstrap in {percent(pooled)}, and the per-seed bootstrap "
+        f"used before that (each seed's examples resampled apart, the runs fixed) in {percent(before)}."
+        f"{grid_sentence(root)} More seeds narrow the seeds' part twice, by 1/√S and through t "
+        f"({bootstrap.quantile(level, 3):.2f} at 4 seeds, {bootstrap.quantile(level, 9):.2f} at 10). A row with "
+        f"one seed (the MPNet rows) has no training variance to measure: its interval covers the test set only, "
+        f"its verdict says so, and it is left out of the headline counts. Two "
         f'kinds of verdict are counted apart. *Strict* ("better"): *held* when the interval lies entirely on '
         f'the claimed side of 0, *reversed* when entirely on the other, else *unresolved*. *Lenient* ("not '
         f'worse" within a margin): held when the interval lies entirely above minus the margin and the '
@@ -277,6 +330,26 @@ def procedure(claims: DictConfig | None = None) -> str:
     )
 
 
+def grid_sentence(root: Path | None) -> str:
+    """The coverage grid's summary, when ``root`` holds a run of it, else nothing."""
+    from sve.paper import coverage_grid
+
+    found = coverage_grid.read(Path(root) / GRID_CELLS) if root is not None else {}
+    if not found:
+        return ""
+    results = list(found.values())
+    summary = coverage_grid.summary(results)
+    lowest = {p: 100 * v["lowest"] for p, v in summary["procedures"].items()}
+    return (
+        f" Over the wider grid of the regimes the comparisons occupy (`{GRID_CELLS.parent}/README.md`: "
+        f"{len(results)} cells of 2, 3 and 5 seeds, test-set noise shared by the seeds from none to all of it, "
+        f"training spread from none to five times the test set's, accuracy, NLL, ECE and OOD AUROC; "
+        f"{results[0]['datasets']:,} data sets each), the lowest coverage was {lowest[bootstrap.VERDICTS]:.1f}% "
+        f"for this procedure and {lowest['combined']:.1f}% for the one it replaced; the grid's rule, fixed "
+        f"before it ran, chose `{summary['chosen']}`."
+    )
+
+
 def claims_markdown(
     name: str, root: Path, runs: list[Run] | None = None, judged: list[tuple[DictConfig, list[Verdict]]] | None = None
 ) -> str:
@@ -287,7 +360,10 @@ def claims_markdown(
     claims = load_claims(name)
     runs = runs if runs is not None else load_runs(root)
     judged = judged if judged is not None else judge(claims, runs)
-    return to_markdown(judged, movement_sentences(claims, root, runs))
+    from sve.paper import seed_stability
+
+    seed_notes = seed_stability.notes(seed_stability.read(root), judged)
+    return to_markdown(judged, movement_sentences(claims, root, runs), seed_notes)
 
 
 __all__ = ["to_markdown", "claims_markdown", "changes_markdown", "summary", "procedure", "movement_sentences"]

@@ -43,7 +43,8 @@ PROCEDURES = {
     "per_seed": "every seed resampled apart (the procedure before)",
     "joint": "one resample for every seed, runs fixed",
     "hierarchical": "one resample, seeds resampled too",
-    "combined": "one resample, and the seeds' spread at Student's t (the verdicts')",
+    "combined": "one resample, and the seeds' spread beyond the test set's at Student's t",
+    "seed_level": "one resample for the shared test-set noise, the seeds' whole spread at Student's t (the verdicts')",
 }
 
 
@@ -122,6 +123,7 @@ def study(
             "joint": bootstrap.percentile(draws, level),
             "hierarchical": bootstrap.hierarchical(draws, level),
             "combined": bootstrap.combined(draws, level),
+            "seed_level": bootstrap.seed_level(draws, level),
         }
         out[metric] = {
             name: float(np.mean((low <= truth[metric]) & (truth[metric] <= high)))

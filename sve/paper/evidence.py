@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from sve.paper import bootstrap
+from sve.paper import bootstrap, conformal_splits
 from sve.paper.registry import METRICS, Metric
 from sve.paper.report import Cell, aggregate
 from sve.paper.store import Run, parse_row, select
@@ -15,6 +15,7 @@ from sve.runs import prediction_files
 log = logging.getLogger(__name__)
 
 MISSING = "predictive files missing"
+REPLACED = "combined"  # the interval procedure the verdicts used before the coverage grid ("What changed")
 # A per-example file's metric must equal results.json's to this (stored units): the files keep nll and brier in
 # float32 (about 1e-7) and the OOD curve is float32 in torchmetrics (about 1e-6); a stale file differs by far more.
 AGREE = 1e-5
@@ -150,6 +151,8 @@ class Evidence:
         sets = [self.examples(run, name) for name in names]
         if not names or any(s is None for s in sets):
             return MISSING
+        if metric.key in conformal_splits.NEEDS_DISAGREEMENT and not all(map(conformal_splits.has_disagreement, sets)):
+            return MISSING  # a file written before the members' disagreement was kept beside the predictive
         found = bootstrap.statistic(metric.key, sets)
         expected = run_value(run, metric, severity)
         if expected is None or not abs(found.value() - expected) <= AGREE:
@@ -186,13 +189,30 @@ class Evidence:
             terms += [bootstrap.Term(coef, seed, rows[0][seed], unit), bootstrap.Term(-coef, seed, rows[1][seed], unit)]
         return terms
 
+    def own(self, experiment: str, row: str, key: str) -> list[bootstrap.Term] | str:
+        """The terms of one row's own metric in display units, averaged over its seeds (a metric that is itself a
+        difference within each run, e.g. ``growth_90``, judged against 0); or why there are none."""
+        metric = metric_of(key)[0]
+        found = {seed: self.statistic(run, key) for seed, run in select(self.runs, experiment, *parse_row(row)).items()}
+        reasons = sorted({v for v in found.values() if isinstance(v, str)})
+        usable = sorted(s for s, v in found.items() if not isinstance(v, str))
+        if not usable or set(reasons) - {MISSING}:
+            return "; ".join(reasons) or "no runs"
+        coef = metric.scale * (1.0 if metric.higher_is_better else -1.0) / len(usable)
+        unit = f"{experiment}: {row}"
+        return Terms(
+            [bootstrap.Term(coef, seed, found[seed], unit) for seed in usable],
+            left_out=tuple(s for s in sorted(found) if s not in usable),
+        )
+
     def difference(self, terms: list[bootstrap.Term]) -> tuple[Difference, Difference]:
-        """The difference with the verdicts' interval, and with the interval of the procedure it replaced."""
-        found = bootstrap.interval(terms, self.replicates, self.level, self.seed)
-        before = bootstrap.per_seed_bootstrap(terms, self.replicates, self.level, self.seed)
+        """The difference with the verdicts' interval, and with the interval of the procedure it replaced
+        (``combined``, on the same draws)."""
+        found = bootstrap.intervals(terms, (bootstrap.VERDICTS, REPLACED), self.replicates, self.level, self.seed)
+        now, before = found[bootstrap.VERDICTS], found[REPLACED]
         return (
-            Difference(found.point, found.low, found.high, found.training, found.p),
-            Difference(before.point, before.low, before.high, False),
+            Difference(now.point, now.low, now.high, now.training, now.p),
+            Difference(before.point, before.low, before.high, before.training, before.p),
         )
 
 

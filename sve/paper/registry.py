@@ -60,6 +60,14 @@ METRICS = {
         Metric("aps_set_size_90", "APS size 90", False, 1, 2),
         Metric("aps_coverage_95", "APS cov. 95 (%)", None, 100, 1),
         Metric("aps_set_size_95", "APS size 95", False, 1, 2),
+        Metric("mi_coverage_90", "MI cov. 90 (%)", None, 100, 1),  # thr_mi: sets that follow the disagreement
+        Metric("mi_set_size_90", "MI size 90", False, 1, 2),
+        Metric("mi_coverage_95", "MI cov. 95 (%)", None, 100, 1),
+        Metric("mi_set_size_95", "MI size 95", False, 1, 2),
+        Metric("growth_90", "Growth 90", True, 1, 2),  # sets' size where members disagree most minus elsewhere
+        Metric("growth_95", "Growth 95", True, 1, 2),
+        Metric("mi_saving_90", "MI saving 90", True, 1, 3),  # THR size minus thr_mi size
+        Metric("mi_saving_95", "MI saving 95", True, 1, 3),
         # A distilled student's inference speed-up over its teacher (results.json cost, one process).
         Metric("speedup", "Speed-up (x)", True, 1, 1),
     )

@@ -58,7 +58,13 @@ from sve.metrics import conformal
 from sve.metrics.calibration import fit_temperature, temperature_metrics
 from sve.metrics.collapse import collapse_warning, collapsed_members
 from sve.metrics.scores import classification_metrics, ood_scores, predictive_metrics, score, uncertainty
-from sve.runs.prediction_files import PREDICTIONS, PREDICTIVE, write_predictions, write_predictive
+from sve.runs.prediction_files import (
+    PREDICTIONS,
+    PREDICTIVE,
+    members_information,
+    write_predictions,
+    write_predictive,
+)
 from sve.training.loops import limited_batches, stop_if_asked
 
 log = logging.getLogger(__name__)
@@ -145,6 +151,7 @@ def evaluate(
                 probs,
                 found.labels,
                 found.index,
+                members_information(found.member_logits) if name == "test" else None,
             )
         if name.startswith(f"{SHIFT}/"):  # scored now and let go: 95 sets of CIFAR-100-C need not fit at once
             _, corruption, severity = name.split("/")

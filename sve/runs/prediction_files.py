@@ -14,7 +14,9 @@ The predictive, ``<run dir>/predictive/<set>.npz``, for the test, OOD and shift 
 or not predictions are saved: the ensemble predictive's per-example statistics from which the claims' intervals
 are computed (``sve.paper.bootstrap``; small enough to commit):
 
-- ``test``: ``probs`` (N, C) float32, the ensemble predictive; and the per-example statistics below;
+- ``test``: ``probs`` (N, C) float32, the ensemble predictive; ``mutual_information`` (N,) float32, the members'
+  disagreement (``sve.metrics.scores.uncertainty``; only with more than one member, in files written since it
+  was added); and the per-example statistics below;
 - ``shift/<corruption>/<severity>``: the per-example statistics only (15 sets for CIFAR-10's three corruptions);
 - ``ood``: ``confidence`` and ``index`` only (the OOD metrics rank maximum probabilities, nothing else);
 - per-example statistics, each the project's own definition (``sve.metrics.scores``): ``confidence`` float64, the
@@ -77,9 +79,16 @@ def read_predictions(path: Path) -> dict[str, np.ndarray]:
         ) from None
 
 
-def predictive_arrays(name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> dict:
+def predictive_arrays(
+    name: str,
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    index: torch.Tensor,
+    mutual_information: torch.Tensor | None = None,
+) -> dict:
     """The arrays of ``predictive/<name>.npz`` (layout in the module docstring) from the ensemble predictive
-    (N, C) as ``sve.members.predictive`` returns it (float64), the labels and the examples' positions."""
+    (N, C) as ``sve.members.predictive`` returns it (float64), the labels and the examples' positions; the test
+    set's file also keeps the members' ``mutual_information`` (N,) when given (more than one member)."""
     probs, labels = probs.detach().double().cpu(), labels.detach().long().cpu()
     arrays = {"index": index.detach().cpu().numpy().astype(np.int64), "confidence": probs.max(-1).values.numpy()}
     if name != OOD:  # an OOD set's labels belong to another label space: only its scores are read
@@ -91,13 +100,22 @@ def predictive_arrays(name: str, probs: torch.Tensor, labels: torch.Tensor, inde
         )
     if name == TEST:
         arrays["probs"] = probs.numpy().astype(np.float32)
+        if mutual_information is not None:
+            arrays["mutual_information"] = mutual_information.detach().double().cpu().numpy().astype(np.float32)
     return arrays
 
 
-def write_predictive(path: Path, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> None:
+def write_predictive(
+    path: Path,
+    name: str,
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    index: torch.Tensor,
+    mutual_information: torch.Tensor | None = None,
+) -> None:
     """``predictive_arrays`` written compressed and atomically (``sve.runs.writable.atomic_write``: a full disk is an
     ``InputError`` naming the file, and no partial file stays)."""
-    arrays = predictive_arrays(name, probs, labels, index)
+    arrays = predictive_arrays(name, probs, labels, index, mutual_information)
     atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
 
 
@@ -169,6 +187,13 @@ def read_predictive(path: Path, name: str) -> Examples | None:
     return Examples(name, arrays, path)
 
 
+def members_information(member_logits: torch.Tensor) -> torch.Tensor | None:
+    """Each example's mutual information between the prediction and the member, (N,); None for one member."""
+    from sve.metrics.scores import uncertainty
+
+    return uncertainty(member_logits).mutual_information if member_logits.shape[0] > 1 else None
+
+
 def backfill(run_dir: Path) -> list[Path]:
     """Writes the missing ``predictive/<set>.npz`` of a run directory from its saved predictions
     (``predictions/<set>.npz``, where they are still on disk: they are not committed); returns the files written."""
@@ -179,8 +204,10 @@ def backfill(run_dir: Path) -> list[Path]:
         if name == "val" or target.exists():
             continue
         saved = read_predictions(source)
-        probs = predictive(torch.from_numpy(saved["member_logits"]), str(saved["aggregate"]))
-        write_predictive(target, name, probs, torch.from_numpy(saved["labels"]), torch.from_numpy(saved["index"]))
+        logits = torch.from_numpy(saved["member_logits"])
+        probs = predictive(logits, str(saved["aggregate"]))
+        labels, index = torch.from_numpy(saved["labels"]), torch.from_numpy(saved["index"])
+        write_predictive(target, name, probs, labels, index, members_information(logits))
         written.append(target)
     return written
 
@@ -195,6 +222,7 @@ __all__ = [
     "Examples",
     "predictive_arrays",
     "write_predictive",
+    "members_information",
     "read_predictive",
     "backfill",
 ]

@@ -118,7 +118,7 @@ def test_the_committed_miniature_is_what_its_runs_build(tmp_path, monkeypatch):
     mini = ROOT / "results" / "mini"
     copy = tmp_path / "results" / "mini"
     copy.mkdir(parents=True)
-    for part in ("runs", "teachers"):
+    for part in ("runs", "teachers", "diagnostics"):  # diagnostics: the coverage grid and bootstrap seeds it cites
         if (mini / part).is_dir():
             shutil.copytree(mini / part, copy / part)
     shutil.copy(mini / "sittings.jsonl", copy / "sittings.jsonl")

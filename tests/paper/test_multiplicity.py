@@ -15,15 +15,24 @@ def draws(shift: float, seeds: int = 3, n: int = 400, replicates: int = 500) -> 
     return bootstrap.Draws(tuple(("u", s) for s in range(seeds)), points, replicates_)
 
 
+@pytest.mark.parametrize("procedure", sorted(bootstrap.PROCEDURES))
 @pytest.mark.parametrize("shift", [0.02, 0.1, -0.3])
-def test_the_p_value_is_where_the_interval_reaches_zero(shift):
+def test_the_p_value_is_where_the_interval_reaches_zero(shift, procedure):
     found = draws(shift)
-    p = bootstrap.p_value(found)
+    p = bootstrap.p_value(found, procedure=procedure)
     if p > 1e-9:  # the (1 - p) interval touches 0 (below that, 1 - p is 1 to float precision)
-        low, high = bootstrap.combined(found, 1 - p)
+        low, high = bootstrap.bounds(found, 1 - p, procedure)
         assert min(abs(float(low)), abs(float(high))) == pytest.approx(0, abs=1e-6)
-    low95, high95 = bootstrap.combined(found, 0.95)
+    low95, high95 = bootstrap.bounds(found, 0.95, procedure)
     assert (p < 0.05) == (float(low95) > 0 or float(high95) < 0)  # the 95% verdict and p < 0.05 agree
+
+
+def test_the_verdicts_p_value_is_the_verdict_procedures():
+    found = draws(0.1)
+    assert bootstrap.p_value(found) == bootstrap.p_value(found, procedure=bootstrap.VERDICTS)
+    assert bootstrap.p_value(found, procedure="seed_level") != bootstrap.p_value(found, procedure="combined")
+    with pytest.raises(ValueError, match="not one of"):
+        bootstrap.bounds(found, 0.95, "percentile")
 
 
 def verdict(p: float, word: str, kind: str = STRICT, training: bool = True) -> Verdict:
