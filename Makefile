@@ -175,7 +175,7 @@ mini-diagnostics-arc: $(if $(SMOKE),,mini-smollm2) ## Diagnostic runs: ARC-Easy 
 	$(call diagnose_arc,arc_sve_m4_sigma0.05,method.lr=0.01 sigma_init=0.05)
 	$(call diagnose_arc,arc_sve_m4_lr0.03,method.lr=0.03)
 	$(call diagnose_arc,arc_sve_m4_epochs15,method.lr=0.01 trainer.max_epochs=15)
-# ARC-Easy pilot (issue 50): how many training questions SVE's members need to separate. SVE (M = 4, seed 0) at the
+# ARC-Easy pilot: how many training questions SVE's members need to separate. SVE (M = 4, seed 0) at the
 # rate the 24-question table tuned (1e-2, SVF's choice) and Table 7's sigma_init, on 24, 100 and 250 training
 # questions, the same 100 validation and 100 test questions; each run records its members' spread against
 # sigma_init sqrt((M-1)/M), its validation NLL and its wall time (scripts/diagnostics_table.py tables them).

@@ -1,4 +1,4 @@
-"""The package works from wherever it is installed, and writes only where it is run (issue 22).
+"""The package works from wherever it is installed, and writes only where it is run.
 
 A wheel built from this checkout, installed (not editable) into a fresh virtual environment, runs
 ``sve-train`` and ``sve-sweep`` in an empty directory and writes only under it; the configs come from inside

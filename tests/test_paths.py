@@ -1,5 +1,5 @@
 """The project's cache follows XDG_CACHE_HOME and the shared folder SVE_SHARED, in code, configs and the Makefile
-alike (issue 41): on a machine whose XDG_CACHE_HOME points at an empty folder nothing reads ``~/.cache/sve``,
+alike: on a machine whose XDG_CACHE_HOME points at an empty folder nothing reads ``~/.cache/sve``,
 and what only a make target installs is a skip naming the target."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_a_resnet_run_from_another_directory_names_the_checkpoint_key_the_path_a
 
 
 def test_make_smollm2_says_what_it_installs_before_it_does_and_in_its_help():
-    # Issue 53: `make smollm2` installed packages into the user's environment without a word.
+    # Installing into the user's environment is something the user must be told before it happens.
     import subprocess
 
     helps = dict(re.findall(r"^([\w-]+):.*## (.*)$", (ROOT / "Makefile").read_text(), re.M))

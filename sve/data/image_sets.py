@@ -81,7 +81,7 @@ SPLITS = ("train", "val", "test")
 
 
 class _Flowers102(tvd.Flowers102):
-    """Used to download only (``fetch``); the existence-only check keeps torchvision from downloading again."""
+    """For downloading only (``fetch``); the existence-only check keeps torchvision from downloading again."""
 
     def _check_integrity(self) -> bool:
         names = [self._file_dict[k][0] for k in ("label", "setid")]

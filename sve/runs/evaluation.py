@@ -31,7 +31,7 @@ What ``evaluate`` returns (the results.json keys of the module docstring of ``sv
 - ``shift`` (sets ``shift/...`` only): ``by_corruption`` {corruption: {severity: {acc, ece, nll, brier}}};
   ``by_severity`` {"0": the clean test set, "1".."5": the mean over corruptions of each metric at that
   severity, as Fig. 3 plots it (Ovadia et al., 2019)}; ``pooled``: the metrics of all corrupted sets taken
-  as one (the single number CIFAR-100-C used to give; its ECE is not the mean of the per-set ECEs).
+  as one (CIFAR-100-C as a single number; its ECE is not the mean of the per-set ECEs).
 - ``shifted`` (sets ``shifted/<name>`` only, ``sve.data.base``): the test set and each shifted set side by side,
   ``sets`` {"test" and each name: {``acc``, ``ece``, ``nll``, ``brier``, ``disagreement``, ``mutual_information``,
   ``aurc``, ``member_acc``, ``examples`` and ``ts_acc``, ``ts_ece``, ``ts_nll``}}, the ``ts_*`` with the run's own

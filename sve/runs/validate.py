@@ -157,7 +157,7 @@ def check_values(cfg: DictConfig) -> None:
         max_steps,
         "a positive integer or -1",
     )
-    if max_epochs == -1 and max_steps in (None, -1):  # no end: the schedule's length was float("inf"), a traceback
+    if max_epochs == -1 and max_steps in (None, -1):  # no end: the schedule's length would be float("inf")
         raise InputError(
             "trainer.max_epochs=-1 trains until trainer.max_steps, which is not set; give "
             "+trainer.max_steps=N (a positive integer), or a positive trainer.max_epochs"
@@ -199,8 +199,8 @@ def check_values(cfg: DictConfig) -> None:
             get("ckpt_path"),
             "an existing checkpoint file (e.g. <run dir>/checkpoints/last.ckpt)",
         )
-    # plan=true on the CPU plans against the machine's free memory, so a bad plan_memory_gib was never read
-    # there and the command answered as if it were fine (plan_memory_gib=-1 or abc).
+    # plan=true on the CPU plans against the machine's free memory and never reads plan_memory_gib, so a bad
+    # one (plan_memory_gib=-1 or abc) would pass unnoticed there: it is checked here, on every device.
     if "plan" in cfg:
         _require(isinstance(get("plan"), bool), "plan", get("plan"), "true or false")
     if "plan_memory_gib" in cfg:

@@ -149,7 +149,7 @@ def test_pkg_paths_resolve_or_name_the_install_command(monkeypatch):
 
 
 def test_timm_backbone_passes_img_size_only_to_models_that_take_it():
-    """A CNN has no img_size argument (TimmBackbone used to pass one and fail); a ViT still gets it."""
+    """A CNN has no img_size argument (passing one fails); a ViT still gets it."""
     cnn = TimmBackbone("tf_efficientnet_lite0", TARGETS, pretrained=False, image_size=48)
     assert cnn.feature_dim == 1280 and cnn.image_size == 48
     vit = TimmBackbone(

@@ -1,5 +1,5 @@
 """The command line answers a mistake in one line before torch is imported, its --help lists the config groups
-and keys, and a refused run leaves nothing behind (issue 41)."""
+and keys, and a refused run leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -264,8 +264,8 @@ def test_sve_verbose_keeps_the_notices(monkeypatch):
 
 
 def test_every_runs_device_lines_load_report_and_logging_interval_notice_are_hidden_unless_verbose(monkeypatch):
-    # Issue 53: Lightning's GPU/TPU lines and its logging-interval notice, and transformers' LOAD REPORT, came on
-    # every run. What says something about the run (a GPU left unused, another warning) stays.
+    # Lightning's GPU/TPU lines and its logging-interval notice, and transformers' LOAD REPORT, would come on
+    # every run and say nothing about it. What does (a GPU left unused, another warning) stays.
     import warnings
 
     from sve.cli import quiet

@@ -1,4 +1,4 @@
-"""Every command's ``main()`` and argument parser lives in ``sve/cli`` (issue 42, item 3): the library modules
+"""Every command's ``main()`` and argument parser lives in ``sve/cli``: the library modules
 take plain arguments, and a process the package starts (``python -m ...``) runs a module of ``sve/cli``."""
 
 import ast

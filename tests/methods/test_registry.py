@@ -26,7 +26,7 @@ from tests.conftest import ROOT
 
 class TinySampled(FittedAfterTraining, SampledMethod):
     """Members are ``num_samples`` passes of one model, and a step after training reads the training data: the
-    two kinds that the plan, the benchmark and sve.wrap used to know by name."""
+    two kinds that the plan, the benchmark and sve.wrap must learn from the class, not by its name."""
 
     display_name = "Tiny (sampled)"
     trains = "the head"

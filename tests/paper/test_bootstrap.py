@@ -231,8 +231,8 @@ def test_a_resample_by_weights_equals_the_metric_of_the_resampled_set():
 
 def test_ece_bins_are_the_metrics_bins():
     """Confidences on and next to every edge m/15 land where sve.metrics.scores puts them (checked one by one), and
-    both put them in ((m-1)/15, m/15] with m/15 the nearest double (the metric once used torch's linspace edges,
-    one ulp off m/15 for m = 11, and this function copied them to agree)."""
+    both put them in ((m-1)/15, m/15] with m/15 the nearest double (torch's linspace edges are one ulp off m/15
+    for m = 11, so both sides must take the same edges)."""
     from sve.metrics.scores import ExpectedCalibrationError
 
     torch_edges = torch.linspace(0, 1, 16, dtype=torch.float64).numpy()[1:]

@@ -1,4 +1,4 @@
-"""No silent outcomes, no raw tracebacks (issue 21) in the result store: unreadable store files, full disks,
+"""No silent outcomes, no raw tracebacks in the result store: unreadable store files, full disks,
 read-only directories and saved configs that this code can no longer build are one ``InputError`` line each,
 naming the file or key, what is wrong and what to do."""
 

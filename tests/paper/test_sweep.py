@@ -618,7 +618,7 @@ def test_a_sweep_left_with_held_runs_trains_any_that_frees_up_before_waiting_on_
 
 
 def test_a_stopped_sweep_passes_sigterm_on_to_its_run(tmp_path):
-    # `kill <sweep>` used to end the sweep and leave its run training on, orphaned, holding the lock.
+    # `kill <sweep>` must end its run too: otherwise the run trains on, orphaned, holding the lock.
     import signal
     import subprocess
     import sys

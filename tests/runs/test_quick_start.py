@@ -1,7 +1,7 @@
-"""A quick-start target trains on a fresh clone (issue 53, item 1): ``make sst2-cpu`` writes where nothing is
-committed, and a finished run is reused only for the config it was trained with, also where its directory
-has no run_config.yaml (the committed runs of that target had none: their results.json was returned for
-other dataset sizes, and the user took the committed numbers as their own)."""
+"""A quick-start target trains on a fresh clone: ``make sst2-cpu`` writes where nothing is committed, and a
+finished run is reused only for the config it was trained with, also where its directory has no
+run_config.yaml (otherwise a results.json of other dataset sizes would be returned, and a user would take the
+committed numbers as their own)."""
 
 from __future__ import annotations
 

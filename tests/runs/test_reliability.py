@@ -1,4 +1,4 @@
-"""No silent outcomes (issue 21): a killed or stopped run ends non-zero and resumes to the last digit, a run
+"""No silent outcomes: a killed or stopped run ends non-zero and resumes to the last digit, a run
 directory refuses another config, unknown keys and impossible member counts are refused before any work,
 divergence names its step and learning rate, and every user error is one line."""
 

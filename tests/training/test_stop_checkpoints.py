@@ -1,7 +1,7 @@
-"""A stop never promises a resume it cannot give (issue 53, item 2): SIGTERM writes a checkpoint at the next
-optimiser step (an ARC run stopped at step 23 of 48 had none: one came every 200 steps or at the epoch's end,
-and 14 minutes of training were lost), a checkpoint also comes every ``every_n_minutes`` of training, and the
-stop message says from which step the same command resumes, or that it starts over."""
+"""A stop never promises a resume it cannot give: SIGTERM writes a checkpoint at the next optimiser step (a
+short run may never reach a step-count or epoch-end checkpoint), a checkpoint also comes every
+``every_n_minutes`` of training, and the stop message says from which step the same command resumes, or that it
+starts over."""
 
 from __future__ import annotations
 
