@@ -15,10 +15,11 @@ flow of a run).
   ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
   (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
-  locks, the config a directory started with), ``evaluation`` and ``evaluate`` (scoring, re-evaluation) with
-  ``eval_config`` (the config a finished run is evaluated with), ``prediction_files`` (the per-set files an
-  evaluation writes), ``plan`` with ``layout``, ``live_memory``, ``architectures`` and ``plan_report`` (the
-  memory plan), ``results``, ``multirun``, ``writable`` (atomic writes), ``resolvers``.
+  locks, the config a directory started with), ``evaluation`` (scoring a trained module) and ``reevaluate`` (a
+  finished run scored again) with ``eval_config`` (the config a finished run is evaluated with),
+  ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
+  ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
+  writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
   from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs
@@ -116,7 +117,7 @@ MOVED = {
     "sve.rundir": "sve.runs.rundir",
     "sve.validate": "sve.runs.validate",
     "sve.evaluation": "sve.runs.evaluation",
-    "sve.evaluate": "sve.runs.evaluate",
+    "sve.evaluate": "sve.runs.reevaluate",
     "sve.results": "sve.runs.results",
     "sve.multirun": "sve.runs.multirun",
     "sve.writable": "sve.runs.writable",
@@ -134,6 +135,8 @@ MOVED = {
     # moved so that imports run down the package map
     "sve.training.draws": "sve.layers.draws",
     "sve.training.recompute": "sve.layers.recompute",
+    # renamed: beside sve.runs.evaluation, the name did not say that it scores a finished run again
+    "sve.runs.evaluate": "sve.runs.reevaluate",
 }
 MOVED_UNTIL = "0.2.0"  # the next minor release after __version__ removes the old names of MOVED
 _warned: set[str] = set()  # old names this process has warned about (each once)

@@ -39,11 +39,11 @@ def repeat_members(x: Tensor, ensemble_size: int) -> Tensor:
     return x.repeat(ensemble_size, *([1] * (x.dim() - 1)))
 
 
-def split_members(x: Tensor, ensemble_size: int, who: str = "split_members") -> Tensor:
-    """(M*B, ...) -> (M, B, ...); ``who`` names the caller (a layer) in the error message."""
+def split_members(x: Tensor, ensemble_size: int, caller: str = "split_members") -> Tensor:
+    """(M*B, ...) -> (M, B, ...); ``caller`` (a layer) is named in the error message."""
     if x.shape[0] % ensemble_size:
         raise MemberLayoutError(
-            f"{who} with ensemble_size={ensemble_size} got a leading dimension of {x.shape[0]}; inputs must "
+            f"{caller} with ensemble_size={ensemble_size} got a leading dimension of {x.shape[0]}; inputs must "
             "be stacked member-major (M*B, ...) with sve.members.repeat_members"
         )
     return x.reshape(ensemble_size, x.shape[0] // ensemble_size, *x.shape[1:])

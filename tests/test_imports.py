@@ -236,3 +236,19 @@ def test_old_module_names_are_the_moved_modules():
     from sve.training.optim import warmup_schedule as moved
 
     assert warmup_schedule is moved
+
+
+def test_a_renamed_module_imports_by_its_old_name_with_a_warning():
+    import importlib
+    import sys
+    import warnings
+
+    import sve.runs.reevaluate
+
+    sys.modules.pop("sve.runs.evaluate", None)  # each name warns once per process: this test sees the first
+    sve._warned.discard("sve.runs.evaluate")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("sve.runs.evaluate")
+    assert old is sve.runs.reevaluate
+    assert any("sve.runs.evaluate is now sve.runs.reevaluate" in str(w.message) for w in caught), caught

@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 
 from sve.bench.ensemble import ensemble_part
-from sve.bench.front import front_part
+from sve.bench.front import pareto_front_part
 from sve.bench.layer_costs import rule_part, weights_part
 from sve.bench.markdown import write_markdown
 from sve.bench.settings import log, settings
@@ -99,7 +99,7 @@ def run_parts(args, device: torch.device, known_parts: tuple[str, ...]) -> None:
         elif name == "table5":
             parts[name] = table5_part(all_settings["bert_base"], args, device)
         elif name == "front":
-            parts[name] = front_part(all_settings["bert_base"], args, device)
+            parts[name] = pareto_front_part(all_settings["bert_base"], args, device)
         elif name == "rule":
             parts[name] = rule_part(args, device)
         else:

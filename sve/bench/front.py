@@ -37,7 +37,7 @@ def on_front(points: dict[str, tuple[float, float]]) -> set[str]:
     return {n for n, p in points.items() if not any(dominated(p, q) for m, q in points.items() if m != n)}
 
 
-def front_part(setting: Setting, args, device) -> dict:
+def pareto_front_part(setting: Setting, args, device) -> dict:
     """Every method of ``FRONT`` at each of its settings: stored and trainable parameters, inference memory at
     the full depth and batch 1 and 16 per member, latency as a ratio to Single timed in the same rounds: at the
     full depth for batch 1 (Table 5's setting), on ``--layers`` blocks for batch 16 (per-block work, as the

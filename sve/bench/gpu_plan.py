@@ -77,7 +77,7 @@ def plan_error(planned: int, measured: int) -> float:
 
 
 # ----- in a process of its own ----------------------------------------------------------------------------------
-def planned(overrides: list[str], layers: int, capacity: int) -> dict:
+def planned_peaks(overrides: list[str], layers: int, capacity: int) -> dict:
     from sve.runs.plan import plan
 
     p = plan(config(overrides, layers), capacity_gib=capacity / GIB, alternatives=False)
@@ -142,7 +142,7 @@ def train_step(method, batch: dict, optimizer, dtype, clip) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def measured(overrides: list[str], layers: int) -> dict:
+def measured_peaks(overrides: list[str], layers: int) -> dict:
     """Peaks of the real step and evaluation forward on this GPU, and the CUDA context (module docstring)."""
     from sve.layers.draws import unfuse_attention_dropout
     from sve.members import to_device

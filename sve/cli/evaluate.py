@@ -1,11 +1,11 @@
 """``sve-eval run_dir=<run dir> [dataset=<option>] [key=value ...]`` (``python evaluate.py ...`` in a
-checkout): a trained run evaluated again from its checkpoint, without training (``sve.runs.evaluate``)."""
+checkout): a trained run evaluated again from its checkpoint, without training (``sve.runs.reevaluate``)."""
 
 import sys
 
 from sve.errors import one_line_errors
 
-# The command's own options (sve.runs.evaluate.OPTIONS), one line each.
+# The command's own options (sve.runs.reevaluate.OPTIONS), one line each.
 OPTIONS = {
     "run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
     "name": "the evaluation's name: evaluations/<name>.json (default: the evaluated dataset's name)",
@@ -22,7 +22,7 @@ NOT_READ = ("optimizer", "scheduler", "logger", "callbacks", "hydra/launcher")
 def usage() -> str:
     from sve.cli.configs import groups_help, module_doc
 
-    usage_line = module_doc("sve.runs.evaluate").split("\n\n")[1].replace("``", "")
+    usage_line = module_doc("sve.runs.reevaluate").split("\n\n")[1].replace("``", "")
     usage_line = usage_line.replace("python evaluate.py", "sve-eval")
     options = "\n".join(f"  {key}=...{' ' * (16 - len(key))}{text}" for key, text in OPTIONS.items())
     return f"""usage: {usage_line}
@@ -39,20 +39,20 @@ stay the trained run's:
 Any other key=value overrides the run's config for the evaluation (dataset.root=DIR, dataset.corruptions=all,
 trainer.accelerator=cpu); +key=value adds a key, ~key removes one; --config-dir DIR adds your own config folder.
 SVE_VERBOSE=1 keeps the notices of the libraries that are hidden by default; SVE_DEBUG=1 shows the traceback of
-an error. More: the docstring of sve/runs/evaluate.py."""
+an error. More: the docstring of sve/runs/reevaluate.py."""
 
 
 def evaluate(argv: list[str]) -> int:
-    """``sve-eval``'s arguments: its own options (``OPTIONS`` of ``sve.runs.evaluate``) and the overrides of the
-    run's config, then ``sve.runs.evaluate.evaluate_run``."""
+    """``sve-eval``'s arguments: its own options (``OPTIONS`` of ``sve.runs.reevaluate``) and the overrides of the
+    run's config, then ``sve.runs.reevaluate.evaluate_run``."""
     from sve.cli.configs import module_doc
     from sve.cli.run_options import command_options
     from sve.errors import InputError
-    from sve.runs.evaluate import OPTIONS, evaluate_run
+    from sve.runs.reevaluate import OPTIONS, evaluate_run
 
     options, overrides = command_options(argv, OPTIONS)
     if not options["run_dir"]:
-        print(module_doc("sve.runs.evaluate").split("\n\n")[1])
+        print(module_doc("sve.runs.reevaluate").split("\n\n")[1])
         if argv:  # arguments, but none says which run: name the one that was needed
             raise InputError(f"no run directory among the arguments {argv}; give it first or as run_dir=<run dir>")
         return 2

@@ -7,10 +7,10 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    from sve.bench.gpu_plan import measured, planned
+    from sve.bench.gpu_plan import measured_peaks, planned_peaks
 
     what, overrides, layers, capacity = argv[0], json.loads(argv[1]), int(argv[2]), int(argv[3])
-    result = planned(overrides, layers, capacity) if what == "plan" else measured(overrides, layers)
+    result = planned_peaks(overrides, layers, capacity) if what == "plan" else measured_peaks(overrides, layers)
     print(json.dumps(result), flush=True)
 
 

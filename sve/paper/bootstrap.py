@@ -74,7 +74,7 @@ Weights = np.ndarray  # (R, n): how often each example is drawn in each of R res
 def _classification(key: str, ex: Examples) -> Callable[[Weights], np.ndarray]:
     if ex.labels is None:
         raise ValueError(f"{key} needs labels; {ex.where} has none (an OOD set is scored by the OOD metrics only)")
-    n = ex.n
+    n = ex.size
     if key == "ece":  # sum over bins of |sum_i w_i (correct_i - conf_i)| / n: the metric's per-bin sums
         bins = ece_bins(ex.arrays["confidence"])
         order = np.argsort(bins, kind="stable")
@@ -91,7 +91,7 @@ def ood_curve(inside: Examples, outside: Examples) -> Callable[[Weights, Weights
     cumulative sums at the distinct scores. Examples of weight zero add points that repeat their neighbours,
     which change neither area nor the 95% threshold."""
     scores = np.concatenate([inside.arrays["confidence"], outside.arrays["confidence"]]).astype(np.float64)
-    positive = np.concatenate([np.ones(inside.n), np.zeros(outside.n)])
+    positive = np.concatenate([np.ones(inside.size), np.zeros(outside.size)])
     order = np.argsort(-scores, kind="stable")
     ranked, positive = scores[order], positive[order]
     thresholds = np.r_[np.flatnonzero(np.diff(ranked)), len(ranked) - 1]
@@ -144,7 +144,7 @@ class Statistic:
     def value(self) -> float:
         """The metric on the full sets (all weights one): the table's number."""
         if self._value is None:
-            self._value = float(self.evaluate([np.ones((1, s.n)) for s in self.sets])[0])
+            self._value = float(self.evaluate([np.ones((1, s.size)) for s in self.sets])[0])
         return self._value
 
 
@@ -168,7 +168,7 @@ def statistic(key: str, sets: Sequence[Examples]) -> Statistic:
         if len(sets) != 1:
             raise ValueError(f"{key} is read on one set (the test set); got {[s.name for s in sets]}")
         per_example = conformal_splits.values(sets[0], key)
-        return Statistic(key, sets, lambda ws: ws[0] @ per_example / sets[0].n)
+        return Statistic(key, sets, lambda ws: ws[0] @ per_example / sets[0].size)
     raise ValueError(f"no per-example statistic for metric {key!r}; choose one of {list(KEYS)}")
 
 
@@ -184,7 +184,7 @@ def check_paired(a: Statistic, b: Statistic) -> None:
         if x.fingerprint != y.fingerprint:
             raise InputError(
                 f"a paired bootstrap needs both runs evaluated on the same examples, but {x.where} "
-                f"({x.n} examples) and {y.where} ({y.n} examples) differ in their index or labels; "
+                f"({x.size} examples) and {y.where} ({y.size} examples) differ in their index or labels; "
                 "evaluate both on the same set (the same dataset.test_size, shift_size and "
                 "subset_seed)"
             )
@@ -264,7 +264,7 @@ def draw(terms: Sequence[Term], replicates: int = REPLICATES, seed: int = SEED, 
     check_options(replicates, LEVEL)
     columns = sorted({(t.unit, t.seed) for t in terms})
     where = {c: k for k, c in enumerate(columns)}
-    sizes = {stratum(t, s, joint): s.n for t in terms for s in t.statistic.sets}
+    sizes = {stratum(t, s, joint): s.size for t in terms for s in t.statistic.sets}
     points = np.zeros(len(columns))
     for t in terms:
         points[where[t.unit, t.seed]] += t.coef * t.statistic.value()

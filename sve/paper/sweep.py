@@ -54,13 +54,13 @@ from sve.paper.sweep_jobs import Job, jobs
 from sve.paper.sweep_runs import (
     HELD,
     check_same_overrides,
+    holder_in_words,
     measure_costs,
     record_overrides,
     recorded_members,
     reuse_tuning_run,
     run_in_process,
     run_subprocess,
-    who,
 )
 from sve.paper.sweep_tuning import (
     before_seed,
@@ -125,7 +125,7 @@ class Sweep:
                     except DirectoryInUse:
                         if job.dir not in self.left:
                             print(
-                                f"{prefix}: being trained by another process ({who(holder(job.dir))}); "
+                                f"{prefix}: being trained by another process ({holder_in_words(holder(job.dir))}); "
                                 "back to it later",
                                 flush=True,
                             )

@@ -178,7 +178,7 @@ def measure_costs(path: Path, smoke: bool) -> None:
     subprocess.run(command, check=True)
 
 
-def who(record: dict) -> str:
+def holder_in_words(record: dict) -> str:
     """A lock's holder in words."""
     if not record:
         return "starting"

@@ -44,8 +44,8 @@ from sve.api.adapter_files import ADAPTER, write_adapter
 from sve.errors import InputError
 from sve.members import to_device
 from sve.runs.eval_config import apply_overrides
-from sve.runs.evaluate import ON_THE_CPU, load_run
 from sve.runs.evaluation import evaluate
+from sve.runs.reevaluate import ON_THE_CPU, load_run
 from sve.runs.results import git_commit, results_record, write_json
 from sve.runs.run import build, make_trainer, prediction_options, run_config
 from sve.runs.validate import check_accelerator

@@ -1,5 +1,5 @@
 """The config a finished run is evaluated with: its own saved config (or an adapter's), with the command line's
-overrides applied and checked against what the run trained (``sve.runs.evaluate`` loads and scores it)."""
+overrides applied and checked against what the run trained (``sve.runs.reevaluate`` loads and scores it)."""
 
 from __future__ import annotations
 
@@ -259,9 +259,9 @@ def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
         try:
             target = locate(path)
         except (ImportError, AttributeError) as err:
-            who, fix = where(f"{key}._target_")
+            setter, fix = where(f"{key}._target_")
             raise InputError(
-                f"run_dir={run_dir}: {who} {key}._target_={path!r}, which this code cannot import "
+                f"run_dir={run_dir}: {setter} {key}._target_={path!r}, which this code cannot import "
                 f"({type(err).__name__}: {err}); {fix}"
             ) from None
         valid = accepted_keys(target)
@@ -270,9 +270,9 @@ def check_targets(cfg: DictConfig, trained: DictConfig, run_dir: Path) -> None:
         for child, value in node.items():
             if child in HYDRA_KEYS or (top and child == "name") or child in valid:
                 continue
-            who, fix = where(f"{key}.{child}")
+            setter, fix = where(f"{key}.{child}")
             raise InputError(
-                f"run_dir={run_dir}: {who} {key}.{child}={value!r}, which {path} does not take "
+                f"run_dir={run_dir}: {setter} {key}.{child}={value!r}, which {path} does not take "
                 f"(its keys: {sorted(valid)}); {fix}"
             )
 

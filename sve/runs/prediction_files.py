@@ -142,14 +142,15 @@ class Examples:
         digest = hashlib.sha1(np.ascontiguousarray(self.arrays["index"], dtype=np.int64).tobytes())
         if self.labels is not None:
             digest.update(np.ascontiguousarray(self.labels, dtype=np.int64).tobytes())
-        self.fingerprint = f"{self.n}:{digest.hexdigest()[:16]}"
+        self.fingerprint = f"{self.size}:{digest.hexdigest()[:16]}"
 
     @property
     def where(self) -> str:
         return str(self.path) if self.path is not None else f"the {self.name} set"
 
     @property
-    def n(self) -> int:
+    def size(self) -> int:
+        """The number of examples."""
         return len(self.arrays["index"])
 
     @property
@@ -162,7 +163,9 @@ class Examples:
         return OOD if self.name == OOD else "in"
 
     @classmethod
-    def of(cls, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None = None) -> Examples:
+    def from_predictive(
+        cls, name: str, probs: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None = None
+    ) -> Examples:
         """The set as the file written from these predictions would hold it (no file: tests, ``backfill``)."""
         index = torch.arange(len(probs)) if index is None else index
         return cls(name, predictive_arrays(name, probs, labels, index))

@@ -225,7 +225,7 @@ def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, capl
     # default scoring): "the checkpoint was written by another model ... method.heads.weight".
     import logging
 
-    from sve.runs.evaluate import evaluate_run
+    from sve.runs.reevaluate import evaluate_run
 
     _write_arc(tmp_path / "easy")
     _write_arc(tmp_path / "challenge", copies=2, subset="ARC-Challenge")
@@ -247,7 +247,7 @@ def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, capl
         )
     )
     challenge = ["dataset=arc_challenge", f"dataset.root={tmp_path / 'challenge'}"]
-    with caplog.at_level(logging.WARNING, logger="sve.runs.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="sve.runs.reevaluate"):
         record = evaluate_run(run_dir, challenge)
     assert record["dataset"] == "arc_challenge" and record["metrics"]["test/examples"] == 2  # 2 debug batches of 1
     evaluated = record["config"]["dataset"]  # the option's own values but the one that shapes the model

@@ -44,7 +44,7 @@ def flip(probs: np.ndarray, labels: np.ndarray, k: int, to_correct: bool, rng) -
 
 
 def examples(name: str, probs: np.ndarray, labels: np.ndarray) -> Examples:
-    return Examples.of(name, torch.from_numpy(probs), torch.from_numpy(labels))
+    return Examples.from_predictive(name, torch.from_numpy(probs), torch.from_numpy(labels))
 
 
 def paired_terms(key: str, pairs: list[tuple[Examples, Examples]], sign: float = 1.0) -> list[Term]:

@@ -78,7 +78,7 @@ def test_coverage_is_near_its_level_and_sets_shrink_with_sharper_predictives(alp
 
 def test_a_set_without_the_predictive_is_refused():
     probs, labels = predictive(20, 3, seed=0)
-    examples = Examples.of("test", torch.from_numpy(probs), torch.from_numpy(labels))
+    examples = Examples.from_predictive("test", torch.from_numpy(probs), torch.from_numpy(labels))
     del examples.arrays["probs"]
     with pytest.raises(ValueError, match="needs the ensemble predictive"):
         statistic("set_size_90", [examples])
@@ -175,7 +175,7 @@ def test_the_disagreement_metrics_need_the_members_information_and_reach_a_level
     single = [r for r in runs if r.method == "single"][0]
     assert sve.metric("growth_90") > 0.5 and single.metric("growth_90") is None
     assert sve.metric("mi_saving_90") == pytest.approx(sve.metric("set_size_90") - sve.metric("mi_set_size_90"))
-    examples = Examples.of("test", torch.from_numpy(probs), torch.from_numpy(labels))
+    examples = Examples.from_predictive("test", torch.from_numpy(probs), torch.from_numpy(labels))
     with pytest.raises(ValueError, match="needs the members' mutual_information"):
         statistic("growth_90", [examples])
     metrics = ["growth_90", "mi_saving_90"]

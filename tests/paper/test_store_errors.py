@@ -20,8 +20,8 @@ from sve.paper import sittings, sweep, sweep_jobs
 from sve.paper.build import build
 from sve.paper.store import load_spec, run_dir
 from sve.runs import multirun, writable
-from sve.runs.evaluate import evaluate_run
 from sve.runs.prediction_files import read_predictions, write_predictions
+from sve.runs.reevaluate import evaluate_run
 from sve.runs.results import UnreadableFile, read_json, read_results, write_json
 from sve.runs.writable import check_writable
 from sve.training.module import Predictions

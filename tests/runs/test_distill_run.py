@@ -9,7 +9,7 @@ import pytest
 
 from sve.cli.distill import distill as distill_run
 from sve.errors import InputError
-from sve.runs.evaluate import evaluate_run
+from sve.runs.reevaluate import evaluate_run
 from sve.runs.results import FORMAT
 from sve.runs.run import run
 from tests.conftest import compose_cfg

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sve.errors import InputError
-from sve.runs.evaluate import evaluate_run
+from sve.runs.reevaluate import evaluate_run
 from sve.runs.results import FORMAT
 from sve.runs.run import run
 from tests.conftest import ROOT, compose_cfg

@@ -203,7 +203,7 @@ def test_sigterm_ends_a_re_evaluation_with_143_not_0(tmp_path):
     status, seconds, stderr = stopped_in_scoring("evaluate", args, tmp_path / "scoring")
     assert status == 128 + signal.SIGTERM and seconds < 10, (status, seconds, stderr[-3000:])
     assert stderr.strip().splitlines()[-1].startswith(f"error: evaluation of {run_dir} stopped by SIGTERM")
-    from sve.runs.evaluate import evaluate_run
+    from sve.runs.reevaluate import evaluate_run
 
     assert evaluate_run(run_dir, ["trainer.limit_test_batches=null"])["metrics"]["test/examples"] == 200
 
