@@ -41,8 +41,8 @@ from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import judge, load_claims
 from sve.paper.claims_text import changes_markdown, claims_markdown, multiplicity_markdown, procedure
+from sve.paper.display import METHOD_NAMES
 from sve.paper.movement import SEPARATED, TEACHER, all_movements
-from sve.paper.registry import METHOD_NAMES
 from sve.paper.sittings import SITTINGS, recorded_runs, wall_seconds
 from sve.paper.store import TEACHERS, load_runs
 from sve.paths import CLAIMS

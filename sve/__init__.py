@@ -7,12 +7,12 @@ flow of a run).
 - ``cli``: the console entry points, every ``main()`` and argument parser.
 - ``paper``: ``sweep`` (table sweeps; its parts ``sweep_jobs``, ``sweep_runs``, ``sweep_tuning``,
   ``sittings``) with ``tuning`` (grids grown to an interior optimum), ``store`` (table definitions, run
-  directories, the runs of a store), ``registry`` (metric names, method labels), ``report`` (a table's
-  cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims`` (verdicts) with
-  ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired intervals),
-  ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``, beside it:
-  memory and FLOP counters (``counters``), the cost benchmark (``benchmark``, with ``settings``, its parts
-  ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
+  directories, the runs of a store), ``display`` (metric names, directions and digits, method labels),
+  ``report`` (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims``
+  (verdicts) with ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired
+  intervals), ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``,
+  beside it: memory and FLOP counters (``counters``), the cost benchmark (``benchmark``, with ``settings``, its
+  parts ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
   (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
   locks, the config a directory started with), ``evaluation`` (scoring a trained module) and ``reevaluate`` (a
@@ -137,6 +137,10 @@ MOVED = {
     "sve.training.recompute": "sve.layers.recompute",
     # renamed: beside sve.runs.evaluation, the name did not say that it scores a finished run again
     "sve.runs.evaluate": "sve.runs.reevaluate",
+    # renamed: beside sve.methods.registry and sve.training.checkpoint, the names read as another registry and
+    # checkpoint code
+    "sve.paper.registry": "sve.paper.display",
+    "sve.methods.checkpoint": "sve.methods.checkpoint_ensemble",
 }
 MOVED_UNTIL = "0.2.0"  # the next minor release after __version__ removes the old names of MOVED
 _warned: set[str] = set()  # old names this process has warned about (each once)

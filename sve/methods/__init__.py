@@ -17,7 +17,7 @@ _EXPORTS = {
     "BayesLoRALA": "bayes_lora",
     "BayesLoRALLLA": "bayes_lora",
     "BLoB": "blob",
-    "CheckpointEnsemble": "checkpoint",
+    "CheckpointEnsemble": "checkpoint_ensemble",
     "DeepEnsemble": "deep_ensemble",
     "DeepEnsembleLoRA": "deep_ensemble",
     "LastLayerEnsemble": "last_layer",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sve.paper.registry import METHOD_NAMES
+from sve.paper.display import METHOD_NAMES
 from sve.paper.store import load_spec, run_dir, table_names
 from sve.runs.results import read_results
 

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from sve.paper import bootstrap
+from sve.paper.display import METHOD_NAMES, Metric
 from sve.paper.evidence import (
     Difference,
     Evidence,
@@ -70,7 +71,6 @@ from sve.paper.evidence import (
     seeds_note,
     within_noise,
 )
-from sve.paper.registry import METHOD_NAMES, Metric
 from sve.paper.report import Cell
 from sve.paper.store import Run, parse_row
 from sve.paths import CLAIMS

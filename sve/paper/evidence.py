@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sve.paper import bootstrap, conformal_splits
-from sve.paper.registry import METRICS, Metric
+from sve.paper.display import METRICS, Metric
 from sve.paper.report import Cell, aggregate
 from sve.paper.store import Run, parse_row, select
 from sve.runs import prediction_files

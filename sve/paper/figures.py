@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from sve.layers.singular_values import FILENAME, load_singular_values  # noqa: E402
 from sve.metrics.plots import reliability_bins, reliability_grid, save_figure  # noqa: E402
 from sve.paper.budget import mean_curve as mean_of_curves  # noqa: E402
-from sve.paper.registry import METHOD_NAMES, METRICS  # noqa: E402
+from sve.paper.display import METHOD_NAMES, METRICS  # noqa: E402
 from sve.paper.report import Cell, Table, aggregate
 from sve.paper.store import Run, select  # noqa: E402
 

@@ -11,7 +11,7 @@ import csv
 import io
 from pathlib import Path
 
-from sve.paper.registry import Metric
+from sve.paper.display import Metric
 from sve.paper.report import Cell, Table
 
 MISSING = "–"

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from sve.errors import InputError
 from sve.paper import conformal_splits
-from sve.paper.registry import METHOD_NAMES, METRICS, Metric
+from sve.paper.display import METHOD_NAMES, METRICS, Metric
 from sve.paper.store import (
     TUNED,
     Run,

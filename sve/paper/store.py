@@ -95,7 +95,7 @@ TUNE_KEYS = {"key": True, "grid": True, "metric": True, "seed": True, "per_decad
 def check_spec(spec: DictConfig, path: Path) -> None:
     """The keys the sweep and the builder read, checked when the definition is loaded: a definition of one's
     own with a typo would otherwise be a KeyError or TypeError from deep in the builder, after its runs trained."""
-    from sve.paper.registry import METRICS
+    from sve.paper.display import METRICS
 
     def bad(key: str, value, valid: str) -> InputError:
         return InputError(

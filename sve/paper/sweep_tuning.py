@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from sve.errors import InputError
-from sve.paper.registry import METRICS
+from sve.paper.display import METRICS
 from sve.paper.store import TUNED, run_dir
 from sve.paper.sweep_jobs import Job
 from sve.paper.sweep_runs import HELD, reuse_tuning_run

@@ -151,7 +151,7 @@ def test_the_rows_of_a_pass_are_each_layers_own_state_and_end_with_the_pass():
 def test_the_kinds_of_method_are_their_base_classes():
     from sve.methods.bayes_lora import BayesLoRALA, BayesLoRALLLA
     from sve.methods.blob import BLoB
-    from sve.methods.checkpoint import CheckpointEnsemble
+    from sve.methods.checkpoint_ensemble import CheckpointEnsemble
     from sve.methods.kinds import FittedAfterTraining, SampledMethod, SnapshotMethod
     from sve.methods.mc_dropout import MCDropout, MCDropoutLoRA
     from sve.methods.sve import SVE

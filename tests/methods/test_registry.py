@@ -67,7 +67,7 @@ def test_a_method_defined_in_a_test_is_seen_by_every_reader(tiny_option, monkeyp
     from sve.bench import table5
     from sve.bench.settings import settings
     from sve.paper import plan_tables
-    from sve.paper.registry import METHOD_NAMES
+    from sve.paper.display import METHOD_NAMES
     from sve.paper.report import Row
 
     assert tiny_option in registry.options()

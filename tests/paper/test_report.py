@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from sve.paper import render
 from sve.paper.build import build, build_all
-from sve.paper.registry import METHOD_NAMES
+from sve.paper.display import METHOD_NAMES
 from sve.paper.report import metric_table
 from sve.paper.store import load_runs, load_spec, run_dir, table_names
 from tests.conftest import ROOT as REPO

@@ -1,4 +1,4 @@
-"""What the tables know about metrics and methods: each metric's direction, display scale and digits
+"""How the tables show metrics and methods: each metric's direction, display scale and digits
 (``METRICS``), and the methods' row labels (``METHOD_NAMES``, read from the registry of methods). Read by the
 sweep, the tables, the figures and the claims alike."""
 
