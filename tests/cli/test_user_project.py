@@ -66,7 +66,7 @@ def test_overrides_after_an_option_reach_every_run_of_a_shipped_table(tmp_path, 
 
 
 def test_overrides_written_after_the_rows_are_overrides_not_rows(tmp_path, capsys):
-    # --rows takes every value after it; an override there was read as a row (and refused as one).
+    # --rows takes every value after it, so an override there could be read as a row (and refused as one).
     assert (
         sweep_cli.main(["table2", "--results", str(tmp_path), "--dry-run", "--rows", "sve:8", "dataset.root=/my/sst2"])
         == 0
@@ -167,8 +167,8 @@ def test_a_subclass_of_ones_own_has_its_keys_checked_through_the_framework_class
     check_known_keys(
         OmegaConf.create({"dataset": {"_target_": target, "name": "own", "per_split": 4, "batch_size": 2}})
     )
-    # a key nothing reads (`root`, which only the shipped file-reading modules take) was passed on to Hydra's
-    # instantiation, after the data checks, and failed there with "Error in call to target"
+    # a key nothing reads (`root`, which only the shipped file-reading modules take) is refused here: passed on to
+    # Hydra's instantiation, it would fail after the data checks with "Error in call to target"
     try:
         check_known_keys(OmegaConf.create({"dataset": {"_target_": target, "name": "own", "root": None}}))
     except InputError as err:

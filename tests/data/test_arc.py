@@ -221,8 +221,8 @@ def test_failed_hub_download_names_key_and_layout(monkeypatch):
 
 
 def test_a_cloze_run_evaluated_on_arc_challenge_keeps_its_scoring(tmp_path, caplog):
-    # sve-eval dataset=arc_challenge on a run of experiment=mini_arc_smollm2 rebuilt the letter head (the option's
-    # default scoring): "the checkpoint was written by another model ... method.heads.weight".
+    # sve-eval dataset=arc_challenge on a run of experiment=mini_arc_smollm2 must keep the run's cloze scoring: the
+    # option's default (a letter head) does not match the checkpoint ("written by another model ... heads.weight").
     import logging
 
     from sve.runs.reevaluate import evaluate_run

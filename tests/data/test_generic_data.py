@@ -77,7 +77,7 @@ def test_an_image_folder_reads_gifs_skips_hidden_files_and_names_the_files_it_do
 
 def test_deep_grey_and_rotated_images_are_read_as_they_look(tmp_path):
     # 16-bit PNGs (scans, microscopy): PIL's convert("RGB") clips every value above 255, so 99.6% of a 0-65535
-    # ramp came out white.
+    # ramp would come out white.
     root = image_tree(tmp_path, {"train": {"a": 2, "b": 2}, "test": {"a": 1}})
     ramp = np.linspace(0, 65535, 64 * 64).reshape(64, 64).astype(np.uint16)
     Image.fromarray(ramp).save(root / "train" / "a" / "deep.png")

@@ -101,8 +101,8 @@ def test_an_ensemble_run_scores_ood_by_mutual_information_too(tmp_path):
 
 
 def test_scores_added_after_a_compute_count_in_the_next_one():
-    # update_scores once appended to the states outside torchmetrics' update wrapper, so the result cached by the
-    # first compute came back from the second. Reference: sklearn on all scores.
+    # update_scores must append to the states inside torchmetrics' update wrapper, or the result cached by the
+    # first compute comes back from the second. Reference: sklearn on all scores.
     from sklearn.metrics import average_precision_score, roc_auc_score
 
     first_id, first_ood, later_ood = np.array([0.9, 0.8, 0.3]), np.array([0.1, 0.2]), np.array([0.95, 0.85, 0.4])
@@ -135,8 +135,8 @@ def test_nan_scores_are_refused_not_ranked(inside):
 
 
 def test_scores_of_any_range_are_ranked_as_they_are():
-    # Scores outside [0, 1] went through torchmetrics' sigmoid, which rounds everything above ~37 to 1.0: an
-    # update_scores with energies of 40..100 gave AUROC 0.5 for a perfect separation. Reference: sklearn.
+    # Scores outside [0, 1] must not go through torchmetrics' sigmoid, which rounds everything above ~37 to 1.0:
+    # energies of 40..100 would give AUROC 0.5 for a perfect separation. Reference: sklearn.
     from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
     rng = np.random.default_rng(0)

@@ -118,8 +118,8 @@ def test_the_tables_skip_a_corrupt_results_json_with_a_warning_naming_it(tmp_pat
 
 @pytest.mark.parametrize("metrics", [[0.5], None, "absent"])
 def test_the_tables_skip_a_results_json_whose_metrics_are_not_an_object(metrics, tmp_path, caplog):
-    # Valid JSON, but no metrics object (edited by hand, or another tool's file): a list crashed every table with
-    # an AttributeError, and a missing one left the cell to the other seeds without a word.
+    # Valid JSON, but no metrics object (edited by hand, or another tool's file): a list must not stop every table
+    # (an AttributeError), and a missing one must not leave the cell to the other seeds without a word.
     path = run_dir(tmp_path, "exp_a", "sve", 4, 0) / "results.json"
     path.parent.mkdir(parents=True)
     results = {"method": "sve", "ensemble_size": 4, "seed": 0, "experiment": "exp_a", "metrics": metrics}

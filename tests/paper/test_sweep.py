@@ -651,7 +651,7 @@ def test_a_stopped_sweep_passes_sigterm_on_to_its_run(tmp_path):
 
 
 def test_a_stopped_sweep_says_what_its_run_said_about_resuming(tmp_path):
-    # It said "saved its checkpoint and resumes there" also of a run that had written none.
+    # "saved its checkpoint and resumes there" is true only of a run that wrote one: the sweep repeats the run's words.
     from sve.paper.sweep_runs import what_follows
 
     (tmp_path / "train.log").write_text(

@@ -230,7 +230,7 @@ def test_unlabeled_inputs_are_the_training_splits_next_ones_and_bounded(teacher,
 
 
 def test_a_dirichlet_student_of_one_member_is_refused(tmp_path):
-    # A Dirichlet fitted to one member's probabilities has no spread to learn; it was built without a word.
+    # A Dirichlet fitted to one member's probabilities has no spread to learn: refused, not built without a word.
     single = tmp_path / "single"
     run(compose_cfg(["method=single", "trainer.max_epochs=1", *TINY], single))
     with pytest.raises(

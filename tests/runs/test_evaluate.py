@@ -74,7 +74,7 @@ def test_evaluate_gives_the_training_metrics(method, extra, tmp_path):
 def test_a_text_backbone_with_attention_dropout_evaluates_to_the_training_digits(tmp_path):
     # BERT's attention has dropout, so exact draws run it unfused (sve.layers.draws); a model evaluated
     # again in a fresh process must run the same kernels as the one evaluated right after training, or the
-    # two differ in rounding (they did, by 1e-7, while the switch happened only when fitting started).
+    # two differ in rounding (by 1e-7 when the switch happens only when fitting starts).
     overrides = ["method=sve", "ensemble_size=2", "backbone=tiny_bert", "dataset=synthetic_text", "callbacks=default"]
     trained = run(compose_cfg(overrides, tmp_path))
     config = json.loads((tmp_path / "results.json").read_text())["config"]
@@ -169,7 +169,7 @@ def test_evaluating_with_another_model_or_a_bad_value_is_one_line_naming_it(trai
         evaluate_run(tmp_path, ["method=single"])
     with pytest.raises(InputError, match="backbone=tiny_bert cannot be changed.*trained with backbone=tiny_vit"):
         evaluate_run(tmp_path, ["backbone=tiny_bert"])
-    # Values are checked as in training (these were raw ValueErrors from int()).
+    # Values are checked as in training (unchecked, they are raw ValueErrors from int()).
     with pytest.raises(InputError, match="ensemble_size='four' is not valid; expected a positive integer"):
         evaluate_run(tmp_path, ["ensemble_size=four"])
     with pytest.raises(InputError, match="seed='abc' is not valid; expected an integer"):
@@ -178,7 +178,7 @@ def test_evaluating_with_another_model_or_a_bad_value_is_one_line_naming_it(trai
 
 
 def test_evaluating_on_data_with_other_class_names_is_refused(tmp_path):
-    # Trained on cat/dog; a car/truck tree has as many classes, and was evaluated as if label 0 were still "cat".
+    # Trained on cat/dog; a car/truck tree has as many classes, and would be evaluated as if label 0 were "cat".
     from tests.data.test_generic_data import image_tree
 
     trained = image_tree(tmp_path / "pets", {"train": {"cat": 4, "dog": 4}, "test": {"cat": 2, "dog": 2}})

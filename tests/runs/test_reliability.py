@@ -192,7 +192,7 @@ def test_sigterm_in_a_learning_curve_point_ends_the_run_within_seconds_and_it_re
 
 
 def test_sigterm_ends_a_re_evaluation_with_143_not_0(tmp_path):
-    # sve-eval stopped in scoring exited 0, as if it had finished: Lightning's stop is a SystemExit without a code.
+    # Lightning's stop is a SystemExit without a code: unhandled, sve-eval stopped in scoring exits 0, as if finished.
     run_dir = tmp_path / "run"
     run(
         compose_cfg(
@@ -210,7 +210,7 @@ def test_sigterm_ends_a_re_evaluation_with_143_not_0(tmp_path):
 
 def test_sigterm_in_the_last_batch_of_an_evaluation_set_stops_before_the_next(tmp_path):
     # Lightning looks at the signal after every test batch but a pass's last, and forgets it at its next call:
-    # the run went on through every set after it and wrote results.json.
+    # unless the run checks between sets, it goes on through every set after it and writes results.json.
     from sve.errors import RunInterrupted
 
     overrides = [
@@ -300,9 +300,9 @@ def test_a_run_directory_refuses_another_config(tmp_path):
 
 
 def test_a_finished_run_started_again_with_skip_finished_false_and_other_values_is_refused_or_recorded(tmp_path):
-    # skip_finished=false resumes the finished run's last.ckpt (its trained model); with other values that was
-    # neither refused nor recorded: results.json said optimizer.lr=0.5, config_changes_on_resume [], for a model
-    # trained (and not trained again) with 0.001.
+    # skip_finished=false resumes the finished run's last.ckpt (its trained model); with other values, unless refused
+    # or recorded, results.json would say optimizer.lr=0.5, config_changes_on_resume [], for a model trained (and
+    # not trained again) with 0.001.
     base = ["backbone=tiny_vit", "method=sve", "ensemble_size=2", "callbacks=default", "trainer.max_epochs=1"]
     first = run(compose_cfg(base, tmp_path / "run"))
     again = [*base, "optimizer.lr=0.5", "skip_finished=false"]
