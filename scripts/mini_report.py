@@ -153,8 +153,7 @@ SAME_RUN = 1e-4
 
 
 def reproduction_gap(record: dict) -> tuple[float, str | None]:
-    """The largest relative difference between a retrained copy's test metrics and its run's
-    (``reproduced.json``), and the metric that has it."""
+    """(largest relative difference, its metric) between a retrained copy's test metrics and its run's."""
     gaps = [(relative_difference(*pair), key) for key, pair in (record.get("differ") or {}).items()]
     return max(gaps) if gaps else (0.0, None)
 

@@ -184,6 +184,5 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    """The public surface (what the architecture page lists), for tab completion and ``dir(sve)``: the exports
-    and ``__version__``, not the import machinery."""
+    """The public surface the architecture page lists (exports and ``__version__``), not the import machinery."""
     return sorted(__all__)

@@ -104,6 +104,5 @@ def prediction(member_logits: Tensor, aggregate: str, temperature: float | None)
 
 
 def metrics(member_logits: Tensor, labels: Tensor, aggregate: str, temperature: float, n_bins: int = 15) -> dict:
-    """``temperature``, ``ts_acc``, ``ts_ece``, ``ts_nll``: the names a run's results.json gives them (``test/``
-    before each)."""
+    """``temperature``, ``ts_acc``, ``ts_ece``, ``ts_nll``, named as in a run's results.json (``test/ts_*``)."""
     return temperature_metrics(log_predictive(member_logits, aggregate), labels.long(), temperature, n_bins)

@@ -124,8 +124,7 @@ class Backbone(nn.Module):
         return Usage(unused_modules=all_probed - used, unused_parameters=unused_params)
 
     def fingerprint(self) -> Fingerprint:
-        """The fingerprint of ``model`` as it is now (``fingerprint``): what an adapter file was trained on
-        (``sve.api.adapter_files``)."""
+        """``model``'s fingerprint now: the base an adapter file records (``sve.api.adapter_files``)."""
         return fingerprint(self.model)
 
     def extra_repr(self) -> str:

@@ -144,9 +144,8 @@ class ChoiceCausalLMBackbone(HFCausalLMBackbone):
 
 
 def cache_keyword(model) -> str:
-    """The name of the key/value cache, as a forward argument and an output field: ``cache`` from transformers
-    5.25 (``past_key_values`` warns there and goes in 5.40), ``past_key_values`` before. Read once per class:
-    it is asked at every forward."""
+    """The key/value cache's argument and output name: ``cache`` from transformers 5.25 (``past_key_values``
+    warns there), ``past_key_values`` before. Cached per class: it is asked at every forward."""
     return _cache_keyword(type(model))
 
 

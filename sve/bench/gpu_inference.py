@@ -79,8 +79,7 @@ def wall_ms(step: Callable[[], object]) -> float:
 def interleaved_ms(
     steps: dict[str, Callable[[], object]], repeats: int, warmup: int, clock: Callable[[Callable[[], object]], float]
 ) -> dict[str, list[float]]:
-    """Per step, ``repeats`` times measured by ``clock`` after ``warmup`` untimed rounds: the benchmark's
-    interleaving (``sve.bench.counters.interleaved_times``) with this check's clock."""
+    """The benchmark's interleaving (``sve.bench.counters.interleaved_times``) timed by this check's ``clock``."""
     return interleaved_times(steps, repeats, torch.device("cpu"), warmup=warmup, clock=clock)
 
 

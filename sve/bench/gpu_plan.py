@@ -66,8 +66,7 @@ def config(overrides: list[str], layers: int):
 
 
 def choose_layers(peak_at, capacity: int, layers=LAYERS, fill: float = FILL) -> int | None:
-    """The largest depth whose planned peak (``peak_at(layers)``, bytes) fits ``fill`` of ``capacity``; None
-    when not even the smallest does."""
+    """The largest depth whose planned peak ``peak_at(n)`` (bytes) fits ``fill * capacity``; else None."""
     return next((n for n in sorted(layers, reverse=True) if peak_at(n) <= fill * capacity), None)
 
 

@@ -61,8 +61,7 @@ def prepare(method, builder: Builder) -> None:
 
 
 def sample_overrides(name: str, members: int) -> list[str]:
-    """``members`` samples for a method whose members are samples of one model (the registry's ``sampled``); the
-    builder gives every other method ``members`` members already."""
+    """``members`` samples for a sampled method (the builder gives every other method its members already)."""
     return [f"method.num_samples={members}"] if registry.info(name).sampled else []
 
 

@@ -138,8 +138,7 @@ class ClassificationData(pl.LightningDataModule):
             module.attach(backbone)
 
     def companions(self) -> list[ClassificationData]:
-        """The data modules evaluated beside this one (``ood``, then each of ``shifted``): each reads only its test
-        split, is attached to the same backbone and checked with this module."""
+        """The data modules evaluated beside this one, on their test split only: ``ood``, then each ``shifted``."""
         return ([self.ood] if self.ood is not None else []) + list(self.shifted.values())
 
     @property
@@ -153,19 +152,14 @@ class ClassificationData(pl.LightningDataModule):
         raise NotImplementedError
 
     def class_names(self) -> list | None:
-        """The name of each label (label i is ``class_names()[i]``) where the data names its classes (the user's
-        own data, ``sve.data.image_folder`` and ``sve.data.text_table``); None elsewhere. results.json and the
-        adapter record it."""
+        """Label i's name is ``class_names()[i]`` where the data names its classes (``image_folder``,
+        ``text_table``); None elsewhere. results.json and the adapter record it."""
         return None
 
     def check_data(self) -> None:
-        """Reads, parses and checks every data file the run will use, before the backbone exists: the three
-        splits and, with ``ood``, the OOD module's data; the subset sizes (``train_size``, ``val_size``,
-        ``test_size``, ``shift_size``) against the data; and for data read from image files, every image of
-        the chosen subsets (decoded once). Any user error is one ``InputError``; a failed download too.
-
-        Idempotent: what it parsed is kept (``parsed``) and ``setup`` uses it, so nothing is read twice;
-        ``setup`` calls it too. The cheap checks of every module come before any image is decoded."""
+        """Reads and checks every data file the run will use before the backbone exists (the splits, the OOD
+        module's, the subset sizes, each chosen image decoded once); any user error, or failed download, is one
+        ``InputError``. Idempotent: ``setup`` calls it and reuses ``parsed``. Cheap checks come first."""
         self._parse()
         self._verify()
 
@@ -204,8 +198,7 @@ class ClassificationData(pl.LightningDataModule):
         e.g. decodes their image files (a subclass's hook; the data in memory needs none)."""
 
     def load_splits(self) -> dict[str, Dataset]:
-        """The full ``train``, ``val`` and ``test`` datasets as the loaders read them (image data: after
-        ``attach``, with the backbone's transforms)."""
+        """The full splits as the loaders read them (image data: with the backbone's transforms, after ``attach``)."""
         self.check_data()
         return dict(self.parsed)
 

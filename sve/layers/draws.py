@@ -140,8 +140,7 @@ def unfuse_attention_dropout(model: nn.Module) -> list[str]:
 
 
 def rng_states(batch: dict) -> tuple[Tensor, Tensor | None, torch.device | None]:
-    """The default generators' states that a forward pass on ``batch`` draws from: the CPU's, and the CUDA
-    device's where the batch is."""
+    """The states of the default generators a forward on ``batch`` draws from: the CPU's and the batch's GPU's."""
     device = next((v.device for v in batch.values() if isinstance(v, Tensor) and v.is_cuda), None)
     return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device is not None else None), device
 

@@ -266,8 +266,7 @@ class EnsembleMethod(nn.Module):
             restore_rng_states(generators)
 
     def stacks_members(self, batch: dict) -> bool:
-        """Whether several members may run stacked in one backbone pass on ``batch``'s inputs; decided before
-        the first such pass (``probe_member_layout``), then known."""
+        """Whether members may run stacked in one backbone pass on ``batch`` (probed once: ``probe_member_layout``)."""
         self.probe_member_layout(batch)
         return self.fallback is None
 
@@ -385,8 +384,7 @@ class EnsembleMethod(nn.Module):
         """Called by ``run`` after training, before testing (e.g. to fit a Laplace approximation)."""
 
     def next_round(self) -> bool:
-        """Called by ``run`` after each fit; True asks for one more fit with a fresh trainer (a sequential
-        deep ensemble trains its members round by round)."""
+        """After each fit: True asks ``run`` for another, with a fresh trainer (a sequential deep ensemble's rounds)."""
         return False
 
     def report(self) -> dict:
@@ -416,8 +414,7 @@ class EnsembleMethod(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def parameter_groups(self) -> list[dict]:
-        """The optimiser's parameter groups: one, at the method's learning rate, unless a method trains some
-        tensors at a rate of their own (a group that names its ``lr``)."""
+        """The optimiser's groups: one at the method's rate, unless some tensors train at their own (named ``lr``)."""
         return [{"params": self.trainable_parameters()}]
 
     def parameter_counts(self) -> dict[str, int]:

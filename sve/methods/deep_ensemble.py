@@ -210,8 +210,7 @@ class DeepEnsemble(EnsembleMethod):
         self.store = [None if state is None else {k: whole(v) for k, v in state.items()} for state in self.store]
 
     def end_rounds(self) -> None:
-        """After the last round (finished members load from the store as evaluation needs them; their heads
-        are put back as they were stored)."""
+        """Puts the heads back as stored after the last round (members load from the store when evaluated)."""
         self.put_back_heads()
 
     def copies(self, members: list[int]) -> list[nn.Module]:

@@ -66,11 +66,9 @@ def set_dropout(model: nn.Module, rate: float) -> int:
 
 
 def is_drop_path(module: nn.Module) -> bool:
-    """Stochastic depth, which skips whole residual branches in training mode: timm's ``DropPath``, Hugging
-    Face's per-model copies of it (``SwinDropPath``, ``BeitDropPath``, ...) and torchvision's
-    ``StochasticDepth`` (on by default in its Swin, ConvNeXt and EfficientNet). It is not a dropout site (its
-    rate is not ``method.dropout``), so the passes at evaluation must not draw it: with it, a model built with
-    ``drop_path_rate`` 0.2 gave passes that differ even at ``method.dropout=0``."""
+    """Stochastic depth (timm's ``DropPath``, Hugging Face's ``*DropPath`` copies, torchvision's
+    ``StochasticDepth``): not a dropout site (its rate is not ``method.dropout``), so evaluation passes must not
+    draw it, or they differ even at ``method.dropout=0``."""
     return type(module).__name__.endswith("DropPath") or type(module).__name__ == "StochasticDepth"
 
 

@@ -56,7 +56,6 @@ def temperature_scaled(log_probs: Tensor, temperature: float) -> Tensor:
 
 
 def temperature_metrics(log_probs: Tensor, labels: Tensor, temperature: float, n_bins: int = 15) -> dict[str, float]:
-    """``temperature`` and the ``ts_acc``, ``ts_ece``, ``ts_nll`` of the calibrated probabilities of ``log_probs``
-    (N, C): the names of results.json (``test/ts_*``) and of ``Ensemble.evaluate``."""
+    """``temperature`` and ``ts_acc``, ``ts_ece``, ``ts_nll`` of ``log_probs`` (N, C) scaled by it (results.json's)."""
     scaled = predictive_metrics(temperature_scaled(log_probs, temperature), labels, n_bins)
     return {"temperature": temperature, **{f"ts_{k}": scaled[k] for k in TEMPERATURE_METRICS}}

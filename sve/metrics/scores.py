@@ -221,9 +221,8 @@ def mutual_information(member_logits: Tensor) -> float:
 
 
 def disagreement(member_logits: Tensor, probs: Tensor) -> float:
-    """Fraction of (member, example) pairs in which the member's argmax differs from that of the ensemble
-    predictive ``probs`` (N, C): the mean over members of each member's disagreement with the ensemble's
-    decision. Zero for one member or when every member predicts the ensemble's class."""
+    """Fraction of (member, example) pairs whose member argmax differs from that of the ensemble predictive
+    ``probs`` (N, C); zero for one member."""
     return float((member_logits.argmax(-1) != probs.argmax(-1)).double().mean())
 
 
@@ -302,10 +301,8 @@ class OODDetection(Metric):
         self.in_distribution.append(torch.full_like(score, float(in_distribution)))
 
     def update_scores(self, score: Tensor, in_distribution: bool) -> None:
-        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information).
-        Goes through ``update``: torchmetrics wraps only that method to drop the cached result of an earlier
-        ``compute`` and count updates, so appending to the states here directly made a second ``compute``
-        return the first one's numbers."""
+        """Any per-example score, higher meaning more in-distribution (e.g. minus the mutual information). Through
+        ``update``, which torchmetrics wraps to drop an earlier ``compute``'s cached result."""
         self.update(score, in_distribution, is_score=True)
 
     def compute(self) -> dict[str, Tensor]:

@@ -244,8 +244,8 @@ def resample_counts(rng: np.random.Generator, n: int, replicates: int) -> Weight
 
 
 def stratum(term: Term, examples: Examples, joint: bool = True) -> tuple:
-    """What one resample is drawn for: the same examples (index and labels) of the same group, whichever run and
-    seed evaluated them (``joint``); or, as before the joint design, separately for each seed."""
+    """What one resample is drawn for: the same examples of the same group, whichever run and seed evaluated
+    them (``joint``); else each seed's apart (``per_seed_bootstrap``)."""
     return (examples.group, examples.fingerprint) if joint else (term.seed, examples.group, examples.fingerprint)
 
 
@@ -411,8 +411,7 @@ def interval(
     seed: int = SEED,
     procedure: str = VERDICTS,
 ) -> Interval:
-    """The verdicts' interval of sum(coef * statistic) over the joint resamples (module docstring), with the
-    p-value it inverts (``p_value``)."""
+    """The verdicts' interval of sum(coef * statistic) over the joint resamples, with its ``p_value``."""
     return intervals(terms, (procedure,), replicates, level, seed)[procedure]
 
 

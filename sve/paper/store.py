@@ -169,8 +169,7 @@ def check_spec(spec: DictConfig, path: Path) -> None:
 
 
 def results_root(smoke: bool = False, root: Path | None = None) -> Path:
-    """The store (``sve.paths.results_root``: ``root``, else ``$SVE_RESULTS``, else ``./results``), or its
-    smoke store."""
+    """The store (``root``, else ``$SVE_RESULTS``, else ``./results``), or its smoke store."""
     root = store_root(root)
     return root / SMOKE if smoke else root
 

@@ -113,8 +113,7 @@ def write_predictive(
     index: torch.Tensor,
     mutual_information: torch.Tensor | None = None,
 ) -> None:
-    """``predictive_arrays`` written compressed and atomically (``sve.runs.writable.atomic_write``: a full disk is an
-    ``InputError`` naming the file, and no partial file stays)."""
+    """``predictive_arrays`` compressed, by ``atomic_write`` (a full disk: one ``InputError``, no partial file)."""
     arrays = predictive_arrays(name, probs, labels, index, mutual_information)
     atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays), needed=sum(a.nbytes for a in arrays.values()))
 

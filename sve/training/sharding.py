@@ -197,12 +197,8 @@ def as_shards(state: dict, optimizer) -> dict:
 
 
 def fsdp_strategy(save_distributed_checkpoint: bool = False) -> ShardedStrategy:
-    """The strategy of ``configs/trainer/fsdp.yaml`` and ``fsdp_sim.yaml``.
-
-    Args:
-        save_distributed_checkpoint: each rank writes its shard (a folder of files); False gathers the
-            trainable state into one file on rank 0, as the other strategies write it.
-    """
+    """The strategy of ``configs/trainer/fsdp.yaml`` and ``fsdp_sim.yaml``: each rank writes its shard with
+    ``save_distributed_checkpoint``, else rank 0 writes the trainable state as one file, as other strategies do."""
     return ShardedStrategy(save_distributed_checkpoint=save_distributed_checkpoint)
 
 
