@@ -57,13 +57,35 @@ def load_spec(name: str, smoke: bool = False) -> DictConfig:
             f"no table definition {path}: {name!r} is not a table; choose one of {table_names()}, "
             "or name your own definition file (<path>.yaml)"
         )
-    spec = load_yaml(path)
+    spec = with_base(load_yaml(path), path)
     for key, value in (spec.get("smoke") or {}).items() if smoke else ():
         spec[key] = value  # replaced, not merged: a smoke block's experiments or rows are the whole list
     check_spec(spec, path)
     spec.name = path.stem  # outputs are named by the file's stem: tables/<stem>.md
     spec.source = str(path)  # files it names (paper:) are found beside it first
     return spec
+
+
+def with_base(spec: DictConfig, path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
+    """``spec`` over the file its ``base:`` names (relative to ``path``'s folder), so that tables of one setting
+    state it once (``configs/tables/bases/``): a key ``spec`` sets replaces the base's, and so does a key of its
+    ``smoke`` block within the base's ``smoke``. A base may have a base of its own."""
+    name = spec.get("base")
+    if name is None:
+        return spec
+    base_path = path.parent / str(name)
+    if not isinstance(name, str) or not base_path.is_file():
+        raise InputError(f"{path}: base: {name!r} is not a file beside it (expected e.g. bases/mini_cifar10.yaml)")
+    if base_path.resolve() in chain:
+        raise InputError(f"{path}: base: {name!r} leads back to itself")
+    base = with_base(load_yaml(base_path), base_path, (*chain, path.resolve()))
+    inherited = OmegaConf.to_container(base, resolve=False)
+    own = OmegaConf.to_container(spec, resolve=False)
+    del own["base"]
+    merged = {**inherited, **own}
+    if isinstance(inherited.get("smoke"), dict) and isinstance(own.get("smoke"), dict):
+        merged["smoke"] = {**inherited["smoke"], **own["smoke"]}
+    return OmegaConf.create(merged)
 
 
 def load_yaml(path: Path) -> DictConfig:
