@@ -76,25 +76,38 @@ def test_a_fixed_grid_is_searched_as_given():
     assert choice(block, scores, False, str)["value"] == "adamw"
 
 
+def setting(job, key: str, default: float | None = None) -> float:
+    """The value a sweep job gives ``key`` in its overrides (``default`` when it gives none)."""
+    found = [o.split("=")[1] for o in job.overrides if o.startswith(f"{key}=")]
+    assert len(found) <= 1, job.overrides  # a key given twice would be Hydra's error
+    assert found or default is not None, (key, job.overrides)
+    return float(found[0]) if found else default
+
+
+def write_results(job, val_nll: float) -> dict:
+    """A fake run's results.json (what the sweep reads back): its identity and the validation NLL to tune on."""
+    results = {
+        "method": job.method,
+        "seed": job.seed,
+        "num_members": job.members,
+        "ensemble_size": job.members,
+        "experiment": job.experiment,
+        "metrics": {"test/acc": 0.5, "val/nll": val_nll},
+    }
+    job.dir.mkdir(parents=True, exist_ok=True)
+    (job.dir / "results.json").write_text(json.dumps(results))
+    return results
+
+
 def test_the_sweep_grows_the_grid_and_records_the_search(tmp_path, monkeypatch):
     # Fake runs whose validation NLL falls with the learning rate up to 0.1: the smoke grid [1e-3, 1e-2] grows
     # to 3e-2, 0.1 and 0.3 (where NLL rises again); the seeds train at 0.1.
     trained = []
 
     def fake_run(job):
-        lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
+        lr = setting(job, "method.lr")
         trained.append((job.method, job.seed, lr, job.tuning is not None))
-        results = {
-            "method": job.method,
-            "seed": job.seed,
-            "num_members": job.members,
-            "ensemble_size": job.members,
-            "experiment": job.experiment,
-            "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 1)},
-        }
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
-        return results
+        return write_results(job, abs(math.log10(lr) + 1))
 
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
     monkeypatch.setattr(sweep, "build", lambda *args, **kwargs: [])
@@ -122,19 +135,9 @@ def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypa
     # mini Table 2 at BERT-base size takes each row's learning rate from mini Table 2's MiniLM rows: it trains
     # no grid, fails clearly while the source row is untuned, and records where its choice came from.
     def fake_run(job):
-        lr = float(next(o.split("=")[1] for o in job.overrides if o.startswith("method.lr=")))
-        results = {
-            "method": job.method,
-            "seed": job.seed,
-            "num_members": job.members,
-            "ensemble_size": job.members,
-            "experiment": job.experiment,
-            "metrics": {"test/acc": 0.5, "val/nll": abs(math.log10(lr) + 2)},
-        }
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
+        lr = setting(job, "method.lr")
         trained.append((job.experiment, job.method, lr, job.tuning is not None))
-        return results
+        return write_results(job, abs(math.log10(lr) + 2))
 
     trained = []
     spec = sweep.load_spec("mini_table2_mpnet", smoke=True)
@@ -159,25 +162,11 @@ def test_a_row_can_take_the_choice_of_another_experiments_row(tmp_path, monkeypa
 def test_a_row_tunes_its_own_key_with_another_rows_choice_fixed(tmp_path, monkeypatch):
     # The two-rate hybrid (mini_table2_rates): row sve_lora_rates keeps the adapter rate that sve_lora's own tuning
     # chose (fix_tuned) and tunes method.sv_lr on its row's grid; it fails clearly until sve_lora is tuned.
-    def value(job, key):
-        return float(next(o.split("=")[1] for o in reversed(job.overrides) if o.startswith(f"{key}=")))
-
     def fake_run(job):
-        lr = value(job, "method.lr")
-        sv_lr = value(job, "method.sv_lr") if job.method == "sve_lora_rates" else 1.0
-        nll = abs(math.log10(lr) + 2) + abs(math.log10(sv_lr) + 1)  # best at lr 1e-2 and sv_lr 0.1
-        results = {
-            "method": job.method,
-            "seed": job.seed,
-            "num_members": job.members,
-            "ensemble_size": job.members,
-            "experiment": job.experiment,
-            "metrics": {"test/acc": 0.5, "val/nll": nll},
-        }
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
+        lr = setting(job, "method.lr")
+        sv_lr = setting(job, "method.sv_lr") if job.method == "sve_lora_rates" else 1.0
         trained.append((job.method, job.seed, lr, sv_lr, job.tuning))
-        return results
+        return write_results(job, abs(math.log10(lr) + 2) + abs(math.log10(sv_lr) + 1))  # best: 1e-2 and 0.1
 
     trained = []
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
@@ -220,30 +209,15 @@ def test_a_rows_diversity_knob_is_tuned_at_its_rate_and_its_runs_are_reused(tmp_
     # mini_table3_sized: SVE takes SVF's rate and tunes sigma_init at it; LoRA-Ensemble tunes its own rate at the
     # knob's first value, then its init scale at the chosen rate. Fake runs: NLL best at lr 1e-2, SVE best at the
     # wider sigma_init, LoRA-Ensemble best at its default scale.
-    def value(job, key, default):
-        found = [o.split("=")[1] for o in job.overrides if o.startswith(f"{key}=")]
-        assert len(found) <= 1, job.overrides  # a key given twice would be Hydra's error
-        return float(found[0]) if found else default
-
     def fake_run(job):
         lr, sigma, scale = (
-            value(job, "method.lr", 1.0),
-            value(job, "sigma_init", 0.01),
-            value(job, "method.init_scale", 1),
+            setting(job, "method.lr", 1.0),
+            setting(job, "sigma_init", 0.01),
+            setting(job, "method.init_scale", 1),
         )
         nll = abs(math.log10(lr) + 2) + (0.3 if sigma == 0.01 else 0.1) + abs(scale - 1)
         trained.append((job.method, job.seed, lr, sigma, scale, job.tuning))
-        results = {
-            "method": job.method,
-            "seed": job.seed,
-            "num_members": job.members,
-            "ensemble_size": job.members,
-            "experiment": job.experiment,
-            "metrics": {"test/acc": 0.5, "val/nll": nll},
-        }
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "results.json").write_text(json.dumps(results))
-        return results
+        return write_results(job, nll)
 
     trained = []
     monkeypatch.setattr(sweep, "run_in_process", fake_run)
