@@ -146,12 +146,12 @@ mini-tables: ## Rebuild the miniature's tables and figures from results/mini/ (n
 	$(PYTHON) -m sve.cli.tables --results $(or $(RESULTS),results/mini) $(if $(SMOKE),--smoke,)
 mini-report: mini-tables mini-budget ## results/mini/README.md: the tables, times, settings and the paper's claims checked (no training)
 	$(PYTHON) scripts/mini_report.py --results $(or $(RESULTS),results/mini)
-mini-coverage-grid: ## The interval procedures' coverage over 180 regimes (seeds, shared test noise, training spread, metric) -> results/mini/diagnostics/coverage_grid, resumable, about an hour on one core
+mini-coverage-grid: ## The interval procedures' coverage over 180 regimes (seeds, shared test noise, training spread, metric) -> results/mini/diagnostics/coverage_grid, resumable, about 40 minutes on one core
 	OMP_NUM_THREADS=1 $(PYTHON) scripts/coverage_grid.py --out $(DIAGNOSTICS_DIR)/coverage_grid $(ARGS)
 mini-bootstrap-seeds: ## Every claim judged again at 5 bootstrap seeds -> results/mini/diagnostics/bootstrap_seeds.json (mini-report marks the verdicts that change), a few minutes
 	OMP_NUM_THREADS=1 $(PYTHON) scripts/bootstrap_seeds.py --results $(or $(RESULTS),results/mini)
 RUNS_DIR = $(or $(RESULTS),results/mini)/runs
-mini-disagreement: mini-data vit-s14 efficientnet ## Keep the members' mutual information in the predictive files of the runs with committed adapters (evaluated again, checked bit for bit), resumable
+mini-disagreement: mini-data vit-s14 efficientnet ## Keep the members' mutual information in the predictive files of the runs with committed adapters (evaluated again, checked against the committed arrays), resumable
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_sst2_minilm/sve_top_m4/seed*)
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_cifar10_vit/sve_m4/seed* $(RUNS_DIR)/mini_cifar10_effnet/sve_lora_shared_m4/seed*) -- 'dataset.corruptions=[]' dataset.ood=null
 # A diagnostic run tests one explanation the README gives, outside the tuning protocol (its rate is not a grid
