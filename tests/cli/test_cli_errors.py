@@ -21,6 +21,7 @@ from tests.helpers import run_main
 COMMANDS = {
     "sve-train": "train",
     "sve-eval": "evaluate",
+    "sve-generate": "generate",
     "sve-sweep": "sweep",
     "sve-tables": "tables",
     "sve-distill": "distill",
@@ -132,6 +133,7 @@ def test_every_command_answers_help_without_torch_with_its_options():
     assert "update_results=" in said["sve-eval"] and "dataset: " in said["sve-eval"]
     assert "method:" not in said["sve-eval"]  # the trained run's: not an option of an evaluation
     assert "objective" in said["sve-distill"] and "student=<option of configs/method>: " in said["sve-distill"]
+    assert "prompts_file=" in said["sve-generate"] and "num_samples=" in said["sve-generate"]
     assert "--parts" in said["sve-bench"] and "--rows" in said["sve-sweep"]
 
 
