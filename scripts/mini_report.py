@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sve.cli.quiet import hide_noise
-from sve.paper import seed_stability
+from sve.paper import open_answers, seed_stability
 from sve.paper.budget import all_runs as all_results
 from sve.paper.budget import report as budget_report
 from sve.paper.claims import judge, load_claims
@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template", type=Path, default=TEMPLATE)
     args = parser.parse_args(argv)
     hide_noise()  # composing the method options imports their libraries (laplace-torch's notice at import)
+    open_answers.build(args.results)  # tables/mini_open_answers.md, which the template shows
     text = render(args.results, args.template.read_text())
     out = args.results / "README.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,13 @@ the same points with the trapezoid rule over [1/N, 1] and rescales by 1 / (1 - 1
 points by half: it is this AURC + (mean r - (r_1 + r_N) / 2) / (N - 1), the same to O(1/N); it orders ties as
 its sort happens to.
 
+PRR, the prediction-rejection ratio (Malinin et al., 2017; LM-Polygraph's "prr"), reads the same curve from the
+other side: with an uncertainty u (higher: less likely right), its area A = 1 - AURC(-u) (the kept accuracy
+averaged over the N coverages) is placed between random rejection, whose expected area is the accuracy a, and the
+oracle that keeps every right prediction first: PRR = (A - a) / (A_oracle - a), 1 for a perfect ranking, 0 for
+one no better than chance, negative for a worse one (undefined, NaN, when every prediction is right or every one
+wrong).
+
 AUGRC (Traub et al., 2024, "Overcoming common flaws in the evaluation of selective classification systems"): the
 mean over k = 1..N of the generalized risk at coverage k/N, the errors among the k kept examples divided by N (not
 by k): the share of all examples that are accepted and wrong. It weighs the low coverages, where AURC's risk rests
@@ -55,6 +62,15 @@ def risk_coverage(confidence: Tensor, correct: Tensor) -> tuple[Tensor, Tensor]:
 def aurc(confidence: Tensor, correct: Tensor) -> float:
     """The area under the risk-coverage curve: the mean of its N risks (module docstring)."""
     return float(risk_coverage(confidence, correct)[1].mean())
+
+
+def prediction_rejection_ratio(uncertainty: Tensor, correct: Tensor) -> float:
+    """PRR (module docstring) of ``uncertainty`` (N,) for ``correct`` (N,): ties shared as in ``risk_coverage``."""
+    correct = correct.detach().bool().flatten()
+    area = 1 - aurc(-uncertainty, correct)
+    oracle = 1 - aurc(correct.double(), correct)
+    chance = float(correct.double().mean())
+    return (area - chance) / (oracle - chance) if oracle - chance > 1e-12 else float("nan")
 
 
 def curve_record(coverage: Tensor, risk: Tensor, points: int = CURVE_POINTS) -> dict[str, list[float]]:

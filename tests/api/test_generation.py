@@ -219,7 +219,8 @@ def polygraph_modules(monkeypatch, *names: str) -> list:
             "spacy, bitsandbytes, openai, fschat and sentence-transformers, which this project does not pin)"
         )
     root = spec.submodule_search_locations[0]
-    for package in ("lm_polygraph", "lm_polygraph.utils", "lm_polygraph.estimators", "lm_polygraph.stat_calculators"):
+    packages = ("utils", "estimators", "stat_calculators", "ue_metrics")
+    for package in ("lm_polygraph", *(f"lm_polygraph.{p}" for p in packages)):
         stub = types.ModuleType(package)
         stub.__path__ = [root + package[len("lm_polygraph") :].replace(".", "/")]
         monkeypatch.setitem(sys.modules, package, stub)
