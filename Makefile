@@ -155,7 +155,7 @@ mini-disagreement: mini-data vit-s14 efficientnet ## Keep the members' mutual in
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_sst2_minilm/sve_top_m4/seed*)
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) scripts/keep_disagreement.py $(wildcard $(RUNS_DIR)/mini_cifar10_vit/sve_m4/seed* $(RUNS_DIR)/mini_cifar10_effnet/sve_lora_shared_m4/seed*) -- 'dataset.corruptions=[]' dataset.ood=null
 OPEN_QUESTIONS ?= 200
-mini-open-answers: ## Open-ended answers (no options) of the sized ARC runs with adapters, judged against the options -> <run>/evaluations/open_answers (issue 52), resumable (needs make smollm2 once); about 8 min per M=1 run and 30 per M=4 run on one core
+mini-open-answers: ## Open-ended answers (no options) of the sized ARC runs with adapters, judged against the options -> <run>/evaluations/open_answers, resumable (needs make smollm2 once); about 8 min per M=1 run and 30 per M=4 run on one core
 	OMP_NUM_THREADS=$(MINI_THREADS) $(PYTHON) -m scripts.open_answers --questions $(OPEN_QUESTIONS) $(wildcard $(addprefix $(RUNS_DIR)/mini_arc_sized_smollm2/,svf_m1/seed* sve_m4/seed* lora_ensemble_m4/seed*))
 # A diagnostic run tests one explanation the README gives, outside the tuning protocol (its rate is not a grid
 # point of the row, and nothing in the tables reads it): results/mini/diagnostics/README.md says which. A run

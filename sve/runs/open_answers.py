@@ -6,7 +6,7 @@ after ``shots`` training questions with their answers where the protocol asks fo
 and the ensemble writes an answer (``sve.api.generation``): greedy from the predictive, each member's own greedy
 answer (for the disagreement) and ``num_samples`` answers sampled from the predictive (for the semantic entropy).
 
-The rule that judges an answer was fixed before any answer was written (``PROTOCOL``; issue 52):
+The rule that judges an answer was fixed before any answer was written (``PROTOCOL``):
 
 - **correct**: the answer's MiniLM sentence embedding (all-MiniLM-L6-v2, ``sve.metrics.sequence.minilm_embedder``)
   is closer, in cosine similarity, to the correct option's text than to every other option's, and that
