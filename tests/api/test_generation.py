@@ -255,6 +255,9 @@ def test_msp_and_mean_entropy_agree_with_lm_polygraph(llama, prompts, monkeypatc
     stats.update(entropy.EntropyCalculator()(stats))
     msp = probability.MaximumSequenceProbability()(stats)  # -log p(answer)
     mean_entropy = token_entropy.MeanTokenEntropy()(stats)
+    # Token by token, the predictive at M = 1 is transformers' own next-token distribution along its answer.
+    theirs = np.stack(stats["greedy_log_likelihoods"])
+    np.testing.assert_allclose(result.token_scores["log_prob"].numpy(), theirs, rtol=0, atol=1e-6)
     np.testing.assert_allclose(-np.log(result.scores["sequence_probability"].numpy()), msp, rtol=1e-5)
     np.testing.assert_allclose(result.scores["mean_token_entropy"].numpy(), mean_entropy, rtol=1e-5)
     assert math.isfinite(float(msp.sum()))
