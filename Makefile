@@ -84,6 +84,8 @@ bench: ## Cost benchmark: SVE vs M dense, LoRA-Ensemble, BatchEnsemble (ViT-S, B
 	$(PYTHON) -m sve.cli.bench $(BENCH_ARGS)
 
 GPU_ARGS ?=
+bench-generate: ## Tokens per second of Ensemble.generate at M = 1 and 4 against transformers' generate (SmolLM2-135M after make smollm2, else a random LLaMA of its shape) -> results/bench/generate.md, a few minutes
+	OMP_NUM_THREADS=1 $(PYTHON) scripts/bench_generate.py --prompts 4 --out results/bench/generate.md $(ARGS)
 gpu-check: ## On a CUDA machine: every method under bf16/fp16 mixed precision, SV layers and inference paths, Table 5 latency, the memory plan against measured peaks, DDP/FSDP over NCCL (2+ GPUs) -> results/bench/gpu.md (minutes; without CUDA: one line, exit 0)
 	$(PYTHON) -m sve.cli.bench --gpu-check $(GPU_ARGS)
 
@@ -203,4 +205,4 @@ tables: ## Rebuild every table and figure from the results that exist, no traini
 clean: ## Remove run outputs (outputs/, multirun/)
 	rm -rf outputs multirun
 
-.PHONY: mini-disagreement mini-coverage-grid mini-bootstrap-seeds help install format smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc mini-pilot-arc mini-pilot-arc-large mini-pilot-arc-small $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)
+.PHONY: bench-generate mini-open-answers mini-disagreement mini-coverage-grid mini-bootstrap-seeds help install format smollm2 efficientnet mpnet vit-s14 test test-slow sst2-cpu clean tables bench gpu-check mini mini-data mini-budget mini-smollm2 mini-tables mini-report mini-distill mini-collect mini-diagnostics-arc mini-pilot-arc mini-pilot-arc-large mini-pilot-arc-small $(PAPER_TARGETS) $(MINI_PARTS) $(MINI_WORKERS)

@@ -2,6 +2,7 @@
 
     python scripts/bench_generate.py                      # SmolLM2-135M if converted (make smollm2), else random
     python scripts/bench_generate.py --model random --new 32 --repeats 3
+    python scripts/bench_generate.py --prompts 4 --out results/bench/generate.md   # make bench-generate
 
 Every timing of one call of this script runs in the same process, one after another, so the ratios are
 measured under the same load (a busy machine slows all of them alike, not their ratios; say so with the
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -60,6 +64,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new", type=int, default=32, help="new tokens per prompt")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table as markdown to this file")
+    parser.add_argument("--conditions", default="", help="what else ran on the machine, for the notes")
     args = parser.parse_args()
     model, source = load(args.model)
     model.generation_config.eos_token_id = None  # every call decodes --new tokens
@@ -85,17 +91,42 @@ def main() -> None:
         ("Ensemble.generate, M = 4", ours(4, False)),
         ("Ensemble.generate, M = 4, every score", ours(4, True)),
     ]
-    print(
+    setting = (
         f"{source}; {args.prompts} prompt(s) of {args.prompt_tokens} tokens, {args.new} new tokens, greedy; "
         f"best of {args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
     )
-    reference = None
+    print(setting)
+    reference, table = None, []
     for name, call in rows:
         call()  # warm up
         seconds = best_time(call, args.repeats)
         rate = tokens / seconds
         reference = reference or rate
+        table.append(f"| {name} | {rate:.1f} | {rate / reference:.2f}x |")
         print(f"{name:40s} {rate:8.1f} answer tokens/s   {rate / reference:5.2f}x of plain generate")
+    if args.out:
+        write_notes(args, setting, table)
+
+
+def write_notes(args, setting: str, table: list[str]) -> None:
+    """The table as markdown, with the commit and the machine's conditions (all rows timed in this one run)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    lines = [
+        "# Generation speed (`make bench-generate`)",
+        "",
+        f"`scripts/bench_generate.py` at commit {commit}: {setting}; {os.cpu_count()} CPU cores.",
+        *([f"Conditions: {args.conditions}."] if args.conditions else []),
+        "Every row is timed in the same process, one after another: the ratios are measured under the same load.",
+        "",
+        "| decoding | answer tokens/s | of plain generate |",
+        "|:--|--:|--:|",
+        *table,
+        "",
+        '"every score": each member\'s own greedy answer and 5 answers sampled from the predictive besides the answer.',
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
