@@ -10,21 +10,24 @@ flow of a run).
   directories, the runs of a store), ``display`` (metric names, directions and digits, method labels),
   ``report`` (a table's cells), ``build`` (writes the tables and figures), ``render``, ``figures``, ``claims``
   (verdicts) with ``evidence`` (what they read), ``claims_text`` (their markdown), ``bootstrap`` (paired
-  intervals), ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan). ``bench``,
+  intervals), ``coverage``, ``movement``; ``budget``, ``plan_tables`` (every row's memory plan); ``open_answers``
+  (the open-ended ARC table and its verdicts). ``bench``,
   beside it: memory and FLOP counters (``counters``), the cost benchmark (``benchmark``, with ``settings``, its
   parts ``ensemble``, ``table5``, ``front``, ``layer_costs`` and its table ``markdown``) and the GPU check
   (``gpu_check``, ``make gpu-check``).
 - ``runs``: ``run`` (one run end to end), ``validate`` (config checks), ``probe``, ``rundir`` (directories,
   locks, the config a directory started with), ``evaluation`` (scoring a trained module) and ``reevaluate`` (a
   finished run scored again) with ``eval_config`` (the config a finished run is evaluated with),
-  ``prediction_files`` (the per-set files an evaluation writes), ``plan`` with ``layout``, ``live_memory``,
+  ``prediction_files`` (the per-set files an evaluation writes), ``open_answers`` (a run's written answers to
+  multiple-choice questions asked without their options, judged against them), ``plan`` with ``layout``, ``live_memory``,
   ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
   writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
   from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs
   as batches), ``calibration`` (the fitted temperature), ``export`` (a member as a plain model),
-  ``adapter_files`` (their format), ``hf_trainer`` (training with ``transformers.Trainer``).
+  ``adapter_files`` (their format), ``hf_trainer`` (training with ``transformers.Trainer``), ``generation``
+  (``Ensemble.generate``, and a run's LM writing), ``conformal`` (prediction sets).
 - ``training``: ``module`` (the one LightningModule), ``optim``, ``checkpoint`` (exact resume), ``sharding``,
   ``curves`` (learning curves), ``allocator``, ``loggers``.
 - ``methods``: one class per method of the paper behind one interface, returning member logits in the
