@@ -19,9 +19,9 @@ flow of a run).
   locks, the config a directory started with), ``evaluation`` (scoring a trained module) and ``reevaluate`` (a
   finished run scored again) with ``eval_config`` (the config a finished run is evaluated with),
   ``prediction_files`` (the per-set files an evaluation writes), ``open_answers`` (a run's written answers to
-  multiple-choice questions asked without their options, judged against them), ``plan`` with ``layout``, ``live_memory``,
-  ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``, ``writable`` (atomic
-  writes), ``resolvers``.
+  multiple-choice questions asked without their options, judged against them), ``plan`` with ``layout``,
+  ``live_memory``, ``architectures`` and ``plan_report`` (the memory plan), ``results``, ``multirun``,
+  ``writable`` (atomic writes), ``resolvers``.
 - ``api``: the library API: ``wrap`` (any method on the user's own ``nn.Module``), ``Ensemble`` (member logits,
   ``predict``, ``save_pretrained``/``from_pretrained``), ``options`` (a method's settings and learning rates
   from its config), ``starts`` (one new head for every member, warned about), ``batches`` (the user's inputs
