@@ -21,8 +21,9 @@ evaluation writes the same samples.
 Files, in ``<run dir>/evaluations/open_answers/``: ``answers.jsonl``, one record per question in the test split's
 order (its position ``index``, the prompt, the answer, the member answers, the samples, every score, the
 similarity to each option, ``correct`` and ``exact``), appended batch by batch, so an interrupted evaluation goes
-on from the first question it has not written; and ``protocol.json``, the settings it ran with (a rerun with
-other settings is refused, naming them, rather than mixing answers written two ways).
+on from its last whole batch and ends as an uninterrupted one; and ``protocol.json``, the settings it ran with,
+the batch size included (a rerun with other settings is refused, naming them, rather than mixing answers
+written two ways).
 """
 
 from __future__ import annotations
@@ -96,10 +97,15 @@ def written(path: Path) -> list[dict]:
 
 
 def check_protocol(out: Path, protocol: dict) -> None:
+    """Records ``protocol`` beside the answers; refuses one that differs from what they were written with (the
+    number of questions may grow: more answers of the same kind)."""
     where = out / "protocol.json"
     if where.is_file():
         before = json.loads(where.read_text())
-        changed = {k: (before.get(k), v) for k, v in protocol.items() if before.get(k) != v}
+        # A setting the file does not name (written before it was recorded) is taken as the one given now.
+        changed = {
+            k: (before[k], v) for k, v in protocol.items() if k != "questions" and k in before and before[k] != v
+        }
         if changed:
             raise InputError(
                 f"{where} was written with other settings {changed} (before, now); remove {out} to write the "
@@ -135,9 +141,12 @@ def answer_questions(
         )
     questions = len(test) if questions is None else min(int(questions), len(test))
     out = run_dir / DIRECTORY
-    check_protocol(out, {**protocol, "questions": questions})
+    # The batch shapes the answers (its padding, its samples' generator), so it is part of the protocol, and an
+    # interrupted file goes on from its last whole batch: the answers end as an uninterrupted call writes them.
+    check_protocol(out, {**protocol, "batch_size": batch_size, "questions": questions})
     path = out / "answers.jsonl"
     records = written(path)[:questions]
+    records = records[: len(records) - len(records) % batch_size] if len(records) < questions else records
     path.write_text("".join(json.dumps(r) + "\n" for r in records))  # drops a torn last line
     method, embed = module.method, minilm_embedder()
     meaning = minilm_classes(0.9, embed)
