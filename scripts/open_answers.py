@@ -2,7 +2,8 @@
 [RUN_DIR ...] [--questions N] [--batch-size B] [-- key=value ...]`` (``make mini-open-answers``).
 
 Each run directory gets ``evaluations/open_answers/answers.jsonl`` for the first N questions of its test split,
-written batch by batch; a run whose file already holds N answers is skipped, an unfinished one goes on where it
+written batch by batch, and ``unrelated.json`` (the rule's rate on answers paired with another question); a run
+whose file already holds N answers is skipped, an unfinished one goes on where it
 stopped, so the target resumes. Overrides after ``--`` go to every run's config (``dataset.root=...``).
 """
 
@@ -25,12 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=None, help="the first N test questions (default: all)")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
-    from sve.runs.open_answers import answer_questions
+    from sve.runs.open_answers import DIRECTORY, answer_questions, unrelated_hits
 
     for run_dir in args.runs:
         start = time.perf_counter()
         path = answer_questions(run_dir, args.questions, args.batch_size, overrides)
         print(f"{path}: {sum(1 for _ in path.open())} answers ({time.perf_counter() - start:.0f} s in this call)")
+        if not (run_dir / DIRECTORY / "unrelated.json").is_file():
+            print(f"  the rule on unrelated answers: {unrelated_hits(run_dir, overrides)}")
     return 0
 
 

@@ -56,6 +56,7 @@ class Answers:
     correct: np.ndarray
     exact: np.ndarray
     scores: dict[str, np.ndarray]
+    unrelated: dict | None = None  # the rule's hits on unrelated answers (unrelated.json), where measured
 
     def uncertainty(self, score: str) -> np.ndarray:
         if score not in self.scores:
@@ -86,6 +87,7 @@ def read_answers(path: Path, questions: int) -> Answers | None:
     if len(records) < questions:
         return None
     names = sorted({k for r in records for k in r["scores"]})
+    unrelated = path.parent / "unrelated.json"
     return Answers(
         where=path,
         index=np.array([r["index"] for r in records], dtype=np.int64),
@@ -93,6 +95,7 @@ def read_answers(path: Path, questions: int) -> Answers | None:
         correct=np.array([r["correct"] for r in records], dtype=bool),
         exact=np.array([r["exact"] for r in records], dtype=bool),
         scores={k: np.array([r["scores"].get(k, np.nan) for r in records], dtype=np.float64) for k in names},
+        unrelated=json.loads(unrelated.read_text()) if unrelated.is_file() else None,
     )
 
 
@@ -233,6 +236,13 @@ def table(spec, found: dict) -> str:
         "Mean ± sample standard deviation over the seeds found; † one seed. A score a row does not have (the "
         "disagreement of one member) is left out.",
     ]
+    unrelated = [a.unrelated for a in found.values() if a.unrelated is not None]
+    if unrelated:
+        hits, pairs = sum(u["hits"] for u in unrelated), sum(u["pairs"] for u in unrelated)
+        lines.append(
+            f"The rule on unrelated answers (each answer judged against the next question's options): right in "
+            f"{hits} of {pairs} pairs ({100 * hits / pairs:.1f}%), over the {len(unrelated)} runs found."
+        )
     return "\n".join(lines) + "\n"
 
 

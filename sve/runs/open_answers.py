@@ -14,6 +14,10 @@ The rule that judges an answer was fixed before any answer was written (``PROTOC
 - **exact** (reported beside it): the normalised answer (``sve.metrics.sequence.normalized``) equals the
   normalised correct option.
 
+The rule's rate for an *unrelated* answer is measured beside it (``unrelated_hits``): each answer judged against
+the options of the next question in the file, ``unrelated.json``. It says what accuracy the rule gives to answers
+that carry no knowledge of the question at all.
+
 Decoding stops at a line break or a full stop (the stop string is cut from the judged text) or after
 ``max_new_tokens``. Sampling draws from a generator seeded by the question's position, so a resumed or repeated
 evaluation writes the same samples.
@@ -186,3 +190,26 @@ def answer_questions(
                     f.write(json.dumps(record) + "\n")
             bar.update(len(batch))
     return path
+
+
+def unrelated_hits(run_dir: str | Path, overrides: list[str] = ()) -> dict:
+    """Writes ``unrelated.json`` beside a run's answers (module docstring): answer i judged by the rule against the
+    options of question i + 1 (the last against the first); returns its record."""
+    from sve.metrics.sequence import minilm_embedder
+    from sve.runs.reevaluate import load_run, model_directory
+
+    run_dir = Path(run_dir).expanduser()
+    out = run_dir / DIRECTORY
+    records = written(out / "answers.jsonl")
+    if not records:
+        raise InputError(f"{out / 'answers.jsonl'}: no answers to judge")
+    protocol = json.loads((out / "protocol.json").read_text())
+    _, _, _, datamodule = load_run(model_directory(run_dir), list(overrides), trainer=False)
+    test, embed = datamodule.splits["test"], minilm_embedder()
+    hits = 0
+    for i, record in enumerate(records):
+        _, label, _, _, options = test[records[(i + 1) % len(records)]["index"]]
+        hits += judged(record["answer"], options, label, embed, protocol["floor"])["correct"]
+    result = {"pairs": len(records), "hits": int(hits), "rate": hits / len(records), "paired_with": "the next question"}
+    (out / "unrelated.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -116,8 +116,13 @@ def test_table_and_verdicts_from_written_answers(tmp_path):
         u, correct = answers(seed=seed)
         write_run(tmp_path, "sve:4", seed, u, correct)  # an informative uncertainty
         write_run(tmp_path, "svf:1", seed, np.random.default_rng(9 + seed).normal(size=60), correct)  # noise
+    unrelated = {"pairs": 60, "hits": 1, "rate": 1 / 60, "paired_with": "the next question"}
+    (tmp_path / "runs/exp/sve_m4/seed0" / open_answers.ANSWERS).with_name("unrelated.json").write_text(
+        json.dumps(unrelated)
+    )
     out = open_answers.build(tmp_path, spec)
     text = out.read_text()
+    assert "right in 1 of 60 pairs (1.7%), over the 1 runs found" in text
     assert "| SV-Ensemble (M=4) | 3 |" in text and "| LoRA-Ensemble (M=4) | 0 | – |" in text
     found = open_answers.collect(tmp_path, spec)
     checks = open_answers.judge(spec, found)

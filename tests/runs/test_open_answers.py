@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sve.errors import InputError
-from sve.runs.open_answers import DIRECTORY, answer_questions
+from sve.runs.open_answers import DIRECTORY, answer_questions, unrelated_hits
 from tests.api.test_run_generation import MEMBERS, train_arc
 
 SMALL = {"max_new_tokens": 3, "num_samples": 2}
@@ -35,3 +35,10 @@ def test_answers_resume_to_the_same_file_and_refuse_other_settings(arc_run):
     with pytest.raises(InputError, match=r"other settings .*'max_new_tokens': \(3, 4\)"):
         answer_questions(arc_run, questions=5, batch_size=2, protocol={**SMALL, "max_new_tokens": 4})
     assert (arc_run / DIRECTORY / "protocol.json").is_file()
+
+
+def test_the_rule_on_unrelated_answers_is_recorded(arc_run):
+    answer_questions(arc_run, questions=5, batch_size=2, protocol=SMALL)
+    record = unrelated_hits(arc_run)
+    assert record["pairs"] == 5 and 0 <= record["hits"] <= 5 and record["rate"] == record["hits"] / 5
+    assert json.loads((arc_run / DIRECTORY / "unrelated.json").read_text()) == record
