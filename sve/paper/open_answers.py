@@ -315,11 +315,54 @@ def verdicts_text(spec, checks: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CURVE_SCORES = ("sequence_probability", "mutual_information", "semantic_entropy")  # the claim's and the best
+
+
+def risk_coverage_figure(spec, found: dict, out_dir: Path) -> list[Path]:
+    """``mini_open_answers_risk_coverage.png``/``.pdf``: per row, the error of the kept answers against the share
+    kept, keeping the least uncertain first by each of ``CURVE_SCORES`` (the mean over seeds), with the oracle's
+    curve; nothing while no row has answers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from sve.metrics.plots import save_figure
+    from sve.metrics.selective import risk_coverage
+
+    rows = [row for row in spec.rows if any((row, s) in found for s in spec.seeds)]
+    if not rows:
+        return []
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.4), squeeze=False, sharey=True)
+    for ax, row in zip(axes[0], rows):
+        runs = [found[row, s] for s in spec.seeds if (row, s) in found]
+        curves = {"oracle": [a.correct.astype(np.float64) for a in runs]}
+        kept = [score for score in CURVE_SCORES if all(score in a.scores for a in runs)]
+        curves.update({score: [-a.uncertainty(score) for a in runs] for score in kept})
+        for name, confidences in curves.items():
+            if any(np.isnan(c).all() for c in confidences):
+                continue
+            risks = [
+                risk_coverage(torch.from_numpy(c), torch.from_numpy(a.correct))[1] for c, a in zip(confidences, runs)
+            ]
+            coverage = np.arange(1, len(risks[0]) + 1) / len(risks[0])
+            style = {"color": "grey", "ls": "--"} if name == "oracle" else {}
+            ax.plot(coverage, torch.stack(risks).mean(0).numpy(), label=name, **style)
+        ax.set_title(f"{label(row)}, {len(runs)} seed(s)", fontsize=9)
+        ax.set_xlabel("share of answers kept")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("error of the kept answers")
+    axes[0, 0].legend(fontsize=7)
+    return save_figure(fig, out_dir, "mini_open_answers_risk_coverage")
+
+
 def build(results: Path, spec=None) -> Path:
-    """Writes ``<results>/tables/mini_open_answers.md``; returns its path."""
+    """Writes ``<results>/tables/mini_open_answers.md`` and its risk-coverage figure; returns the table's path."""
     spec = spec or load_spec()
     found = collect(results, spec)
     out = results / "tables" / "mini_open_answers.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table(spec, found) + "\n" + verdicts_text(spec, judge(spec, found)))
+    risk_coverage_figure(spec, found, results / "figures")
     return out

@@ -123,6 +123,8 @@ def test_table_and_verdicts_from_written_answers(tmp_path):
     out = open_answers.build(tmp_path, spec)
     text = out.read_text()
     assert "right in 1 of 60 pairs (1.7%), over the 1 runs found" in text
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures == ["mini_open_answers_risk_coverage.pdf", "mini_open_answers_risk_coverage.png"]
     assert "| SV-Ensemble (M=4) | 3 |" in text and "| LoRA-Ensemble (M=4) | 0 | – |" in text
     found = open_answers.collect(tmp_path, spec)
     checks = open_answers.judge(spec, found)
