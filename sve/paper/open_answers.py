@@ -357,12 +357,42 @@ def risk_coverage_figure(spec, found: dict, out_dir: Path) -> list[Path]:
     return save_figure(fig, out_dir, "mini_open_answers_risk_coverage")
 
 
+def per_seed_rows(spec, found: dict) -> list[dict]:
+    """One row per (method row, seed, score): accuracy, exact, ECE and the score's rejection metrics, in percent."""
+    out = []
+    for row in spec.rows:
+        for seed in spec.seeds:
+            if (row, seed) not in found:
+                continue
+            answers = found[row, seed]
+            common = {k: statistic(k, answers).value() for k in ("acc", "exact", "ece")}
+            for score in spec.scores:
+                if score not in answers.scores or np.isnan(answers.scores[score]).all():
+                    continue
+                values = {k: statistic(k, answers, score).value() for k in REJECTION}
+                out.append({"row": row, "seed": seed, "score": score, **common, **values})
+    return out
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+
+    fields = ["row", "seed", "score", "acc", "exact", "ece", *REJECTION]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
 def build(results: Path, spec=None) -> Path:
-    """Writes ``<results>/tables/mini_open_answers.md`` and its risk-coverage figure; returns the table's path."""
+    """Writes ``<results>/tables/mini_open_answers.md``, its per-seed ``.csv`` and its risk-coverage figure; returns
+    the table's path."""
     spec = spec or load_spec()
     found = collect(results, spec)
     out = results / "tables" / "mini_open_answers.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table(spec, found) + "\n" + verdicts_text(spec, judge(spec, found)))
+    write_csv(per_seed_rows(spec, found), out.with_suffix(".csv"))  # every seed's numbers, not only their mean
     risk_coverage_figure(spec, found, results / "figures")
     return out

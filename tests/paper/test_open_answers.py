@@ -123,6 +123,13 @@ def test_table_and_verdicts_from_written_answers(tmp_path):
     out = open_answers.build(tmp_path, spec)
     text = out.read_text()
     assert "right in 1 of 60 pairs (1.7%), over the 1 runs found" in text
+    import csv
+
+    per_seed = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert {(r["row"], r["seed"]) for r in per_seed} == {(row, str(s)) for row in ("sve:4", "svf:1") for s in (0, 1, 2)}
+    sve0 = next(r for r in per_seed if r["row"] == "sve:4" and r["seed"] == "0" and r["score"] == "mutual_information")
+    u, correct = answers(seed=0)
+    assert float(sve0["prr"]) == pytest.approx(100 * rejection(u, correct, np.ones((1, 60)))["prr"][0], abs=1e-4)
     figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
     assert figures == ["mini_open_answers_risk_coverage.pdf", "mini_open_answers_risk_coverage.png"]
     assert "| SV-Ensemble (M=4) | 3 |" in text and "| LoRA-Ensemble (M=4) | 0 | – |" in text
