@@ -302,7 +302,8 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> Generation:
     """``Ensemble.generate`` (module docstring); ``ensemble`` is an ``Ensemble`` or a run's method. Give
-    ``prompts`` (text) with a ``tokenizer`` (a run's backbone's own when None), or
+    ``prompts`` (text) with a ``tokenizer`` (a run's backbone's own when None; a run applies the tokenizer's chat
+    template only with ``chat=True``, since it was trained on its data's plain prompts), or
     ``input_ids`` (left-padded, with ``attention_mask``). ``member_answers``: each member's own greedy answer
     and the ``disagreement``; ``num_samples`` answers sampled from the predictive at ``temperature``/``top_p``
     and the ``semantic_entropy``, their meanings compared by ``meaning`` (``sve.metrics.sequence``)."""
@@ -314,8 +315,9 @@ def generate(
         )
     method = ensemble if isinstance(ensemble, EnsembleMethod) else ensemble.method
     model, device = method.backbone.model, method.heads.weight.device
-    if tokenizer is None and through_lm_head:
-        tokenizer = method.backbone.tokenizer
+    if through_lm_head:  # a run reads prompts as its data wrote them: no chat template unless asked for
+        tokenizer = method.backbone.tokenizer if tokenizer is None else tokenizer
+        chat = False if chat is None else chat
     if input_ids is None:
         input_ids, attention_mask = prompts_as_ids(prompts, tokenizer, chat, device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask

@@ -20,6 +20,7 @@ OPTIONS = {
     "top_p": "nucleus sampling's probability mass (default 1: no cut)",
     "meaning": "how answers are compared: string (normalised match, default) or minilm (sentence embeddings)",
     "seed": "the sampling generator's seed (default 0)",
+    "chat": "true: wrap each prompt in the tokenizer's chat template (default false: as the run's data wrote it)",
     "out": "a .jsonl file: one record per prompt (answer, member answers, samples, scores)",
 }
 DEFAULTS = {
@@ -31,6 +32,7 @@ DEFAULTS = {
     "top_p": "1",
     "meaning": "string",
     "seed": "0",
+    "chat": "false",
 }
 
 
@@ -92,8 +94,9 @@ def generate_from_run(argv: list[str]) -> int:
     options, overrides = command_options(argv, DEFAULTS)
     if not options["run_dir"]:
         raise InputError(f"no run directory among the arguments {argv}; give it first or as run_dir=<run dir>")
-    if options["do_sample"] not in ("true", "false"):
-        raise InputError(f"do_sample={options['do_sample']!r} is not valid; expected true or false")
+    for key in ("do_sample", "chat"):
+        if options[key] not in ("true", "false"):
+            raise InputError(f"{key}={options[key]!r} is not valid; expected true or false")
     if options["meaning"] not in ("string", "minilm"):
         raise InputError(f"meaning={options['meaning']!r} is not valid; choose one of ['string', 'minilm']")
     settings = {
@@ -102,6 +105,7 @@ def generate_from_run(argv: list[str]) -> int:
         "temperature": number(options, "temperature", float),
         "top_p": number(options, "top_p", float),
         "do_sample": options["do_sample"] == "true",
+        "chat": options["chat"] == "true",
         "meaning": options["meaning"],
         "stop_strings": [options["stop"].replace("\\n", "\n")] if options["stop"] else [],
         "generator": torch.Generator().manual_seed(number(options, "seed", int)),

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = {
     "prompt": "the run's cloze stem, without options",
+    "chat_template": False,  # the stem as the run was trained on it, never wrapped in the tokenizer's template
     "shots": 0,
     "max_new_tokens": 12,
     "stop_strings": ["\n", "."],
@@ -172,6 +173,7 @@ def answer_questions(
                 num_samples=protocol["num_samples"],
                 temperature=protocol["temperature"],
                 meaning=meaning,
+                chat=protocol["chat_template"],
                 generator=torch.Generator().manual_seed(start),
             )
             with path.open("a") as f:

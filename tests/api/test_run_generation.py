@@ -124,6 +124,21 @@ def test_the_run_tokenizer_reads_text_prompts(method, prompts):
     assert isinstance(result.texts[0], str) and result.lengths.tolist() == [NEW]
 
 
+def test_a_run_reads_its_prompts_as_trained_not_through_a_chat_template(method):
+    # A run was trained on its data's plain prompts: a tokenizer's chat template is applied only when asked for.
+    tokenizer = method.backbone.tokenizer
+    question = ["Question: Which is a planet?\nAnswer:"]
+    plain = generate(method, question, max_new_tokens=NEW, member_answers=False)
+    tokenizer.chat_template = "Q {{ messages[0]['content'] }}!"
+    try:
+        default = generate(method, question, max_new_tokens=NEW, member_answers=False)
+        chatted = generate(method, question, max_new_tokens=NEW, member_answers=False, chat=True)
+    finally:
+        tokenizer.chat_template = None
+    assert torch.equal(default.token_ids, plain.token_ids)
+    assert not torch.equal(chatted.scores["sequence_probability"], plain.scores["sequence_probability"])
+
+
 def test_sve_generate_prints_and_writes_the_answers(arc_run, method, prompts, tmp_path, capsys):
     from sve.cli.generate import generate_from_run as main
 
