@@ -19,8 +19,8 @@ the options of the next question in the file, ``unrelated.json``. It says what a
 that carry no knowledge of the question at all.
 
 Decoding stops at a line break or a full stop (the stop string is cut from the judged text) or after
-``max_new_tokens``. Sampling draws from a generator seeded by the question's position, so a resumed or repeated
-evaluation writes the same samples.
+``max_new_tokens``. Each batch samples from a generator seeded by its first question's position, so a resumed or
+repeated evaluation with the same batch size writes the same samples.
 
 Files, in ``<run dir>/evaluations/open_answers/``: ``answers.jsonl``, one record per question in the test split's
 order (its position ``index``, the prompt, the answer, the member answers, the samples, every score, the

@@ -31,7 +31,7 @@ def test_answers_resume_to_the_same_file_and_refuse_other_settings(arc_run):
     lines = whole.splitlines(keepends=True)
     path.write_text("".join(lines[:3]) + lines[3][:10])  # a crash: three answers and a torn fourth
     answer_questions(arc_run, questions=5, batch_size=2, protocol=SMALL)
-    assert path.read_text() == whole  # the same answers, the samples too (seeded by the question's position)
+    assert path.read_text() == whole  # the same answers, the samples too (each batch's generator seeded by its start)
     with pytest.raises(InputError, match=r"other settings .*'max_new_tokens': \(3, 4\)"):
         answer_questions(arc_run, questions=5, batch_size=2, protocol={**SMALL, "max_new_tokens": 4})
     assert (arc_run / DIRECTORY / "protocol.json").is_file()
