@@ -79,6 +79,29 @@ def read_prompts(options: dict) -> list[str]:
     return [p.replace("\\n", "\n") for p in prompts]
 
 
+def check_writer(directory) -> None:
+    """Refuses, before the model is built, a run whose backbone is not a causal LM (nothing there can write)."""
+    from hydra.utils import get_class
+
+    from sve.api import adapter_files
+    from sve.backbones.hf import HFCausalLMBackbone
+    from sve.errors import InputError
+    from sve.runs.eval_config import adapter_run_config, saved_config
+
+    adapter = (directory / adapter_files.CONFIG).is_file()
+    cfg = adapter_run_config(directory) if adapter else saved_config(directory)
+    target = cfg.backbone.get("_target_", "")
+    try:
+        writes = issubclass(get_class(target), HFCausalLMBackbone)
+    except (ImportError, ValueError, TypeError):
+        writes = False
+    if not writes:
+        raise InputError(
+            f"sve-generate needs a run whose backbone is a causal LM (sve.backbones.HFCausalLMBackbone or a subclass); "
+            f"{directory} was trained with backbone={cfg.backbone.get('name')} ({target})"
+        )
+
+
 def generate_from_run(argv: list[str]) -> int:
     """``sve-generate``'s arguments, then the run's model loaded (``load_run``) and its answers written."""
     import json
@@ -111,7 +134,9 @@ def generate_from_run(argv: list[str]) -> int:
         "generator": torch.Generator().manual_seed(number(options, "seed", int)),
     }
     prompts = read_prompts(options)
-    _, _, module, _ = load_run(model_directory(Path(options["run_dir"]).expanduser()), overrides, trainer=False)
+    directory = model_directory(Path(options["run_dir"]).expanduser())
+    check_writer(directory)
+    _, _, module, _ = load_run(directory, overrides, trainer=False)
     result = generate(module.method, prompts, **settings)
     records = []
     for b, prompt in enumerate(prompts):

@@ -163,3 +163,13 @@ def test_members_that_are_not_one_lms_layers_are_refused(method):
     other.__class__ = type("LastLayerLike", (LastLayerEnsemble,), {})
     with pytest.raises(InputError, match=r"LastLayerLike on a run's language model: its members are not"):
         generate(other, ["x"], max_new_tokens=1)
+
+
+def test_sve_generate_refuses_a_run_that_cannot_write_before_building_it():
+    # A committed SST-2 run (a sentence encoder): refused from its config alone, naming its backbone.
+    from sve.cli.generate import generate_from_run
+    from tests.conftest import ROOT
+
+    encoder_run = ROOT / "results" / "mini" / "runs" / "mini_sst2_minilm" / "sve_top_m4" / "seed0"
+    with pytest.raises(InputError, match=r"needs a run whose backbone is a causal LM.*backbone=minilm_l6 \(sve"):
+        generate_from_run([str(encoder_run), "prompt=hello"])
