@@ -1,10 +1,6 @@
 """``sve-eval run_dir=<run dir> [dataset=<option>] [key=value ...]`` (``python evaluate.py ...`` in a
 checkout): a trained run evaluated again from its checkpoint, without training (``sve.runs.reevaluate``)."""
 
-import sys
-
-from sve.errors import one_line_errors
-
 # The command's own options (sve.runs.reevaluate.OPTIONS), one line each.
 OPTIONS = {
     "run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
@@ -72,15 +68,9 @@ def evaluate(argv: list[str]) -> int:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    if not argv or argv[0] in ("-h", "--help"):  # before torch: the usage answers at once
-        print(usage())
-        sys.exit(0 if argv else 2)
-    from sve.cli.quiet import hide_noise
+    from sve.cli.run_options import run_command
 
-    hide_noise()
-    with one_line_errors():  # a user error is one line (SVE_DEBUG=1: the traceback)
-        sys.exit(evaluate(argv))
+    run_command(usage, evaluate)
 
 
 if __name__ == "__main__":

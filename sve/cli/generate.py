@@ -3,10 +3,6 @@ member's own answer and the answers' uncertainty scores (``sve.api.generation``,
 backbone must be a Hugging Face causal LM (an ARC run's, any ``HFCausalLMBackbone``); its members write with the
 LM's own lm_head under their adapted layers."""
 
-import sys
-
-from sve.errors import one_line_errors
-
 # The command's own options, one line each; every other key=value overrides the run's config.
 OPTIONS = {
     "run_dir": "the trained run's directory (or its adapter/ directory); may also come first, without run_dir=",
@@ -159,15 +155,9 @@ def generate_from_run(argv: list[str]) -> int:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    if not argv or argv[0] in ("-h", "--help"):  # before torch: the usage answers at once
-        print(usage())
-        sys.exit(0 if argv else 2)
-    from sve.cli.quiet import hide_noise
+    from sve.cli.run_options import run_command
 
-    hide_noise()
-    with one_line_errors():
-        sys.exit(generate_from_run(argv))
+    run_command(usage, generate_from_run)
 
 
 if __name__ == "__main__":
