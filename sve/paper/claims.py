@@ -411,17 +411,23 @@ def family(verdicts: list[Verdict]) -> list[Verdict]:
     ]
 
 
-def holm(verdicts: list[Verdict], alpha: float = 0.05) -> dict[int, str]:
-    """Holm's step-down correction over ``verdicts`` (a ``family``): {id(verdict): its verdict at family-wise
-    error ``alpha``}. Sorted by p-value, the i-th smallest (from 0) is rejected while p <= alpha / (m - i); a
-    rejected comparison keeps its own verdict (held or reversed, the side its interval lies on), the rest are
+def holm_step_down(p_values: list[float], verdicts: list[str], alpha: float = 0.05) -> list[str]:
+    """Holm's step-down over one family: each comparison's verdict at family-wise error ``alpha``, in the given
+    order. Sorted by p-value, the i-th smallest (from 0) is rejected while p <= alpha / (m - i); a rejected
+    comparison keeps its own verdict (held or reversed, the side its interval lies on), the rest are
     unresolved. Holm's rejections are a subset of the unadjusted ones at ``alpha``, so no verdict flips side."""
-    ordered = sorted(verdicts, key=lambda v: v.differences[0].p)
-    adjusted, rejecting = {}, True
-    for i, v in enumerate(ordered):
-        rejecting = rejecting and v.differences[0].p <= alpha / (len(ordered) - i)
-        adjusted[id(v)] = v.verdict if rejecting and v.verdict != UNRESOLVED else UNRESOLVED
+    adjusted, rejecting = [UNRESOLVED] * len(p_values), True
+    for i, k in enumerate(sorted(range(len(p_values)), key=p_values.__getitem__)):
+        rejecting = rejecting and p_values[k] <= alpha / (len(p_values) - i)
+        adjusted[k] = verdicts[k] if rejecting else UNRESOLVED
     return adjusted
+
+
+def holm(verdicts: list[Verdict], alpha: float = 0.05) -> dict[int, str]:
+    """``holm_step_down`` over ``verdicts`` (a ``family``): {id(verdict): its verdict at family-wise error
+    ``alpha``}."""
+    adjusted = holm_step_down([v.differences[0].p for v in verdicts], [v.verdict for v in verdicts], alpha)
+    return {id(v): a for v, a in zip(verdicts, adjusted)}
 
 
 def changed(judged: list[tuple[DictConfig, list[Verdict]]]) -> list[Verdict]:
@@ -439,6 +445,7 @@ __all__ = [
     "counts",
     "family",
     "holm",
+    "holm_step_down",
     "margins_of",
     "STRICT",
     "LENIENT",

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from sve.errors import InputError
 from sve.paper import bootstrap
-from sve.paper.claims import HELD, REVERSED, UNRESOLVED, decide
+from sve.paper.claims import HELD, REVERSED, UNRESOLVED, decide, holm_step_down
 from sve.paper.display import METHOD_NAMES
 from sve.runs.prediction_files import Examples
 
@@ -282,11 +282,9 @@ def judge(spec, found: dict) -> list[Check]:
             shift = margin / draws.points.shape[-1]  # the null of "not worse" is difference = -margin
             shifted = bootstrap.Draws(draws.columns, draws.points + shift, draws.replicates + shift)
             checks.append(Check(text, verdict, float(draws.point), float(low), float(high), bootstrap.p_value(shifted)))
-    tested = sorted((c for c in checks if c.p is not None), key=lambda c: c.p)
-    rejecting = True
-    for i, c in enumerate(tested):  # Holm's step-down over the family (sve.paper.claims.holm)
-        rejecting = rejecting and c.p <= 0.05 / (len(tested) - i)
-        c.holm = c.verdict if rejecting and c.verdict != UNRESOLVED else UNRESOLVED
+    tested = [c for c in checks if c.p is not None]
+    for c, adjusted in zip(tested, holm_step_down([c.p for c in tested], [c.verdict for c in tested])):
+        c.holm = adjusted
     return checks
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sve.paper import bootstrap
-from sve.paper.claims import HELD, LENIENT, REVERSED, STRICT, UNRESOLVED, Verdict, family, holm
+from sve.paper.claims import HELD, LENIENT, REVERSED, STRICT, UNRESOLVED, Verdict, family, holm, holm_step_down
 from sve.paper.evidence import Difference
 
 
@@ -48,6 +48,20 @@ def test_holm_keeps_the_small_p_values_and_leaves_the_rest_unresolved():
     assert [adjusted[id(v)] for v in found] == [UNRESOLVED, REVERSED, UNRESOLVED, UNRESOLVED]
     one = verdict(0.049, HELD)
     assert holm([one])[id(one)] == HELD  # a family of one: Holm is the plain test
+
+
+def test_the_step_down_rejects_where_holms_adjusted_p_value_is_below_alpha():
+    # The other textbook form of Holm: adjusted p of the i-th smallest = max over j <= i of (m - j) * p_(j).
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        m = int(rng.integers(1, 8))
+        p = list(rng.choice([0.001, 0.004, 0.01, 0.02, 0.03, 0.049, 0.2], m) * rng.uniform(0.5, 1.5, m))
+        order = np.argsort(p, kind="stable")
+        adjusted_p = np.maximum.accumulate([(m - i) * p[k] for i, k in enumerate(order)])
+        expected = [UNRESOLVED] * m
+        for i, k in enumerate(order):
+            expected[k] = HELD if adjusted_p[i] <= 0.05 else UNRESOLVED
+        assert holm_step_down(p, [HELD] * m) == expected
 
 
 def test_the_family_leaves_out_lenient_one_seed_and_trend_verdicts():
