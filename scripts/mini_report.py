@@ -101,6 +101,11 @@ def times_section(found: list[tuple[Path, dict]], root: Path | None = None) -> s
     return "\n".join(lines)
 
 
+def scores_text(tuned: dict) -> str:
+    scores = ", ".join(f"{v}: {s:.3f}" for v, s in tuned["scores"].items())
+    return f"{tuned['metric'].split('/')[-1]}: {scores}"
+
+
 def learning_rates(root: Path, experiment: str) -> list[str]:
     out = []
     for row in sorted((root / "runs" / experiment).glob("*_m*")):
@@ -109,11 +114,16 @@ def learning_rates(root: Path, experiment: str) -> list[str]:
         name = f"{METHOD_NAMES.get(method, method)} (M={members})"
         if tuned.exists():
             t = read_json(tuned, "delete it to choose the learning rate again (make mini)")
-            scores = ", ".join(f"{v}: {s:.3f}" for v, s in t["scores"].items())
-            source = f"the choice of {t['from']}, " if t.get("from") else ""
-            grown = f"; grid grown by {', '.join(t['extended'])}" if t.get("extended") else ""
-            edge = f"; **left on the {t['edge']} edge of the searched grid**" if t.get("edge") else ""
-            out.append(f"{name}: {t['value']} ({source}validation {t['metric'].split('/')[-1]}: {scores}{grown}{edge})")
+            if t.get("from"):  # its scores stand once, on the row that chose the rate
+                rate = f"{t['value']} (the choice of {t['from']})"
+            else:
+                grown = f"; grid grown by {', '.join(t['extended'])}" if t.get("extended") else ""
+                edge = f"; **left on the {t['edge']} edge of the searched grid**" if t.get("edge") else ""
+                rate = f"{t['value']} (validation {scores_text(t)}{grown}{edge})"
+            knob = t.get("knob")
+            if knob:  # the row's own diversity knob, tuned at that rate on a grid fixed before any result
+                rate += f", diversity knob {knob['key']} {knob['value']} (validation {scores_text(knob)})"
+            out.append(f"{name}: {rate}")
         else:
             seeds = sorted(row.glob("seed*/results.json"))
             if seeds:

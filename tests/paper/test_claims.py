@@ -347,3 +347,19 @@ def test_a_claim_says_in_its_text_which_members_did_not_separate(tmp_path):
     ]
     text = to_markdown(judge(spec, load_runs(tmp_path)), {"T": sentences})
     assert "**Members:** SV-Ensemble (M=4), Exp: the members' spread is 1.02 times" in text
+
+
+def test_the_settings_name_each_rows_rate_and_its_tuned_diversity_knob(tmp_path):
+    row = tmp_path / "runs" / "e" / "sve_m4"
+    row.mkdir(parents=True)
+    knob = {"key": "sigma_init", "value": "0.03", "metric": "val/nll", "scores": {"0.01": 0.87, "0.03": 0.8667}}
+    tuned = {"value": "0.001", "metric": "val/nll", "scores": {"0.001": 0.9}, "from": "svf_m1", "knob": knob}
+    (row / "tuned.json").write_text(json.dumps(tuned))
+    own = tmp_path / "runs" / "e" / "svf_m1"
+    own.mkdir()
+    (own / "tuned.json").write_text(json.dumps({**tuned, "from": None, "knob": None, "extended": ["0.0003"]}))
+    assert mini_report.learning_rates(tmp_path, "e") == [
+        "SV-Ensemble (M=4): 0.001 (the choice of svf_m1), diversity knob sigma_init 0.03 (validation nll: 0.01: 0.870, "
+        "0.03: 0.867)",
+        "Single w/ SVF (M=1): 0.001 (validation nll: 0.001: 0.900; grid grown by 0.0003)",
+    ]
