@@ -14,7 +14,8 @@ OPTIONS = {
     "do_sample": "true: the answer is sampled from the predictive instead of its greedy choice (default false)",
     "temperature": "the sampling temperature (default 1)",
     "top_p": "nucleus sampling's probability mass (default 1: no cut)",
-    "meaning": "how answers are compared: string (normalised match, default) or minilm (sentence embeddings)",
+    "meaning": "how answers are compared: string (normalised match, default), minilm (sentence embeddings) or "
+    "nli:<model id or directory> (entailment both ways)",
     "seed": "the sampling generator's seed (default 0)",
     "chat": "true: wrap each prompt in the tokenizer's chat template (default false: as the run's data wrote it)",
     "out": "a .jsonl file: one record per prompt (answer, member answers, samples, scores)",
@@ -116,8 +117,11 @@ def generate_from_run(argv: list[str]) -> int:
     for key in ("do_sample", "chat"):
         if options[key] not in ("true", "false"):
             raise InputError(f"{key}={options[key]!r} is not valid; expected true or false")
-    if options["meaning"] not in ("string", "minilm"):
-        raise InputError(f"meaning={options['meaning']!r} is not valid; choose one of ['string', 'minilm']")
+    meaning = options["meaning"]
+    if meaning not in ("string", "minilm") and not (meaning.startswith("nli:") and len(meaning) > len("nli:")):
+        raise InputError(
+            f"meaning={meaning!r} is not valid; choose one of ['string', 'minilm', 'nli:<model id or directory>']"
+        )
     settings = {
         "max_new_tokens": number(options, "max_new_tokens", int, 1),
         "num_samples": number(options, "num_samples", int, 0),

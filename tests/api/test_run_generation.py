@@ -154,6 +154,8 @@ def test_sve_generate_prints_and_writes_the_answers(arc_run, method, prompts, tm
         main([str(arc_run), f"prompt={question}", "max_new_tokens=many"])
     with pytest.raises(InputError, match=r"no prompt: give prompt=<text> or prompts_file=<file>"):
         main([str(arc_run)])
+    with pytest.raises(InputError, match=r"meaning='nli:' is not valid; choose one of \['string', 'minilm', 'nli:<"):
+        main([str(arc_run), f"prompt={question}", "meaning=nli:"])
 
 
 def test_members_that_are_not_one_lms_layers_are_refused(method):
