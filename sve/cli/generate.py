@@ -109,6 +109,7 @@ def generate_from_run(argv: list[str]) -> int:
     from sve.api.generation import generate
     from sve.cli.run_options import command_options
     from sve.errors import InputError
+    from sve.metrics.sequence import check_meaning
     from sve.runs.reevaluate import load_run, model_directory
 
     options, overrides = command_options(argv, DEFAULTS)
@@ -117,11 +118,7 @@ def generate_from_run(argv: list[str]) -> int:
     for key in ("do_sample", "chat"):
         if options[key] not in ("true", "false"):
             raise InputError(f"{key}={options[key]!r} is not valid; expected true or false")
-    meaning = options["meaning"]
-    if meaning not in ("string", "minilm") and not (meaning.startswith("nli:") and len(meaning) > len("nli:")):
-        raise InputError(
-            f"meaning={meaning!r} is not valid; choose one of ['string', 'minilm', 'nli:<model id or directory>']"
-        )
+    check_meaning(options["meaning"])
     settings = {
         "max_new_tokens": number(options, "max_new_tokens", int, 1),
         "num_samples": number(options, "num_samples", int, 0),

@@ -161,13 +161,13 @@ def nli_classes(model, tokenizer, batch_size: int = 32) -> Callable[[Sequence[st
             batch = tokenizer(chunk, padding=True, truncation=True, return_tensors="pt").to(model.device)
             predicted.append(model(**batch).logits.argmax(-1).cpu())
         entails = (torch.cat(predicted) == entailment).view(len(unique), len(unique))  # [premise, hypothesis]
-        heads: list[int] = []  # the first answer of each class
+        heads: list[int] = []  # the text of each class's first answer (its position in unique)
         found = []
-        for i, answer in enumerate(answers):
+        for answer in answers:
             a = index[answer]
-            same = [c for c, h in enumerate(heads) if entails[index[answers[h]], a] and entails[a, index[answers[h]]]]
+            same = [c for c, h in enumerate(heads) if entails[h, a] and entails[a, h]]
             if not same:
-                heads.append(i)
+                heads.append(a)
             found.append(same[0] if same else len(heads) - 1)
         return found
 
@@ -184,22 +184,31 @@ def nli_from_pretrained(name: str, batch_size: int = 32) -> Callable[[Sequence[s
 
 
 MEANINGS = ("string", "minilm", "nli:<model id or directory>")
+NLI = "nli:"
+
+
+def check_meaning(meaning: str | Callable) -> None:
+    """Refuses a ``meaning`` that names no clustering, naming the choices (before any model is loaded)."""
+    named = meaning in ("string", "minilm") or (
+        isinstance(meaning, str) and meaning.startswith(NLI) and meaning[len(NLI) :]
+    )
+    if not (callable(meaning) or named):
+        raise InputError(
+            f"meaning={meaning!r} is not valid; choose one of {list(MEANINGS)} or a callable (answers -> classes)"
+        )
 
 
 def meaning_classes(meaning: str | Callable) -> Callable[[Sequence[str]], list[int]]:
     """The clustering of ``meaning``: ``"string"``, ``"minilm"``, ``"nli:<model>"`` or a callable (answers -> class
     ids)."""
+    check_meaning(meaning)
     if callable(meaning):
         return meaning
     if meaning == "string":
         return string_classes
     if meaning == "minilm":
         return minilm_classes()
-    if isinstance(meaning, str) and meaning.startswith("nli:") and meaning[4:]:
-        return nli_from_pretrained(meaning[4:])
-    raise InputError(
-        f"meaning={meaning!r} is not valid; choose one of {list(MEANINGS)} or a callable (answers -> classes)"
-    )
+    return nli_from_pretrained(meaning[len(NLI) :])
 
 
 def semantic_entropy(classes: Sequence[int]) -> float:
