@@ -51,4 +51,6 @@ def test_the_committed_svf_run_writes_its_committed_answers_again(tmp_path):
             old["correct"],
             old["exact"],
         )
-        assert new["scores"] == pytest.approx(old["scores"], rel=1e-5, abs=1e-7)
+        # float32 on another CPU or thread count: each token's log-probability moves by about 1e-6 relative
+        # and the sequence probability multiplies up to 12 of them (1.4e-5 seen on a fresh machine under load)
+        assert new["scores"] == pytest.approx(old["scores"], rel=1e-4, abs=1e-7)
