@@ -310,6 +310,9 @@ def verdicts_text(spec, checks: list[Check]) -> str:
         f'worse"), {REVERSED} (on the other side), {UNRESOLVED} (it contains the threshold). Intervals: the '
         "verdicts' procedure (sve/paper/bootstrap.py), questions resampled jointly for both rows and every seed.",
     ]
+    note = spec.claims[0].get("note")
+    if note:  # what the verdicts mean, written once the answers are in (the claim itself was written before)
+        lines += ["", f"**Why:** {note.strip()}"]
     return "\n".join(lines) + "\n"
 
 

@@ -120,9 +120,11 @@ def test_table_and_verdicts_from_written_answers(tmp_path):
     (tmp_path / "runs/exp/sve_m4/seed0" / open_answers.ANSWERS).with_name("unrelated.json").write_text(
         json.dumps(unrelated)
     )
+    spec.claims[0].note = "A note written after the answers."
     out = open_answers.build(tmp_path, spec)
     text = out.read_text()
     assert "right in 1 of 60 pairs (1.7%), over the 1 runs found" in text
+    assert text.rstrip().endswith("**Why:** A note written after the answers.")
     import csv
 
     per_seed = list(csv.DictReader(out.with_suffix(".csv").open()))
